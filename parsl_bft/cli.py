@@ -1,0 +1,154 @@
+"""The ``parsl-bft`` command."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import warnings
+from pathlib import Path
+
+from .errors import ParslBftError
+
+SHARED_DATA = Path(__file__).resolve().parent.parent.parent / "shared" / "data"
+
+
+def _console():
+    from rich.console import Console
+    return Console(stderr=False)
+
+
+def _add_source_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--schedule", choices=["recorded", "easy"], default="recorded",
+                   help="SWF only: the logged starts, or an FCFS+EASY-backfill replay of the same jobs")
+    p.add_argument("--units", choices=["auto", "nodes", "cores"], default="auto", help="SWF only: size units")
+    p.add_argument("--swf-variant", choices=["auto", "standard", "walltime6"], default="auto",
+                   help="SWF only: 'walltime6' = requested walltime in field 6 (ALCF/Mira logs)")
+    p.add_argument("--window", help="START/END or START/+DURATION; START: unix s, ISO date or +OFFSET (e.g. +2d/+24h)")
+    p.add_argument("--nodes", type=int, help="keep the first N distinct nodes (order of first appearance)")
+    p.add_argument("--no-mask", action="store_true", help="do not mask outages (>= 90%% idle for >= 1 h)")
+    p.add_argument("--lenient", action="store_true", help="skip bad rows (and say how many) instead of failing")
+
+
+def load_selected(args, progress=None):
+    """Load the source named by args and apply --window, --nodes and outage masking."""
+    from .idle.sources import load_source, mask_outages, parse_window
+
+    src = load_source(args.source, schedule=args.schedule, units=args.units, variant=args.swf_variant,
+                      lenient=args.lenient, progress=progress)
+    raw = src.intervals
+    # outages are a property of the whole machine: find them before slicing nodes or time
+    masked = raw if args.no_mask else mask_outages(raw)
+    if args.nodes:
+        raw, masked = raw.first_nodes(args.nodes), masked.first_nodes(args.nodes)
+    if args.window:
+        a, b = parse_window(args.window, raw.t0)
+        raw, masked = raw.window(a, b), masked.window(a, b)
+    return src, raw, masked
+
+
+def cmd_idle(args) -> int:
+    from rich.table import Table
+
+    from .idle.stats import idle_stats, plot_idle
+
+    console = _console()
+    with console.status(f"reading {args.source} ..."):
+        src, raw, masked = load_selected(args)
+        st = idle_stats(raw, masked, src.schedule)
+    t = Table(title=src.description, show_header=False)
+    t.add_row("nodes", f"{st.nodes}")
+    t.add_row("span", f"{st.span_s / 86400:.2f} days, masked outages {st.masked_s / 86400:.2f} days "
+                      f"({len(masked.masked or [])} periods)")
+    t.add_row("idle fraction (raw)", f"{st.idle_fraction_raw:.2%}")
+    t.add_row("idle fraction (outages masked)", f"{st.idle_fraction:.2%}")
+    if st.idle_while_waiting is not None:
+        t.add_row("idle while jobs wait", f"{st.idle_while_waiting:.2%} of node-time "
+                                          f"(jobs wait {st.time_jobs_waiting:.1%} of the time)")
+    t.add_row("hole duration p50/p90/p99", " / ".join(f"{v:,.0f} s" for v in st.hole_duration_s.values()))
+    t.add_row("idle nodes at once p50/p90/p99", " / ".join(f"{v:,.0f}" for v in st.hole_width_nodes.values()))
+    t.add_row("events per hour", f"{st.events_per_hour:,.1f}")
+    console.print(t)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"source": src.description, **st.as_dict(),
+                                               "masked_periods": masked.masked}, indent=2))
+        console.print(f"wrote {args.json}")
+    if args.plot:
+        plot_idle(masked, args.plot, src.schedule, title=src.description)
+        console.print(f"wrote {args.plot}")
+    return 0
+
+
+def cmd_jobs(args) -> int:
+    from rich.table import Table
+
+    from .jobs import load_jobset
+
+    js = load_jobset(args.jobs, args.scaling, lenient=args.lenient)
+    t = Table(title=f"{len(js.jobs)} jobs, {len(js.curves)} models")
+    for c in ("model", "jobs", "P(1) samples/s", "P(64)", "speedup@64", "serial fraction (Amdahl fit)"):
+        t.add_column(c)
+    for m, c in sorted(js.curves.items()):
+        t.add_row(m, str(sum(j.model == m for j in js.jobs)), f"{c.rate(1):,.0f}", f"{c.rate(64):,.0f}",
+                  f"{c.speedup(64):.1f}", f"{c.serial_fraction:.4f}")
+    _console().print(t)
+    return 0
+
+
+def cmd_demo(args) -> int:
+    """The README's main command. Today: idle capacity of a real trace slice and the job set it would train."""
+    console = _console()
+    data = Path(args.data) if args.data else SHARED_DATA
+    trace = data / "traces" / "theta_2022.swf.gz"
+    jobs = data / "jobs" / "imagenet_mix.jobs.csv"
+    if not trace.exists():
+        console.print(f"[red]demo data not found under {data}; pass --data DIR (the shared data folder)")
+        return 2
+    console.rule("parsl-bft demo: idle capacity of ALCF Theta (2022), a 256-node slice, one week")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    ns = argparse.Namespace(source=str(trace), schedule="recorded", units="auto", swf_variant="auto",
+                            window="+30d/+7d", nodes=256, no_mask=False, lenient=False,
+                            json=str(out / "idle.json"), plot=str(out / "idle.png"))
+    cmd_idle(ns)
+    console.rule("training jobs that would soak it up")
+    cmd_jobs(argparse.Namespace(jobs=str(jobs), scaling=None, lenient=False))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="parsl-bft", description="Train DNNs on the idle nodes of supercomputers.")
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    d = sub.add_parser("demo", help="the main demo on the embedded default (the local machine)")
+    d.add_argument("--out", default="out/demo", help="folder for plots and JSON")
+    d.add_argument("--data", help="the shared data folder (default: ../shared/data beside the project)")
+    d.set_defaults(func=cmd_demo)
+
+    i = sub.add_parser("idle", help="idle-capacity statistics and plot of an SWF log or idle-interval CSV")
+    i.add_argument("source", help="*.swf[.gz] job log or node,idle_start,idle_end CSV[.gz]")
+    _add_source_args(i)
+    i.add_argument("--plot", help="write idle nodes over time to this PNG")
+    i.add_argument("--json", help="write the statistics to this JSON file")
+    i.set_defaults(func=cmd_idle)
+
+    j = sub.add_parser("jobs", help="check and summarise a job set (X.jobs.csv + X.scaling.csv, or YAML)")
+    j.add_argument("jobs")
+    j.add_argument("--scaling")
+    j.add_argument("--lenient", action="store_true")
+    j.set_defaults(func=cmd_jobs)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    warnings.simplefilter("default")
+    warnings.formatwarning = lambda msg, *a, **k: f"warning: {msg}\n"  # type: ignore[assignment]
+    try:
+        return args.func(args)
+    except (ParslBftError, ValueError) as e:
+        print(f"parsl-bft {args.cmd}: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

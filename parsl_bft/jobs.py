@@ -1,0 +1,194 @@
+"""Training job specs and job-set files (``*.jobs.csv``, YAML)."""
+from __future__ import annotations
+
+import csv
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+from .csvio import parse_number, read_rows
+from .errors import BadRows, InputError
+from .scaling import ScalingCurve, read_scaling_csv
+
+JOB_COLUMNS = ["name", "model", "min_nodes", "max_nodes", "t_up", "t_down", "samples", "submit"]
+OPTIONAL_COLUMNS = ["weight", "deadline"]
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """One elastic training job: runs on 0 or [min_nodes, max_nodes] nodes.
+
+    t_up / t_down: seconds of progress lost when the job grows / shrinks (charged at its current rate).
+    samples: work to do. submit: unix time it becomes eligible. weight and deadline feed the objectives.
+    """
+
+    name: str
+    model: str
+    min_nodes: int
+    max_nodes: int
+    t_up: float
+    t_down: float
+    samples: float
+    submit: float = 0.0
+    weight: float = 1.0
+    deadline: float | None = None
+
+    def __post_init__(self) -> None:
+        problems = []
+        if not self.name:
+            problems.append(("name", "empty job name"))
+        if self.min_nodes < 1:
+            problems.append(("min_nodes", f"must be >= 1, got {self.min_nodes}"))
+        if self.max_nodes < self.min_nodes:
+            problems.append(("max_nodes", f"min_nodes {self.min_nodes} > max_nodes {self.max_nodes}"))
+        for f in ("t_up", "t_down"):
+            if getattr(self, f) < 0:
+                problems.append((f, f"must be >= 0, got {getattr(self, f)}"))
+        if not self.samples > 0:
+            problems.append(("samples", f"must be > 0, got {self.samples}"))
+        if not self.weight > 0:
+            problems.append(("weight", f"must be > 0, got {self.weight}"))
+        if problems:
+            field, msg = problems[0]
+            raise JobSpecError(field, f"job {self.name!r}: {msg}")
+
+
+class JobSpecError(ValueError):
+    def __init__(self, field: str, msg: str):
+        super().__init__(msg)
+        self.field = field
+
+
+@dataclass
+class JobSet:
+    """Jobs and the throughput curve of every model they use."""
+
+    jobs: list[JobSpec]
+    curves: dict[str, ScalingCurve]
+
+    def __post_init__(self) -> None:
+        names = set()
+        for j in self.jobs:
+            if j.name in names:
+                raise ValueError(f"duplicate job name {j.name!r}")
+            names.add(j.name)
+            if j.model not in self.curves:
+                raise ValueError(f"job {j.name!r}: no scaling curve for model {j.model!r} "
+                                 f"(have: {', '.join(sorted(self.curves))})")
+
+    def curve(self, job: JobSpec) -> ScalingCurve:
+        return self.curves[job.model]
+
+
+def read_jobs_csv(path: str | Path, *, lenient: bool = False) -> list[JobSpec]:
+    p = str(path)
+    bad = BadRows(lenient)
+    jobs: list[JobSpec] = []
+    seen: dict[str, int] = {}
+    for line, row in read_rows(path, JOB_COLUMNS, bad):
+        try:
+            if row["name"] in seen:
+                raise InputError(p, line, "name", f"duplicate job name {row['name']!r} (first on line {seen[row['name']]})")
+            num = {f: parse_number(p, line, f, row[f], kind=int) for f in ("min_nodes", "max_nodes")}
+            num.update({f: parse_number(p, line, f, row[f]) for f in ("t_up", "t_down", "samples", "submit")})
+            if row.get("weight"):
+                num["weight"] = parse_number(p, line, "weight", row["weight"])
+            if row.get("deadline"):
+                num["deadline"] = parse_number(p, line, "deadline", row["deadline"])
+            try:
+                job = JobSpec(name=row["name"], model=row["model"], **num)  # type: ignore[arg-type]
+            except JobSpecError as e:
+                raise InputError(p, line, e.field, str(e)) from None
+        except InputError as e:
+            bad.add(e)
+            continue
+        seen[job.name] = line
+        jobs.append(job)
+    bad.warn()
+    return jobs
+
+
+def write_jobs_csv(path: str | Path, jobs: list[JobSpec]) -> None:
+    extra = [c for c in OPTIONAL_COLUMNS if any(getattr(j, c) not in (None, 1.0) for j in jobs)]
+    with open(path, "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(JOB_COLUMNS + extra)
+        for j in jobs:
+            d = asdict(j)
+            w.writerow([d[c] if d[c] is not None else "" for c in JOB_COLUMNS + extra])
+
+
+def jobs_from_dicts(items: list[dict], source: str = "<python>") -> list[JobSpec]:
+    """Build jobs from plain dicts (YAML, JSON or a workflow), naming the entry and field on error."""
+    known = {f.name for f in fields(JobSpec)}
+    out = []
+    for i, item in enumerate(items, 1):
+        unknown = set(item) - known
+        if unknown:
+            raise InputError(source, i, sorted(unknown)[0], f"unknown job field; allowed: {', '.join(sorted(known))}")
+        item = dict(item)
+        for f in ("min_nodes", "max_nodes"):
+            if f in item:
+                item[f] = int(parse_number(source, i, f, str(item[f]), kind=int))
+        for f in ("t_up", "t_down", "samples", "submit", "weight", "deadline"):
+            if item.get(f) is not None:
+                item[f] = parse_number(source, i, f, str(item[f]))
+        try:
+            out.append(JobSpec(**item))
+        except TypeError as e:
+            raise InputError(source, i, None, f"job entry {i}: {e}") from None
+        except JobSpecError as e:
+            raise InputError(source, i, e.field, str(e)) from None
+    return out
+
+
+def read_jobset_yaml(path: str | Path) -> JobSet:
+    """YAML equivalent of the two CSV files::
+
+        jobs:
+          - {name: a, model: resnet18, min_nodes: 1, max_nodes: 8, t_up: 18, t_down: 11, samples: 1e6}
+        scaling:
+          resnet18: {1: 5218.8, 2: 10582.5, 4: 20436.0}
+        # or: scaling_csv: imagenet_mix.scaling.csv   (relative to this file)
+
+    Line numbers in errors count job entries (1-based), since YAML has no row lines.
+    """
+    import yaml
+
+    p = Path(path)
+    try:
+        doc = yaml.safe_load(p.read_text())
+    except FileNotFoundError:
+        raise InputError(str(p), 0, None, "no such file") from None
+    except yaml.YAMLError as e:
+        raise InputError(str(p), getattr(getattr(e, "problem_mark", None), "line", -1) + 1, None, f"not valid YAML: {e}") from None
+    if not isinstance(doc, dict) or "jobs" not in doc:
+        raise InputError(str(p), 0, "jobs", "expected a mapping with a 'jobs' list")
+    jobs = jobs_from_dicts(doc["jobs"], str(p))
+    curves: dict[str, ScalingCurve] = {}
+    if "scaling_csv" in doc:
+        curves.update(read_scaling_csv(p.parent / doc["scaling_csv"]))
+    for model, pts in (doc.get("scaling") or {}).items():
+        try:
+            curves[model] = ScalingCurve(model, {int(n): float(r) for n, r in pts.items()})
+        except (ValueError, AttributeError) as e:
+            raise InputError(str(p), 0, f"scaling.{model}", str(e)) from None
+    try:
+        return JobSet(jobs, curves)
+    except ValueError as e:
+        raise InputError(str(p), 0, None, str(e)) from None
+
+
+def load_jobset(jobs: str | Path, scaling: str | Path | None = None, *, lenient: bool = False) -> JobSet:
+    """Load a job set from ``X.jobs.csv`` (+ ``X.scaling.csv``, found beside it if not given) or a YAML file."""
+    jp = Path(jobs)
+    if jp.suffix in (".yaml", ".yml"):
+        return read_jobset_yaml(jp)
+    if scaling is None:
+        guess = jp.with_name(jp.name.replace(".jobs.csv", ".scaling.csv"))
+        if guess == jp or not guess.exists():
+            raise InputError(str(jp), 0, None, "no scaling file given and none found beside it (X.scaling.csv)")
+        scaling = guess
+    try:
+        return JobSet(read_jobs_csv(jp, lenient=lenient), read_scaling_csv(scaling, lenient=lenient))
+    except ValueError as e:
+        raise InputError(str(jp), 0, "model", str(e)) from None

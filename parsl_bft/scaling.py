@@ -1,0 +1,132 @@
+"""Throughput curves P(n): exact at measured points, Amdahl-shaped in gaps and beyond the table.
+
+Between two measured sizes a and b the curve is the global Amdahl fit f(n) plus a linearly interpolated
+correction (P(a) - f(a) .. P(b) - f(b)), so it passes through every measurement and follows Amdahl's shape
+where a table is sparse (1, 8, 64 nodes). Outside the table f(n) is scaled to meet the nearest measurement.
+A dense table (1, 2, 4, ...) is then practically piecewise-linear, like BFTrainer's interpolation.
+"""
+from __future__ import annotations
+
+import csv
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .csvio import parse_number, read_rows
+from .errors import BadRows, InputError
+
+SCALING_COLUMNS = ["model", "nodes", "samples_per_sec"]
+
+
+def fit_amdahl(nodes: np.ndarray, rates: np.ndarray) -> tuple[float, float]:
+    """Least-squares (relative error) fit of P(n) = a * n / (1 + s (n - 1)); returns (a, s).
+
+    s is the serial fraction in [0, 1]. One point cannot separate a from s: s = 0 (linear) then.
+    """
+    n = np.asarray(nodes, dtype=float)
+    p = np.asarray(rates, dtype=float)
+    if len(n) < 2:
+        return float(p[0] / n[0]), 0.0
+    best = (np.inf, 0.0, 0.0)
+    for s in np.concatenate([np.linspace(0, 0.02, 201), np.linspace(0.02, 1, 981)]):
+        g = n / (1 + s * (n - 1))
+        a = float(np.sum(g / p) / np.sum(g * g / (p * p)))
+        err = float(np.sum((1 - a * g / p) ** 2))
+        if err < best[0]:
+            best = (err, a, float(s))
+    return best[1], best[2]
+
+
+@dataclass
+class ScalingCurve:
+    """Measured throughput of one model; ``rate(n)`` in samples/s for any integer n >= 0."""
+
+    model: str
+    points: dict[int, float]
+    _a: float = field(init=False, repr=False)
+    _s: float = field(init=False, repr=False)
+    _cache: np.ndarray = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if not self.points:
+            raise ValueError(f"scaling curve for {self.model!r} has no points")
+        for n, r in self.points.items():
+            if int(n) != n or n < 1 or not r > 0:
+                raise ValueError(f"scaling curve {self.model!r}: bad point nodes={n} rate={r}")
+        self.points = {int(n): float(r) for n, r in sorted(self.points.items())}
+        ns = np.array(list(self.points), dtype=float)
+        ps = np.array(list(self.points.values()))
+        self._a, self._s = fit_amdahl(ns, ps)
+        self._cache = np.zeros(1)
+
+    @property
+    def serial_fraction(self) -> float:
+        return self._s
+
+    def _amdahl(self, n: np.ndarray) -> np.ndarray:
+        return self._a * n / (1 + self._s * (n - 1))
+
+    def _compute(self, n: np.ndarray) -> np.ndarray:
+        ns = np.array(list(self.points), dtype=float)
+        ps = np.array(list(self.points.values()))
+        resid = ps - self._amdahl(ns)
+        n = n.astype(float)
+        out = self._amdahl(n) + np.interp(n, ns, resid)
+        lo, hi = n < ns[0], n > ns[-1]
+        out[lo] = self._amdahl(n[lo]) * ps[0] / self._amdahl(ns[:1])[0]
+        out[hi] = self._amdahl(n[hi]) * ps[-1] / self._amdahl(ns[-1:])[0]
+        out[n == 0] = 0.0
+        return out
+
+    def table(self, max_nodes: int) -> np.ndarray:
+        """rates[k] = P(k) for k = 0..max_nodes (rates[0] = 0)."""
+        if len(self._cache) <= max_nodes:
+            self._cache = self._compute(np.arange(max(max_nodes + 1, 2 * len(self._cache))))
+        return self._cache[: max_nodes + 1]
+
+    def rate(self, n: int) -> float:
+        return float(self.table(n)[n]) if n > 0 else 0.0
+
+    def speedup(self, n: int) -> float:
+        """P(n) / P(1): the normalisation that keeps slow models from being starved."""
+        return self.rate(n) / self.rate(1)
+
+    def with_point(self, n: int, rate: float) -> "ScalingCurve":
+        """A new curve with one measurement replaced or added (runtime feedback)."""
+        return ScalingCurve(self.model, {**self.points, n: rate})
+
+
+def read_scaling_csv(path: str | Path, *, lenient: bool = False) -> dict[str, ScalingCurve]:
+    """Read ``model,nodes,samples_per_sec`` rows into one curve per model."""
+    p = str(path)
+    bad = BadRows(lenient)
+    points: dict[str, dict[int, float]] = {}
+    for line, row in read_rows(path, SCALING_COLUMNS, bad):
+        try:
+            model = row["model"]
+            if not model:
+                raise InputError(p, line, "model", "empty model name")
+            n = int(parse_number(p, line, "nodes", row["nodes"], kind=int, minimum=1))
+            r = parse_number(p, line, "samples_per_sec", row["samples_per_sec"], strictly_positive=True)
+            if n in points.get(model, {}):
+                raise InputError(p, line, "nodes", f"duplicate measurement for {model} at {n} nodes")
+        except InputError as e:
+            bad.add(e)
+            continue
+        points.setdefault(model, {})[n] = r
+    if not points:
+        raise InputError(p, 0, None, "no scaling rows")
+    curves = {m: ScalingCurve(m, pts) for m, pts in points.items()}
+    bad.warn()
+    return curves
+
+
+def write_scaling_csv(path: str | Path, curves: dict[str, ScalingCurve] | list[tuple[str, int, float]]) -> None:
+    rows = (curves if isinstance(curves, list)
+            else [(c.model, n, r) for c in curves.values() for n, r in c.points.items()])
+    with open(path, "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(SCALING_COLUMNS)
+        for model, n, r in rows:
+            w.writerow([model, n, f"{r:.6g}"])
