@@ -1,0 +1,44 @@
+"""Turn sizes into node ids without migration. Which nodes is a hook (topology-aware placement subclasses it)."""
+from __future__ import annotations
+
+from .problem import JobState
+
+
+class Placement:
+    """Default: a shrinking job gives back the nodes that will leave soonest (then the ones it got last);
+    a growing job takes the free nodes that will stay idle longest (then in pool order)."""
+
+    def release(self, job: JobState, count: int, remaining: dict[str, float]) -> list[str]:
+        order = sorted(range(job.size), key=lambda i: (remaining.get(job.nodes[i], float("inf")), -i))
+        return [job.nodes[i] for i in order[:count]]
+
+    def grow(self, job: JobState, free: list[str], count: int, remaining: dict[str, float]) -> list[str]:
+        pos = {n: i for i, n in enumerate(free)}
+        return sorted(free, key=lambda n: (-remaining.get(n, float("inf")), pos[n]))[:count]
+
+
+def place(jobs: list[JobState], sizes: dict[str, int], pool: list[str], placement: Placement,
+          remaining: dict[str, float] | None = None) -> dict[str, tuple[str, ...]]:
+    remaining = remaining or {}
+    held = {n for j in jobs for n in j.nodes}
+    alloc: dict[str, tuple[str, ...]] = {}
+    released: list[str] = []
+    for j in jobs:
+        k = sizes.get(j.name, 0)
+        if k < j.size:
+            gone = set(placement.release(j, j.size - k, remaining))
+            alloc[j.name] = tuple(n for n in j.nodes if n not in gone)
+            released.extend(n for n in j.nodes if n in gone)
+        else:
+            alloc[j.name] = j.nodes
+    free = [n for n in pool if n not in held] + released
+    for j in jobs:
+        k = sizes.get(j.name, 0)
+        if k > j.size:
+            got = placement.grow(j, free, k - j.size, remaining)
+            if len(got) < k - j.size:
+                raise RuntimeError(f"placement: {j.name} needs {k - j.size} more nodes, {len(free)} free")
+            taken = set(got)
+            free = [n for n in free if n not in taken]
+            alloc[j.name] = j.nodes + tuple(got)
+    return alloc

@@ -1,0 +1,77 @@
+"""What the planner is asked and what it answers. No Parsl here: the simulator and the runtime share this."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..jobs import JobSpec
+from ..scaling import ScalingCurve
+
+
+@dataclass
+class JobState:
+    """A job as the planner sees it at one instant."""
+
+    spec: JobSpec
+    curve: ScalingCurve
+    nodes: tuple[str, ...] = ()          # nodes it holds now (reclaimed ones already removed)
+    samples_done: float = 0.0
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def size(self) -> int:
+        return len(self.nodes)
+
+    @property
+    def remaining(self) -> float:
+        return max(self.spec.samples - self.samples_done, 0.0)
+
+
+@dataclass
+class Plan:
+    """The planner's answer: nodes per job, predicted rates, the rescale pauses it will cost, how it was solved."""
+
+    allocation: dict[str, tuple[str, ...]]
+    sizes: dict[str, int]
+    rates: dict[str, float]              # predicted samples/s at the new size
+    rescale_cost: dict[str, float]       # samples lost to pausing (t_up / t_down at the current rate)
+    objective: float
+    method: str
+    status: str                          # optimal | feasible (time limit) | fallback-dp | heuristic
+    solve_s: float
+    notes: list[str] = field(default_factory=list)
+
+    def changed(self, jobs: list[JobState]) -> list[str]:
+        return [j.name for j in jobs if self.sizes.get(j.name, 0) != j.size]
+
+
+@dataclass
+class SizeProblem:
+    """The exact size-choice problem: one size per job, sum of sizes <= capacity.
+
+    ``allowed[j]`` lists job j's feasible sizes (0 first), ``value[j][i]`` the objective of choosing
+    ``allowed[j][i]`` (gain over the horizon minus the rescale cost), a multiple-choice knapsack.
+    """
+
+    names: list[str]
+    allowed: list[np.ndarray]
+    value: list[np.ndarray]
+    capacity: int
+
+    def objective(self, sizes: dict[str, int]) -> float:
+        total = 0.0
+        for n, a, v in zip(self.names, self.allowed, self.value):
+            idx = np.flatnonzero(a == sizes.get(n, 0))
+            if not len(idx):
+                return -math.inf
+            total += float(v[idx[0]])
+        return total
+
+    def feasible(self, sizes: dict[str, int]) -> bool:
+        return (sum(sizes.values()) <= self.capacity
+                and all(sizes.get(n, 0) in set(a.tolist()) for n, a in zip(self.names, self.allowed)))
