@@ -16,37 +16,49 @@ METHODS = ("milp", "dp", "greedy", "equal-share", "node-milp")
 
 
 def build_problem(jobs: list[JobState], pool_size: int, objective: Objective, t_fwd: float, now: float = 0.0,
-                  remaining: dict[str, float] | None = None, short_free: int = 0) -> SizeProblem:
-    """Values v[j,k] = H_j * U_j(k) - rescale cost(C_j -> k), charged at the current rate U_j(C_j).
+                  remaining: dict[str, float] | None = None, free_remaining: np.ndarray | None = None) -> SizeProblem:
+    """Values v[j,k] = gain of running at size k over the horizon - rescale cost(C_j -> k) at the current rate.
 
-    Horizon awareness (``remaining`` = expected idle time left per node): H_j = min(T_fwd, the shortest remaining
-    time among the job's nodes), and a job holding a node that leaves within T_fwd pays the expected reclaim
-    t_down * U_j(k). Free nodes leaving within T_fwd (``short_free``) are not offered for growth.
+    Without horizon information the gain is T_fwd * U_j(k) (BFTrainer). With it (``remaining``: expected idle
+    time left per node; ``free_remaining``: the same for the nodes a growing job would get, in order) a job of size k keeps its k
+    longest-lived nodes (growing: its own plus the longest-lived free ones); with their remaining times
+    r_1 >= ... >= r_k cut at T_fwd, it runs at size m while m nodes are left:
+    gain = sum_m min(r_m, T) * (U(m) - U(m-1)), and each node leaving before T costs t_down * U(m).
     """
-    capacity = pool_size - short_free
     allowed, values = [], []
     for j in jobs:
         s = j.spec
-        hi = min(s.max_nodes, capacity)
+        hi = min(s.max_nodes, pool_size)
         a = np.array([0] + list(range(s.min_nodes, hi + 1)), dtype=np.int64)
         if j.size and j.size not in set(a.tolist()):   # the pool shrank under a held size: keep it choosable
             a = np.unique(np.append(a, j.size))
-        u = objective.utility(j, np.append(a, j.size), now)
-        u_now = float(u[-1])
-        u = u[:-1]
-        h = t_fwd
-        reclaim = np.zeros(len(a))
-        if remaining:
-            left = min((remaining.get(n, math.inf) for n in j.nodes), default=math.inf)
-            h = min(t_fwd, left)
-            if left < t_fwd:
-                reclaim = s.t_down * u
+        u_all = objective.utility(j, np.arange(max(int(a.max()), j.size, 1) + 1), now)
+        u, u_now = u_all[a], float(u_all[j.size])
+        if remaining is None:
+            gain = t_fwd * u
+        else:
+            gain = np.array([_horizon_gain(j, int(k), u_all, remaining, free_remaining, t_fwd) for k in a])
         cost = np.where(a > j.size, s.t_up * u_now, np.where(a < j.size, s.t_down * u_now, 0.0))
         allowed.append(a)
-        values.append(h * u - cost - reclaim)
-    narrowed = objective.restrict(jobs, allowed, capacity)
+        values.append(gain - cost)
+    narrowed = objective.restrict(jobs, allowed, pool_size)
     values = [v[np.isin(a, b)] for v, a, b in zip(values, allowed, narrowed)]
-    return SizeProblem([j.name for j in jobs], narrowed, values, capacity)
+    return SizeProblem([j.name for j in jobs], narrowed, values, pool_size)
+
+
+def _horizon_gain(job: JobState, k: int, u: np.ndarray, remaining: dict[str, float],
+                  free_remaining: np.ndarray | None, t_fwd: float) -> float:
+    if k == 0:
+        return 0.0
+    held = np.sort([remaining.get(n, math.inf) for n in job.nodes])[::-1]
+    if k > len(held):
+        extra = free_remaining[: k - len(held)] if free_remaining is not None else np.full(k - len(held), math.inf)
+        held = np.sort(np.concatenate([held, extra]))[::-1]
+    r = held[:k]
+    du = np.diff(u[: k + 1])                     # U(m) - U(m-1), m = 1..k
+    gain = float(np.sum(np.minimum(r, t_fwd) * du))
+    leaving = np.flatnonzero(r < t_fwd)          # the (m+1)-th node leaves while the job runs on m+1
+    return gain - job.spec.t_down * float(np.sum(u[leaving + 1]))
 
 
 @dataclass
@@ -80,9 +92,13 @@ class Planner:
                 raise ValueError(f"job {j.name} holds nodes outside the idle pool: {stray[:3]} (remove reclaimed "
                                  "nodes before planning)")
         rem = remaining if self.horizon_aware else None
-        held = {n for j in jobs for n in j.nodes}
-        short_free = sum(1 for n in pool if n not in held and rem and rem.get(n, math.inf) < self.t_fwd)
-        prob = build_problem(jobs, len(pool), self.objective, self.t_fwd, now, rem, short_free)
+        free_rem = None
+        if rem is not None:
+            # nodes a growing job would get: the free ones longest-lived first, then those others give up
+            held = {n for j in jobs for n in j.nodes}
+            free_rem = np.concatenate([np.sort([rem.get(n, math.inf) for n in pool if n not in held])[::-1],
+                                       np.sort([rem.get(n, math.inf) for n in held])[::-1]])
+        prob = build_problem(jobs, len(pool), self.objective, self.t_fwd, now, rem, free_rem)
         notes: list[str] = []
         alloc = None
         if self.method == "milp":

@@ -1,0 +1,126 @@
+"""The control loop shared by the simulator and the real runtime: admission, reclaims, re-planning, costs.
+
+It holds who runs where and charges BFTrainer's costs (../docs/architecture.md, "accounting"):
+- a job that is rescaled by the plan pauses: t_up (grow) or t_down (shrink) seconds at its CURRENT rate;
+- a job that loses nodes to the facility pays t_down at its current rate, once per reclaim event;
+- a job left below min_nodes by a reclaim stops (size 0) and its remaining nodes go back to the pool.
+Progress itself comes from outside: the simulator's rate model or real training fragments.
+The planner is any object with ``plan(jobs, pool, now, remaining) -> Plan`` (no MILP import here).
+"""
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+
+from .jobs import JobSpec
+from .planner.problem import JobState, Plan
+from .scaling import ScalingCurve
+
+
+@dataclass
+class ActiveJob:
+    state: JobState
+    admitted_at: float
+    rescale_loss: float = 0.0       # samples
+    reclaim_loss: float = 0.0       # samples
+    rescales: int = 0
+    reclaims: int = 0
+    node_seconds: float = 0.0
+    finished_at: float | None = None
+
+    @property
+    def name(self) -> str:
+        return self.state.name
+
+    @property
+    def rate(self) -> float:
+        return self.state.curve.rate(self.state.size)
+
+    def charge(self, samples: float, reclaim: bool) -> None:
+        """Losses come out of progress (never below zero: a job cannot lose more than it has done)."""
+        lost = min(samples, self.state.samples_done)
+        self.state.samples_done -= lost
+        if reclaim:
+            self.reclaim_loss += lost
+            self.reclaims += 1
+        else:
+            self.rescale_loss += lost
+            self.rescales += 1
+
+
+@dataclass
+class Controller:
+    jobs: list[JobSpec]
+    curves: dict[str, ScalingCurve]
+    planner: object
+    max_concurrent: int = 10
+    pool: dict[str, float] = field(default_factory=dict)        # idle node -> expected end of idleness
+    waiting: deque = field(init=False)
+    active: dict[str, ActiveJob] = field(default_factory=dict)
+    done: list[ActiveJob] = field(default_factory=list)
+    plans: int = 0
+    solve_times: list[float] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.max_concurrent < 1:
+            raise ValueError(f"max_concurrent must be >= 1, got {self.max_concurrent}")
+        self.waiting = deque(sorted(self.jobs, key=lambda j: (j.submit, j.name)))
+
+    # --- events --------------------------------------------------------------------------------------
+    def nodes_joined(self, nodes, until=()) -> None:
+        until = list(until) or [math.inf] * len(nodes)
+        for n, u in zip(nodes, until):
+            self.pool[n] = u
+
+    def nodes_left(self, nodes) -> list[str]:
+        """The facility took ``nodes`` back. Returns the names of jobs that lost nodes (charged t_down)."""
+        gone = set(nodes)
+        for n in gone:
+            self.pool.pop(n, None)
+        hit = []
+        for a in self.active.values():
+            s = a.state
+            if gone.intersection(s.nodes):
+                a.charge(s.spec.t_down * a.rate, reclaim=True)
+                kept = tuple(n for n in s.nodes if n not in gone)
+                s.nodes = kept if len(kept) >= s.spec.min_nodes else ()
+                hit.append(a.name)
+        return hit
+
+    def job_finished(self, name: str, t: float) -> None:
+        a = self.active.pop(name)
+        a.finished_at = t
+        a.state.nodes = ()
+        self.done.append(a)
+
+    def admit(self, t: float) -> None:
+        while self.waiting and len(self.active) < self.max_concurrent and self.waiting[0].submit <= t:
+            spec = self.waiting.popleft()
+            self.active[spec.name] = ActiveJob(JobState(spec, self.curves[spec.model]), admitted_at=t)
+
+    def next_submit(self) -> float:
+        return self.waiting[0].submit if self.waiting and len(self.active) < self.max_concurrent else math.inf
+
+    # --- planning ------------------------------------------------------------------------------------
+    def replan(self, t: float) -> Plan | None:
+        self.admit(t)
+        if not self.active:
+            return None
+        states = [a.state for a in self.active.values()]
+        # expected idle time left per node; the planner uses it only if it is horizon-aware
+        remaining = {n: u - t for n, u in self.pool.items() if u < math.inf}
+        plan = self.planner.plan(states, list(self.pool), now=t, remaining=remaining)
+        self.plans += 1
+        self.solve_times.append(plan.solve_s)
+        for a in self.active.values():
+            k = plan.sizes[a.name]
+            if k != a.state.size and a.state.size:     # starting from 0 nodes costs nothing (rate 0)
+                s = a.state.spec
+                a.charge((s.t_up if k > a.state.size else s.t_down) * a.rate, reclaim=False)
+            a.state.nodes = plan.allocation[a.name]
+        return plan
+
+    @property
+    def allocated(self) -> int:
+        return sum(a.state.size for a in self.active.values())

@@ -1,0 +1,140 @@
+"""Trace-driven replay: the control loop of the real runtime, with a clock and a rate model for training."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..control import ActiveJob, Controller
+from ..idle.intervals import IdleIntervals
+from ..jobs import JobSet
+
+
+@dataclass
+class Timeline:
+    """What the plot needs: at each event time, idle nodes and the nodes each model holds."""
+
+    t: list[float] = field(default_factory=list)
+    idle: list[int] = field(default_factory=list)
+    by_model: list[dict[str, int]] = field(default_factory=list)
+
+
+@dataclass
+class SimResult:
+    start: float
+    end: float
+    idle_node_s: float
+    allocated_node_s: float
+    events: int
+    plans: int
+    solve_times: list[float]
+    jobs: list[ActiveJob]
+    timeline: Timeline
+    config: dict
+
+    def metrics(self) -> dict:
+        work = sum(a.state.samples_done / a.state.curve.rate(1) for a in self.jobs)
+        st = np.array(self.solve_times) if self.solve_times else np.zeros(1)
+        return {
+            "e_idle": work / self.idle_node_s if self.idle_node_s else 0.0,
+            "e_used": work / self.allocated_node_s if self.allocated_node_s else 0.0,
+            "util": self.allocated_node_s / self.idle_node_s if self.idle_node_s else 0.0,
+            "samples": sum(a.state.samples_done for a in self.jobs),
+            "rescale_loss": sum(a.rescale_loss for a in self.jobs),
+            "reclaim_loss": sum(a.reclaim_loss for a in self.jobs),
+            "jobs_finished": sum(a.finished_at is not None for a in self.jobs),
+            "events": self.events,
+            "plans": self.plans,
+            "solve_p50_s": float(np.percentile(st, 50)),
+            "solve_p99_s": float(np.percentile(st, 99)),
+            "idle_node_s": self.idle_node_s,
+            "allocated_node_s": self.allocated_node_s,
+            "span_s": self.end - self.start,
+        }
+
+    def job_rows(self) -> list[dict]:
+        return [{"name": a.name, "model": a.state.spec.model, "samples_done": a.state.samples_done,
+                 "samples": a.state.spec.samples, "finished_at": a.finished_at, "admitted_at": a.admitted_at,
+                 "node_s": a.node_seconds, "rescales": a.rescales, "reclaims": a.reclaims,
+                 "rescale_loss": a.rescale_loss, "reclaim_loss": a.reclaim_loss} for a in self.jobs]
+
+    def per_model(self) -> list[dict]:
+        rows: dict[str, dict] = {}
+        for a in self.jobs:
+            r = rows.setdefault(a.state.spec.model, {"model": a.state.spec.model, "jobs": 0, "finished": 0,
+                                                     "samples": 0.0, "node_s": 0.0, "work_1node_s": 0.0})
+            r["jobs"] += 1
+            r["finished"] += a.finished_at is not None
+            r["samples"] += a.state.samples_done
+            r["node_s"] += a.node_seconds
+            r["work_1node_s"] += a.state.samples_done / a.state.curve.rate(1)
+        for r in rows.values():
+            r["e_used"] = r["work_1node_s"] / r["node_s"] if r["node_s"] else 0.0
+        return sorted(rows.values(), key=lambda r: r["model"])
+
+    def as_dict(self) -> dict:
+        return {**self.metrics(), "config": self.config, "per_model": self.per_model(), "jobs": self.job_rows()}
+
+
+def simulate(intervals: IdleIntervals, jobset: JobSet, planner, *, max_concurrent: int = 10,
+             duration: float | None = None, progress=None,
+             config: dict | None = None) -> SimResult:
+    """Replay ``intervals`` from their first event, for ``duration`` seconds or to their end.
+
+    Jobs are admitted first-come-first-served by submit time (at most ``max_concurrent`` at once); the planner
+    runs at every event (nodes join or leave, a job arrives or finishes); progress between events is
+    P_j(n_j) * dt; costs are charged by the shared Controller. ``progress(fraction)`` is called as time advances.
+    """
+    events = intervals.events()
+    first = next(events, None)
+    if first is None:
+        raise ValueError("no idle capacity in the selected trace (no events)")
+    start = first.time
+    end = intervals.t1 if duration is None else min(intervals.t1, start + duration)
+    ctl = Controller(jobset.jobs, jobset.curves, planner, max_concurrent=max_concurrent)
+    tl = Timeline()
+    t = start
+    idle_s = alloc_s = 0.0
+    n_events = 0
+    pending = first
+
+    def finish_time(a: ActiveJob) -> float:
+        r = a.rate
+        return t + a.state.remaining / r if r > 0 else math.inf
+
+    while t < end:
+        # apply everything that happens at t
+        if pending is not None and pending.time <= t:
+            ctl.nodes_left(pending.left)
+            ctl.nodes_joined(pending.joined, pending.joined_until)
+            n_events += 1
+            pending = next(events, None)
+        for a in [a for a in ctl.active.values() if a.state.remaining <= 1e-9 * a.state.spec.samples]:
+            ctl.job_finished(a.name, t)
+        ctl.replan(t)
+        tl.t.append(t)
+        tl.idle.append(len(ctl.pool))
+        by_model: dict[str, int] = {}
+        for a in ctl.active.values():
+            if a.state.size:
+                by_model[a.state.spec.model] = by_model.get(a.state.spec.model, 0) + a.state.size
+        tl.by_model.append(by_model)
+        # advance to the next instant something happens
+        nxt = min(pending.time if pending is not None else math.inf, ctl.next_submit(),
+                  min((finish_time(a) for a in ctl.active.values()), default=math.inf), end)
+        nxt = max(nxt, t)
+        dt = nxt - t
+        for a in ctl.active.values():
+            if a.state.size:
+                a.state.samples_done = min(a.state.spec.samples, a.state.samples_done + a.rate * dt)
+                a.node_seconds += a.state.size * dt
+        idle_s += len(ctl.pool) * dt
+        alloc_s += ctl.allocated * dt
+        if nxt == t and pending is None and not any(a.state.remaining <= 0 for a in ctl.active.values()):
+            break
+        t = nxt
+        if progress is not None:
+            progress((t - start) / (end - start) if end > start else 1.0)
+    jobs = ctl.done + list(ctl.active.values())
+    return SimResult(start, end, idle_s, alloc_s, n_events, ctl.plans, ctl.solve_times, jobs, tl, config or {})
