@@ -115,6 +115,42 @@ def cmd_demo(args) -> int:
     return 0
 
 
+def cmd_simulate(args) -> int:
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from .idle.sources import parse_duration
+    from .jobs import load_jobset
+    from .planner import Planner
+    from .sim import simulate
+    from .sim.report import plot_replay, print_summary
+
+    console = _console()
+    args.source = args.idle_intervals or args.swf
+    planner = Planner(method=args.planner, solver=args.solver, objective=args.objective, t_fwd=args.tfwd,
+                      time_limit=args.time_limit, horizon_aware=args.horizon_aware)
+    jobset = load_jobset(args.jobs, args.scaling, lenient=args.lenient)
+    with console.status(f"reading {args.source} ..."):
+        src, _, masked = load_selected(args)
+    config = {"source": src.description, "jobs": str(args.jobs), "planner": args.planner, "solver": args.solver,
+              "objective": args.objective, "tfwd": args.tfwd, "horizon_aware": args.horizon_aware,
+              "max_concurrent": args.max_concurrent, "nodes": masked.n_nodes, "window": args.window,
+              "duration": args.duration, "masked": not args.no_mask}
+    with Progress(TextColumn("replaying"), BarColumn(), TextColumn("{task.percentage:>5.1f}% of trace time"),
+                  TimeElapsedColumn(), console=console, transient=True) as bar:
+        task = bar.add_task("replay", total=1.0)
+        res = simulate(masked, jobset, planner, max_concurrent=args.max_concurrent,
+                       duration=parse_duration(args.duration) if args.duration else None,
+                       progress=lambda f: bar.update(task, completed=f), config=config)
+    print_summary(res, console, title=f"{args.planner}/{args.objective} on {src.description}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(res.as_dict(), indent=1))
+        console.print(f"wrote {args.json}")
+    if args.plot:
+        plot_replay(res, args.plot)
+        console.print(f"wrote {args.plot}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="parsl-bft", description="Train DNNs on the idle nodes of supercomputers.")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -131,6 +167,27 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--json", help="write the statistics to this JSON file")
     i.set_defaults(func=cmd_idle)
 
+    s = sub.add_parser("simulate", help="replay idle capacity from a log and train a job set on it (model)")
+    src = s.add_mutually_exclusive_group(required=True)
+    src.add_argument("--idle-intervals", metavar="FILE", help="node,idle_start,idle_end CSV[.gz]")
+    src.add_argument("--swf", metavar="FILE", help="SWF job log[.gz]")
+    _add_source_args(s)
+    s.add_argument("--jobs", required=True, help="X.jobs.csv (X.scaling.csv beside it) or a YAML job set")
+    s.add_argument("--scaling", help="X.scaling.csv if not beside the jobs file")
+    from .planner import METHODS, OBJECTIVES
+    s.add_argument("--planner", choices=[m for m in METHODS if m != "node-milp"], default="milp")
+    s.add_argument("--solver", choices=["highs", "cbc"], default="highs", help="MILP solver")
+    s.add_argument("--objective", choices=list(OBJECTIVES), default="speedup")
+    s.add_argument("--tfwd", type=float, default=10.0, help="planning look-ahead T_fwd in seconds (BFTrainer: 10)")
+    s.add_argument("--time-limit", type=float, default=10.0, help="MILP time limit per solve, seconds")
+    s.add_argument("--horizon-aware", action="store_true",
+                   help="value nodes over min(T_fwd, their remaining idle time), known from the trace")
+    s.add_argument("--max-concurrent", type=int, default=10, help="jobs admitted at once (FCFS by submit)")
+    s.add_argument("--duration", help="replay length from the first event, e.g. 24h (default: to the end)")
+    s.add_argument("--json", help="write metrics, per-model and per-job rows to this JSON file")
+    s.add_argument("--plot", help="write idle nodes and allocations over time to this PNG")
+    s.set_defaults(func=cmd_simulate)
+
     j = sub.add_parser("jobs", help="check and summarise a job set (X.jobs.csv + X.scaling.csv, or YAML)")
     j.add_argument("jobs")
     j.add_argument("--scaling")
@@ -142,6 +199,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     warnings.simplefilter("default")
+    warnings.filterwarnings("ignore", category=DeprecationWarning)   # library deprecations are not the user's
     warnings.formatwarning = lambda msg, *a, **k: f"warning: {msg}\n"  # type: ignore[assignment]
     try:
         return args.func(args)

@@ -1,0 +1,118 @@
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from parsl_bft.idle.intervals import IdleIntervals
+from parsl_bft.jobs import JobSet, JobSpec, load_jobset
+from parsl_bft.planner import Planner
+from parsl_bft.scaling import ScalingCurve
+from parsl_bft.sim import simulate
+
+LINEAR = ScalingCurve("lin", {1: 100.0, 2: 200.0, 4: 400.0})
+
+
+def jobset(*jobs):
+    return JobSet(list(jobs), {"lin": LINEAR})
+
+
+def job(name="a", samples=1e9, t_up=10.0, t_down=5.0, submit=0.0, lo=1, hi=4):
+    return JobSpec(name, "lin", lo, hi, t_up, t_down, samples, submit)
+
+
+def test_reclaim_costs_t_down_at_the_current_rate():
+    # 2 nodes idle from 0; n1 is reclaimed at 100; the replay ends at 200
+    iv = IdleIntervals.build(["n0", "n1"], [0, 1], [0, 0], [200, 100], t0=0, t1=200)
+    res = simulate(iv, jobset(job()), Planner(method="dp", t_fwd=100))
+    m = res.metrics()
+    # 0..100 on 2 nodes: 20,000; reclaim: 5 s * 200/s = 1,000 lost; 100..200 on 1 node: 10,000
+    assert m["reclaim_loss"] == pytest.approx(1000)
+    assert m["samples"] == pytest.approx(29000)
+    assert m["idle_node_s"] == pytest.approx(300) and m["allocated_node_s"] == pytest.approx(300)
+    assert m["e_idle"] == pytest.approx(290 / 300)
+    assert res.jobs[0].reclaims == 1
+
+
+def test_rescale_costs_t_up_at_the_current_rate():
+    iv = IdleIntervals.build(["n0", "n1"], [0, 1], [0, 50], [200, 200], t0=0, t1=200)
+    res = simulate(iv, jobset(job()), Planner(method="dp", t_fwd=100))
+    m = res.metrics()
+    # 0..50 on 1 node: 5,000; grow at 50: 10 s * 100/s lost; 50..200 on 2 nodes: 30,000
+    assert m["rescale_loss"] == pytest.approx(1000)
+    assert m["samples"] == pytest.approx(34000)
+    assert m["e_used"] == pytest.approx(340 / (50 + 300))
+
+
+def test_finished_jobs_free_nodes_for_the_next():
+    iv = IdleIntervals.build(["n0"], [0], [0], [1000], t0=0, t1=1000)
+    res = simulate(iv, jobset(job("a", samples=10000), job("b", samples=1e9, submit=1)),
+                   Planner(method="dp", t_fwd=100), max_concurrent=1)
+    rows = {r["name"]: r for r in res.job_rows()}
+    assert rows["a"]["finished_at"] == pytest.approx(100)
+    assert rows["b"]["admitted_at"] == pytest.approx(100)
+    assert rows["b"]["samples_done"] == pytest.approx(900 * 100)
+    assert res.metrics()["jobs_finished"] == 1
+
+
+def test_job_below_min_nodes_after_a_reclaim_stops():
+    iv = IdleIntervals.build(["n0", "n1"], [0, 1], [0, 0], [200, 100], t0=0, t1=200)
+    res = simulate(iv, jobset(job(lo=2, hi=2)), Planner(method="dp", t_fwd=100))
+    m = res.metrics()
+    assert m["samples"] == pytest.approx(20000 - 1000)
+    assert m["allocated_node_s"] == pytest.approx(200)      # n0 sits idle after the reclaim: nobody fits
+
+
+@pytest.fixture(scope="module")
+def summit(shared_data):
+    from parsl_bft.idle.intervals import read_idle_intervals
+    return read_idle_intervals(shared_data / "eval" / "summit_256n_24h_idle_intervals.csv.gz")
+
+
+@pytest.fixture(scope="module")
+def imagenet(shared_data):
+    return load_jobset(shared_data / "jobs" / "imagenet_mix.jobs.csv")
+
+
+@pytest.mark.parametrize("method", ["dp", "equal-share", "greedy", "milp"])
+def test_conservation_on_a_real_trace(summit, imagenet, method):
+    res = simulate(summit, imagenet, Planner(method=method, objective="speedup"), duration=4 * 3600)
+    tl = res.timeline
+    for idle, by in zip(tl.idle, tl.by_model):
+        assert sum(by.values()) <= idle                   # never more nodes allocated than idle
+    m = res.metrics()
+    assert m["allocated_node_s"] <= m["idle_node_s"] + 1e-6
+    assert 0 < m["e_idle"] <= m["e_used"] <= 1.0
+    for r in res.job_rows():
+        assert 0 <= r["samples_done"] <= r["samples"]
+
+
+def test_replay_is_deterministic(summit, imagenet):
+    a = simulate(summit, imagenet, Planner(method="dp"), duration=3 * 3600).as_dict()
+    b = simulate(summit, imagenet, Planner(method="dp"), duration=3 * 3600).as_dict()
+    for d in (a, b):
+        d.pop("solve_p50_s"), d.pop("solve_p99_s")
+    assert json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
+
+
+def test_milp_beats_equal_share_with_speedup(summit, imagenet):
+    ms = simulate(summit, imagenet, Planner(method="dp", objective="speedup"), duration=12 * 3600).metrics()
+    eq = simulate(summit, imagenet, Planner(method="equal-share"), duration=12 * 3600).metrics()
+    assert ms["e_idle"] > eq["e_idle"] and ms["rescale_loss"] < eq["rescale_loss"]
+
+
+def test_cli_simulate_json_and_plot(tmp_path, shared_data):
+    out, png = tmp_path / "r.json", tmp_path / "r.png"
+    r = subprocess.run([sys.executable, "-m", "parsl_bft.cli", "simulate", "--idle-intervals",
+                        str(shared_data / "eval" / "summit_256n_24h_idle_intervals.csv.gz"),
+                        "--jobs", str(shared_data / "jobs" / "imagenet_mix.jobs.csv"), "--planner", "dp",
+                        "--duration", "2h", "--nodes", "128", "--json", str(out), "--plot", str(png)],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    d = json.loads(out.read_text())
+    for k in ("e_idle", "e_used", "util", "samples", "rescale_loss", "reclaim_loss", "jobs_finished", "events",
+              "solve_p50_s", "solve_p99_s", "jobs"):
+        assert k in d
+    assert d["config"]["nodes"] == 128 and d["span_s"] == pytest.approx(7200)
+    assert png.stat().st_size > 10_000
