@@ -1,0 +1,146 @@
+import os
+import pickle
+import subprocess
+import sys
+
+import h5py
+import numpy as np
+import pytest
+import torch
+
+from parsl_bft.train.checkpoint import (CheckpointError, CheckpointStore, TrainingState, capture_rng,
+                                        load_checkpoint, restore_rng, save_checkpoint)
+
+
+def sample_state(step=1):
+    model = torch.nn.Linear(4, 3)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model(torch.randn(2, 4)).sum().backward()
+    opt.step()
+    sched = torch.optim.lr_scheduler.StepLR(opt, 5)
+    tensors = {"w": model.weight.detach(), "bf16": torch.randn(5).to(torch.bfloat16),
+               "f16": torch.randn(3).half(), "i64": torch.arange(7), "b": torch.tensor([True, False]),
+               "u8": torch.arange(4, dtype=torch.uint8), "c64": torch.randn(2, dtype=torch.complex64),
+               "empty": torch.zeros(0, 3)}
+    if hasattr(torch, "float8_e4m3fn"):
+        tensors["f8"] = torch.randn(4).to(torch.float8_e4m3fn)
+    return TrainingState(model=tensors, optimizer=opt.state_dict(), scheduler=sched.state_dict(), rng=capture_rng(),
+                         step=step, epoch=2, samples_done=640, data_position=128, job={"name": "a"},
+                         metrics=[{"step": 1, "loss": 2.5}], extra={"freeze_layers": 1})
+
+
+def assert_same(a, b):
+    if isinstance(a, torch.Tensor):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        assert torch.equal(a.view(torch.uint8) if a.dtype.itemsize == 1 and a.dtype.is_floating_point else a,
+                           b.view(torch.uint8) if b.dtype.itemsize == 1 and b.dtype.is_floating_point else b)
+    elif isinstance(a, dict):
+        assert list(a) == list(b)
+        for k in a:
+            assert_same(a[k], b[k])
+    elif isinstance(a, (list, tuple)):
+        assert type(a) is type(b) and len(a) == len(b)
+        for x, y in zip(a, b):
+            assert_same(x, y)
+    elif isinstance(a, np.ndarray):
+        assert np.array_equal(a, b)
+    else:
+        assert a == b
+
+
+def test_roundtrip_every_dtype_and_nested_state(tmp_path):
+    st = sample_state()
+    save_checkpoint(tmp_path / "c.h5", st)
+    back = load_checkpoint(tmp_path / "c.h5")
+    for key in ("model", "optimizer", "scheduler"):
+        assert_same(getattr(st, key), getattr(back, key))
+    assert (back.step, back.epoch, back.samples_done, back.data_position) == (1, 2, 640, 128)
+    assert back.job == {"name": "a"} and back.metrics == st.metrics and back.extra == st.extra
+    # an optimizer restored from it continues exactly
+    m = torch.nn.Linear(4, 3)
+    o = torch.optim.AdamW(m.parameters(), lr=1e-3)
+    o.load_state_dict(back.optimizer)
+    assert o.state_dict()["state"][0]["exp_avg"].equal(st.optimizer["state"][0]["exp_avg"])
+
+
+def test_rng_states_restore(tmp_path):
+    torch.manual_seed(3)
+    np.random.seed(3)
+    st = TrainingState(model={}, rng=capture_rng())
+    save_checkpoint(tmp_path / "r.h5", st)
+    a = (torch.rand(3), np.random.rand(3), __import__("random").random())
+    restore_rng(load_checkpoint(tmp_path / "r.h5").rng)
+    b = (torch.rand(3), np.random.rand(3), __import__("random").random())
+    assert torch.equal(a[0], b[0]) and np.array_equal(a[1], b[1]) and a[2] == b[2]
+
+
+def test_loading_never_unpickles(tmp_path, monkeypatch):
+    save_checkpoint(tmp_path / "c.h5", sample_state())
+
+    def forbidden(*a, **k):
+        raise AssertionError("unpickling during load")
+    monkeypatch.setattr(pickle, "loads", forbidden)
+    monkeypatch.setattr(pickle, "load", forbidden)
+    monkeypatch.setattr(torch, "load", forbidden)
+    load_checkpoint(tmp_path / "c.h5")
+
+
+def test_inspectable_with_h5py_names(tmp_path):
+    save_checkpoint(tmp_path / "c.h5", sample_state())
+    with h5py.File(tmp_path / "c.h5") as f:
+        assert f.attrs["format"] == "parsl-bft-checkpoint"
+        ds = f["model/k0"]
+        assert ds.shape == (3, 4) and ds.dtype == np.float32 and "xxh3" in ds.attrs
+        assert f["model/k1"].attrs["torch_dtype"] == "bfloat16"
+
+
+def test_flipped_byte_names_the_dataset_and_store_falls_back(tmp_path):
+    store = CheckpointStore(tmp_path, keep=3)
+    store.save(sample_state(step=1))
+    newest = store.save(sample_state(step=2))
+    with h5py.File(newest, "r") as f:
+        offset = f["model/k0"].id.get_offset()
+    with open(newest, "r+b") as fh:
+        fh.seek(offset + 5)
+        b = fh.read(1)
+        fh.seek(offset + 5)
+        fh.write(bytes([b[0] ^ 0xFF]))
+    with pytest.raises(CheckpointError, match="checksum mismatch") as e:
+        load_checkpoint(newest)
+    assert e.value.dataset == "/model/k0"
+    got = store.latest()
+    assert got.step == 1
+    assert len(store.skipped) == 1 and "/model/k0" in str(store.skipped[0])
+
+
+def test_keeps_the_last_k(tmp_path):
+    store = CheckpointStore(tmp_path, keep=2)
+    for s in range(1, 5):
+        store.save(sample_state(step=s), fsync=False)
+    assert [p.name for p in store.paths()] == ["ckpt-000000004.h5", "ckpt-000000003.h5"]
+
+
+def test_truncated_or_foreign_file(tmp_path):
+    p = tmp_path / "ckpt-000000001.h5"
+    p.write_bytes(b"not hdf5")
+    with pytest.raises(CheckpointError, match="not a readable HDF5"):
+        load_checkpoint(p)
+    with h5py.File(tmp_path / "x.h5", "w") as f:
+        f.attrs["format"] = "something else"
+    with pytest.raises(CheckpointError, match="not a parsl-bft checkpoint"):
+        load_checkpoint(tmp_path / "x.h5")
+
+
+def test_writer_killed_mid_write_leaves_previous_intact(tmp_path):
+    store = CheckpointStore(tmp_path)
+    store.save(sample_state(step=1))
+    code = ("import sys; sys.path.insert(0, %r); from tests.test_checkpoint import sample_state; "
+            "from parsl_bft.train.checkpoint import CheckpointStore; CheckpointStore(%r).save(sample_state(step=2))"
+            % (os.getcwd(), str(tmp_path)))
+    r = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PARSL_BFT_FAULT": "save:optimizer"})
+    assert r.returncode == -9                                     # killed half-way through the write
+    assert [p.name for p in store.paths()] == ["ckpt-000000001.h5"]   # no half-written checkpoint visible
+    assert list(tmp_path.glob(".ckpt-*.tmp-*"))                   # the torn temporary is there ...
+    again = CheckpointStore(tmp_path)
+    assert not list(tmp_path.glob(".ckpt-*.tmp-*"))               # ... and cleaned up by the next store
+    assert again.latest().step == 1

@@ -1,0 +1,124 @@
+"""Training fragments on real torch.distributed (gloo on CPU), real HDF5 checkpoints, real signals."""
+import os
+import signal
+import threading
+import time
+
+import pytest
+import torch
+
+from parsl_bft.train.checkpoint import CheckpointStore, load_checkpoint
+from parsl_bft.train.fragment import FragmentConfig, FragmentFailed, run_fragment, train_rank
+
+
+def cfg(d, **kw):
+    base = dict(job="a", workload="images", checkpoint_dir=str(d), global_batch=32, workload_args={"n": 512},
+                fsync=False)
+    base.update(kw)
+    return FragmentConfig(**base)
+
+
+def model_of(d):
+    return CheckpointStore(d).latest().model
+
+
+def test_two_fragments_equal_one_bit_for_bit_in_process(tmp_path):
+    one, two = tmp_path / "one", tmp_path / "two"
+    train_rank(cfg(one, steps=12))
+    train_rank(cfg(two, steps=6))
+    r = train_rank(cfg(two, steps=6))
+    assert (r.start_step, r.end_step) == (6, 12)
+    a, b = model_of(one), model_of(two)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_two_fragments_equal_one_bit_for_bit_on_two_ranks(tmp_path):
+    one, two = tmp_path / "one", tmp_path / "two"
+    run_fragment(cfg(one, steps=8, world_size=2))
+    run_fragment(cfg(two, steps=4, world_size=2))
+    r = run_fragment(cfg(two, steps=4, world_size=2))
+    assert (r.world_size, r.start_step, r.end_step, r.samples_done) == (2, 4, 8, 8 * 32)
+    a, b = model_of(one), model_of(two)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_world_size_change_continues_the_same_training(tmp_path):
+    """2 ranks then 1 rank == 1 rank throughout, up to float summation order (stated tolerance 1e-5)."""
+    ref, mixed = tmp_path / "ref", tmp_path / "mixed"
+    train_rank(cfg(ref, steps=10))
+    run_fragment(cfg(mixed, steps=5, world_size=2))
+    train_rank(cfg(mixed, steps=5))
+    a, b = model_of(ref), model_of(mixed)
+    assert max(float((a[k] - b[k]).abs().max()) for k in a) < 1e-5
+    la = [m["loss"] for m in load_checkpoint(CheckpointStore(ref).paths()[0]).metrics]
+    lb = [m["loss"] for m in load_checkpoint(CheckpointStore(mixed).paths()[0]).metrics]
+    assert [m["world"] for m in load_checkpoint(CheckpointStore(mixed).paths()[0]).metrics] == [2] * 5 + [1] * 5
+    assert max(abs(x - y) for x, y in zip(la, lb)) < 1e-4
+
+
+def test_training_learns(tmp_path):
+    r = train_rank(cfg(tmp_path, steps=100, workload_args={"n": 1024}))
+    losses = [m["loss"] for m in CheckpointStore(tmp_path).latest().metrics]
+    assert r.stopped_by == "steps" and sum(losses[-10:]) / 10 < 0.4 * losses[0]
+
+
+def test_killed_rank_fails_cleanly_and_next_fragment_resumes(tmp_path):
+    run_fragment(cfg(tmp_path, steps=3, world_size=2))
+    t = time.perf_counter()
+    with pytest.raises(FragmentFailed, match="rank 1 exited with -9"):
+        run_fragment(cfg(tmp_path, steps=50, world_size=2, timeout_s=20), env={"PARSL_BFT_FAULT": "rank1:step5"})
+    assert time.perf_counter() - t < 30                          # failed, did not hang on the dead peer
+    assert [p.name for p in CheckpointStore(tmp_path).paths()] == ["ckpt-000000003.h5"]  # nothing half-done
+    r = run_fragment(cfg(tmp_path, steps=2, world_size=2))
+    assert (r.start_step, r.end_step) == (3, 5)                  # resumed from the last good checkpoint
+
+
+def test_sigusr1_notice_checkpoints_promptly(tmp_path):
+    sent = {}
+
+    def notice():
+        # wait until training runs (a checkpoint-free fragment writes its ready files first)
+        deadline = time.time() + 60
+        while time.time() < deadline and len(list(tmp_path.glob(".result-*.ready*"))) < 2:
+            time.sleep(0.1)
+        time.sleep(4.0)
+        sent["t"] = time.perf_counter()
+        os.kill(os.getpid(), signal.SIGUSR1)
+    threading.Thread(target=notice, daemon=True).start()
+    r = run_fragment(cfg(tmp_path, steps=100_000, world_size=2))
+    took = time.perf_counter() - sent["t"]
+    assert r.stopped_by == "signal"            # stopped by the notice, not by its 100,000-step bound
+    assert took < 10.0, f"checkpoint took {took:.1f} s after the notice"   # Slurm's notice is >= 30 s
+    assert CheckpointStore(tmp_path).latest().step == r.end_step
+
+
+def test_deadline_and_total_samples_bounds(tmp_path):
+    r = train_rank(cfg(tmp_path, total_samples=5 * 32))
+    assert r.stopped_by == "done" and r.end_step == 5
+    r = train_rank(cfg(tmp_path / "d", deadline_s=3.0))
+    assert r.stopped_by == "deadline" and r.end_step > 0
+
+
+def test_layer_freezing_has_no_gradients_or_optimizer_state(tmp_path):
+    train_rank(cfg(tmp_path, steps=3, freeze_layers=2))
+    st = CheckpointStore(tmp_path).latest()
+    import parsl_bft.train.workloads as w
+    fresh = w.SyntheticImages(n=512).build_model().state_dict()
+    frozen = [k for k in fresh if k.startswith(("0.", "1."))]
+    assert frozen and all(torch.equal(st.model[k], fresh[k]) for k in frozen)     # untouched
+    assert any(not torch.equal(st.model[k], fresh[k]) for k in fresh if k.startswith("3."))
+    n_trainable = sum(1 for k in fresh if not k.startswith(("0.", "1.")))
+    assert len(st.optimizer["state"]) == n_trainable                               # no state for frozen ones
+
+
+def test_language_model_workload(tmp_path):
+    r = train_rank(cfg(tmp_path, workload="lm", workload_args={"n_chars": 20_000}, steps=30, global_batch=16))
+    losses = [m["loss"] for m in CheckpointStore(tmp_path).latest().metrics]
+    assert r.end_step == 30 and losses[-1] < losses[0]
+
+
+def test_bad_fragment_configs():
+    with pytest.raises(ValueError, match="needs a bound"):
+        FragmentConfig(job="a", workload="images", checkpoint_dir="/tmp/x")
+    with pytest.raises(ValueError, match="global_batch 2 < world_size 4"):
+        FragmentConfig(job="a", workload="images", checkpoint_dir="/tmp/x", steps=1, world_size=4, global_batch=2)
