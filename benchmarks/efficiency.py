@@ -3,7 +3,8 @@
 theta_2022 (recorded schedule, outages masked), ImageNet 7-model mix:
   A. a 256-node slice, 24 h: planners milp, dp, equal-share, greedy x objectives throughput, speedup
   B. the same slice: T_fwd 10 / 60 / 300 s, horizon awareness off / on (dp, speedup)
-  C. the full machine (4,360 nodes), one week, 100 jobs at once: milp vs equal-share (speedup)
+  C. the full machine (4,360 nodes), one week, 100 jobs at once: dp vs equal-share (speedup); the PuLP MILP
+     reaches the same optimum but costs 0.3-0.8 s per solve at 100 jobs x 4,360 nodes (DP: ~10 ms)
 Ratios are against equal-share in the same invocation. LAST line: one JSON object.
 Usage: python benchmarks/efficiency.py [--data ../shared/data] [--quick]
 """
@@ -62,7 +63,7 @@ def main() -> None:
     if not args.quick:
         week = masked.window(t0, t0 + 7 * 86400)
         print(f"C. full machine ({week.n_nodes} nodes), 7 days, max 100 jobs")
-        for method in ("milp", "equal-share"):
+        for method in ("dp", "equal-share"):
             results.append(run(week, js, f"  {method:12} speedup", max_concurrent=100, duration=7 * 86400,
                                method=method, objective="speedup"))
     keys = ("label", "method", "objective", "e_idle", "e_used", "util", "rescale_loss", "reclaim_loss",

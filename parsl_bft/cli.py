@@ -151,6 +151,33 @@ def cmd_simulate(args) -> int:
     return 0
 
 
+def cmd_profile(args) -> int:
+    from rich.progress import Progress
+    from rich.table import Table
+
+    from .train.profiler import profile, rescale_costs, write_profile
+
+    console = _console()
+    ranks = [int(x) for x in args.ranks.split(",")]
+    with Progress(console=console, transient=True) as bar:
+        task = bar.add_task(f"profiling {args.workload} on {args.ranks} ranks", total=len(ranks))
+        pts = profile(args.workload, ranks, steps=args.steps, global_batch=args.global_batch,
+                      freeze_layers=args.freeze_layers, progress=lambda k: bar.update(task, completed=k))
+    t = Table(title=f"{args.workload}: measured on this machine")
+    for c in ("ranks", "samples/s", "restore s", "rendezvous s", "checkpoint s", "launch overhead s"):
+        t.add_column(c, justify="right")
+    for p in pts:
+        t.add_row(str(p.ranks), f"{p.samples_per_sec:,.1f}", f"{p.restore_s:.3f}", f"{p.rendezvous_s:.3f}",
+                  f"{p.checkpoint_s:.3f}", f"{p.launch_s:.2f}")
+    console.print(t)
+    t_up, t_down = rescale_costs(pts)
+    console.print(f"rescale cost estimate: t_up = t_down = {t_up:.1f} s (use these in the jobs file)")
+    if args.out:
+        write_profile(args.out, args.model or args.workload, pts)
+        console.print(f"wrote {args.out}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="parsl-bft", description="Train DNNs on the idle nodes of supercomputers.")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -187,6 +214,16 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", help="write metrics, per-model and per-job rows to this JSON file")
     s.add_argument("--plot", help="write idle nodes and allocations over time to this PNG")
     s.set_defaults(func=cmd_simulate)
+
+    pr = sub.add_parser("profile", help="measure a workload's samples/s on 1..k ranks and its rescale overheads")
+    pr.add_argument("workload", help="images | lm | package.module:factory")
+    pr.add_argument("--ranks", default="1,2", help="comma-separated rank counts (default 1,2)")
+    pr.add_argument("--steps", type=int, default=20)
+    pr.add_argument("--global-batch", type=int, default=64)
+    pr.add_argument("--freeze-layers", type=int, default=0)
+    pr.add_argument("--model", help="model name to write in the CSV (default: the workload)")
+    pr.add_argument("--out", help="write a *.scaling.csv here")
+    pr.set_defaults(func=cmd_profile)
 
     j = sub.add_parser("jobs", help="check and summarise a job set (X.jobs.csv + X.scaling.csv, or YAML)")
     j.add_argument("jobs")
