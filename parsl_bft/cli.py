@@ -9,9 +9,6 @@ from pathlib import Path
 
 from .errors import ParslBftError
 
-SHARED_DATA = Path(__file__).resolve().parent.parent.parent / "shared" / "data"
-
-
 def _console():
     from rich.console import Console
     return Console(stderr=False)
@@ -95,23 +92,12 @@ def cmd_jobs(args) -> int:
 
 
 def cmd_demo(args) -> int:
-    """The README's main command. Today: idle capacity of a real trace slice and the job set it would train."""
+    """The README's main command: training on an emulated idle pool of the local machine."""
+    from .execution.demo import run_demo
+
     console = _console()
-    data = Path(args.data) if args.data else SHARED_DATA
-    trace = data / "traces" / "theta_2022.swf.gz"
-    jobs = data / "jobs" / "imagenet_mix.jobs.csv"
-    if not trace.exists():
-        console.print(f"[red]demo data not found under {data}; pass --data DIR (the shared data folder)")
-        return 2
-    console.rule("parsl-bft demo: idle capacity of ALCF Theta (2022), a 256-node slice, one week")
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    ns = argparse.Namespace(source=str(trace), schedule="recorded", units="auto", swf_variant="auto",
-                            window="+30d/+7d", nodes=256, no_mask=False, lenient=False,
-                            json=str(out / "idle.json"), plot=str(out / "idle.png"))
-    cmd_idle(ns)
-    console.rule("training jobs that would soak it up")
-    cmd_jobs(argparse.Namespace(jobs=str(jobs), scaling=None, lenient=False))
+    console.rule("parsl-bft demo: 3 training jobs on the idle nodes of a (replayed) supercomputer")
+    run_demo(args.out, speedup=args.speedup, console=console)
     return 0
 
 
@@ -184,7 +170,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     d = sub.add_parser("demo", help="the main demo on the embedded default (the local machine)")
     d.add_argument("--out", default="out/demo", help="folder for plots and JSON")
-    d.add_argument("--data", help="the shared data folder (default: ../shared/data beside the project)")
+    d.add_argument("--speedup", type=float, default=30.0, help="replay the trace this many times faster")
     d.set_defaults(func=cmd_demo)
 
     i = sub.add_parser("idle", help="idle-capacity statistics and plot of an SWF log or idle-interval CSV")

@@ -55,6 +55,7 @@ class Controller:
     curves: dict[str, ScalingCurve]
     planner: object
     max_concurrent: int = 10
+    model_costs: bool = True     # the simulator charges modelled losses; the runtime's losses are real
     pool: dict[str, float] = field(default_factory=dict)        # idle node -> expected end of idleness
     waiting: deque = field(init=False)
     active: dict[str, ActiveJob] = field(default_factory=dict)
@@ -82,7 +83,7 @@ class Controller:
         for a in self.active.values():
             s = a.state
             if gone.intersection(s.nodes):
-                a.charge(s.spec.t_down * a.rate, reclaim=True)
+                a.charge(s.spec.t_down * a.rate if self.model_costs else 0.0, reclaim=True)
                 kept = tuple(n for n in s.nodes if n not in gone)
                 s.nodes = kept if len(kept) >= s.spec.min_nodes else ()
                 hit.append(a.name)
@@ -117,7 +118,8 @@ class Controller:
             k = plan.sizes[a.name]
             if k != a.state.size and a.state.size:     # starting from 0 nodes costs nothing (rate 0)
                 s = a.state.spec
-                a.charge((s.t_up if k > a.state.size else s.t_down) * a.rate, reclaim=False)
+                lost = (s.t_up if k > a.state.size else s.t_down) * a.rate
+                a.charge(lost if self.model_costs else 0.0, reclaim=False)
             a.state.nodes = plan.allocation[a.name]
         return plan
 

@@ -65,6 +65,7 @@ class ScalingCurve:
         return self._s
 
     def _amdahl(self, n: np.ndarray) -> np.ndarray:
+        n = np.maximum(n, 1.0)        # P(0) is set to 0 by the caller; avoid 0/0 when s == 1
         return self._a * n / (1 + self._s * (n - 1))
 
     def _compute(self, n: np.ndarray) -> np.ndarray:

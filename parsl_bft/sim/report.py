@@ -1,37 +1,17 @@
 """Tables and plots of a replay."""
 from __future__ import annotations
 
-import numpy as np
-
+from ..plots import plot_allocation
 from .replay import SimResult
 
 
 def plot_replay(res: SimResult, path: str, title: str = "") -> None:
     """Idle nodes over time and the nodes each model holds (stacked)."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    tl = res.timeline
-    t = (np.array(tl.t + [res.end]) - res.start) / 3600.0
-    models = sorted({m for d in tl.by_model for m in d})
-    stacks = np.array([[d.get(m, 0) for d in tl.by_model] + [tl.by_model[-1].get(m, 0) if tl.by_model else 0]
-                       for m in models]) if models else np.zeros((0, len(t)))
-    idle = np.array(tl.idle + [tl.idle[-1] if tl.idle else 0])
-    fig, ax = plt.subplots(figsize=(11, 4.5))
-    if len(models):
-        ax.stackplot(t, stacks, labels=models, step="post", alpha=0.85)
-    ax.step(t, idle, where="post", color="black", lw=0.8, label="idle nodes")
     m = res.metrics()
-    ax.set_title(title or f"E_idle {m['e_idle']:.3f}  E_used {m['e_used']:.3f}  util {m['util']:.3f}  "
-                          f"jobs finished {m['jobs_finished']}")
-    ax.set_xlabel("hours since the first event")
-    ax.set_ylabel("nodes")
-    ax.set_xlim(0, t[-1] if len(t) else 1)
-    ax.legend(loc="upper left", fontsize=7, ncol=4)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    tl = res.timeline
+    plot_allocation(tl.t, tl.idle, tl.by_model, res.end, path,
+                    title=title or f"E_idle {m['e_idle']:.3f}  E_used {m['e_used']:.3f}  util {m['util']:.3f}  "
+                                   f"jobs finished {m['jobs_finished']}")
 
 
 def print_summary(res: SimResult, console, title: str = "") -> None:

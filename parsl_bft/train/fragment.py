@@ -56,6 +56,8 @@ class FragmentConfig:
     timeout_s: float = 60.0           # collective timeout: a dead peer fails the fragment, it does not hang
     result_path: str | None = None
     fsync: bool = True
+    stop_file: str | None = None      # the orchestrator's "stop and checkpoint" request (shared file system)
+    generation: str | None = None     # fencing: save only while <checkpoint_dir>/GENERATION still says this
 
     def __post_init__(self) -> None:
         if self.world_size < 1:
@@ -136,7 +138,7 @@ def train_rank(cfg: FragmentConfig) -> FragmentResult | None:
 
     t0 = time.perf_counter()
     store = CheckpointStore(cfg.checkpoint_dir, keep=cfg.keep)
-    wl = make_workload(cfg.workload, seed=cfg.seed, **cfg.workload_args)
+    wl = make_workload(cfg.workload, **{"seed": cfg.seed, **cfg.workload_args})
     data = wl.dataset()
     model = wl.build_model().to(device)
     blocks = wl.blocks(model)
@@ -177,6 +179,8 @@ def train_rank(cfg: FragmentConfig) -> FragmentResult | None:
     micro = cfg.micro_batch or -(-B // world)
     perm = torch.randperm(n, generator=torch.Generator().manual_seed(cfg.seed * 1_000_003 + epoch))
     start_step, start_samples = step, samples_done
+    progress_file = Path(cfg.checkpoint_dir) / "progress.json"
+    last_report = 0.0
     t_train = time.perf_counter()
     stopped_by = "steps"
     loss_sum = torch.zeros(1, dtype=torch.float64)
@@ -188,7 +192,8 @@ def train_rank(cfg: FragmentConfig) -> FragmentResult | None:
         if cfg.steps is not None and step - start_step >= cfg.steps:
             stopped_by = "steps"
             break
-        flags = torch.tensor([float(_STOP["flag"]),
+        stop = _STOP["flag"] or (cfg.stop_file is not None and os.path.exists(cfg.stop_file))
+        flags = torch.tensor([float(stop),
                               float(cfg.deadline_s is not None and time.perf_counter() - t0 >= cfg.deadline_s)])
         if world > 1:
             dist.all_reduce(flags, op=dist.ReduceOp.MAX)
@@ -227,10 +232,19 @@ def train_rank(cfg: FragmentConfig) -> FragmentResult | None:
         if os.environ.get("PARSL_BFT_FAULT") == f"rank{rank}:step{step}":
             os.kill(os.getpid(), signal.SIGKILL)          # fault injection for tests
         metrics.append({"step": step, "loss": last_loss, "world": world})
+        if rank == 0 and time.perf_counter() - last_report > 0.5:   # live progress for the orchestrator
+            last_report = time.perf_counter()
+            progress_file.write_text(json.dumps({"step": step, "samples_done": samples_done, "loss": last_loss,
+                                                 "world": world}))
     train_s = time.perf_counter() - t_train
 
     t2 = time.perf_counter()
     ckpt = ""
+    if rank == 0 and cfg.generation is not None:
+        gen = Path(cfg.checkpoint_dir) / "GENERATION"
+        if gen.exists() and gen.read_text().strip() != cfg.generation:
+            raise FragmentFailed(f"fragment of {cfg.job} is stale (generation {cfg.generation}, the job is now at "
+                                 f"{gen.read_text().strip()}): not saving")
     if rank == 0:
         ts = TrainingState(model=model.state_dict(), optimizer=opt.state_dict(),
                            scheduler=sched.state_dict() if sched is not None else None, rng=capture_rng(),
@@ -287,6 +301,8 @@ def run_fragment(cfg: FragmentConfig, *, env: dict | None = None) -> FragmentRes
     ready = [Path(f"{result}.ready{r}") for r in range(cfg.world_size)]
     old = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGUSR1)} \
         if _in_main_thread() else {}
+    pids = workdir / ".ranks.pid"      # lets an orchestrator kill the ranks of a reclaimed node, or stale ones
+    pids.write_text(" ".join(str(p.pid) for p in procs))
     try:
         failed = None
         while any(p.poll() is None for p in procs):
@@ -324,7 +340,7 @@ def run_fragment(cfg: FragmentConfig, *, env: dict | None = None) -> FragmentRes
         for p in procs:
             if p.poll() is None:
                 p.kill()
-        for f in [result, cfg_file, *ready, *logs]:
+        for f in [result, cfg_file, pids, *ready, *logs]:
             f.unlink(missing_ok=True)
 
 

@@ -1,0 +1,6 @@
+"""Running training on idle nodes through Parsl: providers, the orchestrator, the embedded default."""
+from .config import LOCAL_LABEL, local_config
+from .orchestrator import Orchestrator, TrainingJob
+from .pool import EmulatedPool
+
+__all__ = ["LOCAL_LABEL", "local_config", "Orchestrator", "TrainingJob", "EmulatedPool"]

@@ -1,0 +1,316 @@
+"""The orchestrator: watches the idle pool, re-plans, and runs training fragments as Parsl apps.
+
+It drives the same ``Controller`` as the simulator (admission, reclaims, planner calls) but with real progress:
+fragments report samples done; a node's reclaim notice becomes a "stop and checkpoint" request, and whatever
+still runs on a node when it leaves is killed (the fragment fails; the job resumes from its last checkpoint -
+a normal event, no retry is spent). State lives in SQLite, so a restarted orchestrator picks every job up again;
+stale fragments of a dead orchestrator are killed and fenced off (GENERATION file) before anything restarts.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+import uuid
+from concurrent.futures import Future
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from ..control import Controller
+from ..jobs import JobSpec
+from ..scaling import ScalingCurve
+from ..train.checkpoint import CheckpointStore
+from .state import StateDB
+
+
+@dataclass
+class TrainingJob:
+    """What a scientist declares: a model to train on whatever idle nodes there are."""
+
+    name: str
+    workload: str = "images"
+    samples: int = 50_000
+    min_nodes: int = 1
+    max_nodes: int = 4
+    global_batch: int = 64
+    workload_args: dict = field(default_factory=dict)
+    t_up: float = 5.0
+    t_down: float = 5.0
+    weight: float = 1.0
+    rate_guess: float = 1000.0     # samples/s on one node until measured (fragments feed real rates back)
+
+    def spec(self) -> JobSpec:
+        return JobSpec(self.name, self.name, self.min_nodes, self.max_nodes, self.t_up, self.t_down,
+                       float(self.samples), 0.0, self.weight)
+
+
+@dataclass
+class _Running:
+    future: Future
+    size: int
+    started: float
+    stop_requested: bool = False
+    killed: bool = False           # we killed it (its node was reclaimed): a normal event, not a failure
+
+
+@dataclass
+class Timeline:
+    t: list[float] = field(default_factory=list)
+    idle: list[int] = field(default_factory=list)
+    by_job: list[dict[str, int]] = field(default_factory=list)
+
+
+class Orchestrator:
+    def __init__(self, state_dir: str | Path, pool, planner, *, executor: str = "bft_local",
+                 max_concurrent: int = 10, poll_s: float = 0.2, max_failures: int = 3):
+        self.dir = Path(state_dir)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.db = StateDB(self.dir / "state.sqlite")
+        self.pool, self.planner, self.executor = pool, planner, executor
+        self.max_concurrent, self.poll_s, self.max_failures = max_concurrent, poll_s, max_failures
+        self.failures: dict[str, int] = {}     # consecutive failures that were not reclaims
+        self.jobs: dict[str, TrainingJob] = {}
+        self.curves: dict[str, ScalingCurve] = {}
+        self.futures: dict[str, Future] = {}
+        self.running: dict[str, _Running] = {}
+        self.generation = uuid.uuid4().hex[:12]
+        self.timeline = Timeline()
+        self.pool_node_s = 0.0
+        self._app = None
+        for name, row in self.db.jobs().items():        # a restart: everything the last orchestrator had
+            self._add(TrainingJob(**row["spec"]), persist=False)
+
+    # --- the scientist's API -------------------------------------------------------------------------
+    def submit(self, job: TrainingJob) -> Future:
+        """Declare a job; the future resolves to the path of its final checkpoint."""
+        if job.name in self.jobs:
+            if asdict(self.jobs[job.name]) != asdict(job):
+                raise ValueError(f"job {job.name!r} already exists with a different spec (state in {self.dir})")
+            return self.futures[job.name]
+        JobSpec(**{**asdict(job.spec())})   # validates sizes etc. with a clear message
+        return self._add(job, persist=True)
+
+    def _add(self, job: TrainingJob, persist: bool) -> Future:
+        self.jobs[job.name] = job
+        row = self.db.jobs().get(job.name)
+        measured = self.db.meta(f"curve:{job.name}")
+        # the guess only until the first measurement: never mix guessed and measured points
+        self.curves[job.name] = ScalingCurve(job.name, {int(k): v for k, v in measured.items()} if measured
+                                             else {1: job.rate_guess})
+        fut: Future = Future()
+        self.futures[job.name] = fut
+        if persist:
+            self.db.upsert(job.name, asdict(job))
+        if row and row["status"] == "done":
+            fut.set_result(row["checkpoint"])
+        return fut
+
+    def job_dir(self, name: str) -> Path:
+        return self.dir / "jobs" / name
+
+    # --- the loop ------------------------------------------------------------------------------------
+    def run(self, *, progress=None, timeout_s: float | None = None) -> dict:
+        """Drive every job to completion (or until ``timeout_s``); returns the run's summary."""
+        from parsl import python_app
+
+        from .apps import fragment_task
+        self._app = python_app(fragment_task, executors=[self.executor])
+        pending = [self.jobs[n].spec() for n, f in self.futures.items() if not f.done()]
+        ctl = Controller(pending, self.curves, self.planner, max_concurrent=self.max_concurrent, model_costs=False)
+        for spec in pending:
+            self._fence(spec.name)
+        self.db.event("start", generation=self.generation, jobs=[s.name for s in pending])
+        self.pool.start()
+        t_start = last = time.monotonic()
+        changed = True
+        while ctl.active or ctl.waiting:
+            now = time.monotonic()
+            dt, last = now - last, now
+            self.pool_node_s += len(ctl.pool) * dt
+            for a in ctl.active.values():
+                a.node_seconds += a.state.size * dt
+            for ev in self.pool.poll():
+                changed = True
+                if ev.kind == "join":
+                    ctl.nodes_joined(ev.nodes, [t_start + u for u in ev.until] if ev.until else ())
+                elif ev.kind == "notice":
+                    for a in ctl.active.values():
+                        if set(ev.nodes) & set(a.state.nodes):
+                            self._request_stop(a.name, "reclaim notice")
+                else:
+                    for a in ctl.active.values():
+                        if set(ev.nodes) & set(a.state.nodes) and a.name in self.running:
+                            self._kill(a.name)
+                    for name in ctl.nodes_left(ev.nodes):
+                        self.db.event("reclaim", job=name, nodes=list(ev.nodes))
+            changed |= self._collect(ctl)
+            if changed:
+                ctl.replan(now)
+                self._reconcile(ctl)
+                self._record(ctl, now - t_start)
+                changed = False
+            if progress is not None:
+                progress(self)
+            if timeout_s is not None and now - t_start > timeout_s:
+                break
+            time.sleep(self.poll_s)
+        for name in list(self.running):
+            self._request_stop(name, "shutdown")
+        deadline = time.monotonic() + 60
+        while self.running and time.monotonic() < deadline:
+            self._collect(ctl)
+            time.sleep(self.poll_s)
+        self.db.event("stop", generation=self.generation)
+        return self.summary(time.monotonic() - t_start)
+
+    # --- fragments -----------------------------------------------------------------------------------
+    def _fence(self, name: str) -> None:
+        """Before (re)starting a job: kill ranks left by a dead orchestrator, and fence off their saves."""
+        d = self.job_dir(name)
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "GENERATION").write_text(self.generation)
+        self._kill_pids(d)
+        (d / "STOP").unlink(missing_ok=True)
+
+    def _kill_pids(self, d: Path) -> None:
+        pids = d / ".ranks.pid"
+        if pids.exists():
+            for pid in pids.read_text().split():
+                try:
+                    os.kill(int(pid), signal.SIGKILL)
+                except (ProcessLookupError, ValueError):
+                    pass
+
+    def _launch(self, name: str, size: int) -> None:
+        job = self.jobs[name]
+        d = self.job_dir(name)
+        (d / "STOP").unlink(missing_ok=True)
+        cfg = dict(job=name, workload=job.workload, checkpoint_dir=str(d), world_size=size,
+                   global_batch=job.global_batch, total_samples=job.samples, workload_args=job.workload_args,
+                   stop_file=str(d / "STOP"), generation=self.generation, timeout_s=30.0)
+        self.running[name] = _Running(self._app(cfg), size, time.monotonic())
+        self.db.event("launch", job=name, size=size)
+
+    def _request_stop(self, name: str, why: str) -> None:
+        r = self.running.get(name)
+        if r and not r.stop_requested:
+            r.stop_requested = True
+            (self.job_dir(name) / "STOP").touch()
+            self.db.event("stop-request", job=name, why=why)
+
+    def _kill(self, name: str) -> None:
+        """The node is gone: whatever did not stop in the notice period dies now."""
+        self.running[name].killed = True
+        self._kill_pids(self.job_dir(name))
+
+    def _collect(self, ctl: Controller) -> bool:
+        changed = False
+        for name, r in list(self.running.items()):
+            if not r.future.done():
+                continue
+            del self.running[name]
+            changed = True
+            row = self.db.jobs()[name]
+            a = ctl.active.get(name)
+            try:
+                res = r.future.result()
+                done = int(res["samples_done"])
+                ckpt = res["checkpoint"]
+                self.failures[name] = 0
+                if res["throughput"] > 0 and res["end_step"] > res["start_step"]:
+                    measured = {int(k): v for k, v in (self.db.meta(f"curve:{name}") or {}).items()}
+                    measured[res["world_size"]] = res["throughput"]
+                    self.curves[name] = ScalingCurve(name, measured)
+                    self.db.set_meta(f"curve:{name}", measured)
+                    if a is not None:
+                        a.state.curve = self.curves[name]
+                self.db.upsert(name, asdict(self.jobs[name]), fragments=row["fragments"] + 1,
+                               train_node_s=row["train_node_s"] + res["train_s"] * res["world_size"])
+            except Exception as e:   # a killed or failed fragment: resume from the last good checkpoint
+                st = CheckpointStore(self.job_dir(name)).latest()
+                done, ckpt = (st.samples_done, None) if st else (0, None)
+                self.db.event("fragment-failed", job=name, error=str(e)[:300], reclaimed=r.killed)
+                self.db.upsert(name, asdict(self.jobs[name]), fragments=row["fragments"] + 1)
+                if not r.killed:
+                    self.failures[name] = self.failures.get(name, 0) + 1
+                    if self.failures[name] >= self.max_failures:
+                        self._give_up(ctl, name, e)
+                        continue
+            if ckpt is None:
+                paths = CheckpointStore(self.job_dir(name)).paths()
+                ckpt = str(paths[0]) if paths else None
+            self.db.upsert(name, asdict(self.jobs[name]), samples_done=done, checkpoint=ckpt,
+                           **({"node_s": a.node_seconds} if a is not None else {}))
+            if a is not None:
+                a.state.samples_done = done
+            if done >= self.jobs[name].samples:
+                if a is not None:
+                    ctl.job_finished(name, time.monotonic())
+                self.db.upsert(name, asdict(self.jobs[name]), status="done", size=0)
+                self.db.event("done", job=name, checkpoint=ckpt)
+                if not self.futures[name].done():
+                    self.futures[name].set_result(ckpt)
+        return changed
+
+    def _give_up(self, ctl: Controller, name: str, err: Exception) -> None:
+        """A job whose fragments fail on their own (not by reclaims) max_failures times in a row stops; its
+        checkpoints stay, the error reaches the scientist through the future."""
+        if name in ctl.active:
+            ctl.job_finished(name, time.monotonic())
+        self.db.upsert(name, asdict(self.jobs[name]), status="failed", size=0)
+        self.db.event("failed", job=name, error=str(err)[:300])
+        if not self.futures[name].done():
+            self.futures[name].set_exception(RuntimeError(
+                f"job {name}: {self.max_failures} fragments failed in a row; last: {err} "
+                f"(checkpoints kept in {self.job_dir(name)})"))
+
+    def _reconcile(self, ctl: Controller) -> None:
+        """Make the fragments match the plan: stop those whose size changed, start those that should run."""
+        for a in ctl.active.values():
+            want = a.state.size
+            r = self.running.get(a.name)
+            row = self.db.jobs()[a.name]
+            if r is not None and r.size != want:
+                self._request_stop(a.name, f"rescale {r.size} -> {want}")
+                self.db.upsert(a.name, asdict(self.jobs[a.name]), rescales=row["rescales"] + 1)
+            elif r is None and want > 0:
+                self._launch(a.name, want)
+            self.db.upsert(a.name, asdict(self.jobs[a.name]), status="running" if want else "waiting", size=want,
+                           node_s=a.node_seconds)
+
+    def _record(self, ctl: Controller, t: float) -> None:
+        self.timeline.t.append(t)
+        self.timeline.idle.append(len(ctl.pool))
+        self.timeline.by_job.append({a.name: a.state.size for a in ctl.active.values() if a.state.size})
+
+    # --- reporting -----------------------------------------------------------------------------------
+    def live_progress(self) -> dict[str, float]:
+        out = {}
+        for name, job in self.jobs.items():
+            p = self.job_dir(name) / "progress.json"
+            row = self.db.jobs().get(name, {})
+            done = row.get("samples_done", 0)
+            if p.exists():
+                try:
+                    done = max(done, json.loads(p.read_text())["samples_done"])
+                except (ValueError, KeyError):
+                    pass
+            out[name] = min(done, job.samples)
+        return out
+
+    def summary(self, wall_s: float) -> dict:
+        rows = []
+        held = trained = work = 0.0
+        for name, r in self.db.jobs().items():
+            c = self.curves[name]
+            reclaims = sum(1 for _, _, d in self.db.events("reclaim") if d["job"] == name)
+            rows.append({"job": name, "status": r["status"], "samples": r["samples_done"], "node_s": r["node_s"],
+                         "train_node_s": r["train_node_s"], "fragments": r["fragments"],
+                         "rescales": r["rescales"], "reclaims": reclaims, "checkpoint": r["checkpoint"],
+                         "e_used": (r["samples_done"] / c.rate(1)) / r["node_s"] if r["node_s"] else 0.0})
+            held += r["node_s"]
+            trained += r["train_node_s"]
+            work += r["samples_done"] / c.rate(1)
+        return {"wall_s": wall_s, "jobs": rows, "pool_node_s": self.pool_node_s, "held_node_s": held,
+                "train_share": trained / held if held else 0.0, "e_used": work / held if held else 0.0}
