@@ -164,6 +164,46 @@ def cmd_profile(args) -> int:
     return 0
 
 
+def cmd_run(args) -> int:
+    """Run a scientist's workflow file (a Python script using parsl_bft's API) as __main__."""
+    import runpy
+
+    path = Path(args.workflow)
+    if not path.exists():
+        print(f"parsl-bft run: error: no such workflow file: {path}", file=sys.stderr)
+        return 2
+    sys.argv = [str(path), *args.args]
+    sys.path.insert(0, str(path.resolve().parent))
+    runpy.run_path(str(path), run_name="__main__")
+    return 0
+
+
+def cmd_status(args) -> int:
+    """Per-job progress, nodes held and efficiency so far, from an orchestrator's state directory."""
+    from rich.table import Table
+
+    from .execution.state import StateDB
+
+    db_path = Path(args.state) / "state.sqlite"
+    if not db_path.exists():
+        print(f"parsl-bft status: error: no orchestrator state at {db_path}", file=sys.stderr)
+        return 2
+    db = StateDB(db_path)
+    t = Table(title=f"parsl-bft jobs in {args.state}")
+    for c in ("job", "status", "progress", "nodes now", "fragments", "rescales", "node-s held", "training share"):
+        t.add_column(c, justify="right")
+    for name, r in db.jobs().items():
+        total = r["spec"]["samples"]
+        share = r["train_node_s"] / r["node_s"] if r["node_s"] else 0.0
+        t.add_row(name, r["status"], f"{r['samples_done'] / total:.1%} of {total:,}", str(r["size"]),
+                  str(r["fragments"]), str(r["rescales"]), f"{r['node_s']:.0f}", f"{share:.0%}")
+    _console().print(t)
+    last = db.events()[-5:]
+    for ts, kind, d in last:
+        _console().print(f"  {kind:15} {json.dumps(d)[:100]}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="parsl-bft", description="Train DNNs on the idle nodes of supercomputers.")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -172,6 +212,15 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--out", default="out/demo", help="folder for plots and JSON")
     d.add_argument("--speedup", type=float, default=30.0, help="replay the trace this many times faster")
     d.set_defaults(func=cmd_demo)
+
+    r = sub.add_parser("run", help="run a workflow file (Python, using parsl_bft's API)")
+    r.add_argument("workflow")
+    r.add_argument("args", nargs=argparse.REMAINDER, help="passed to the workflow as sys.argv[1:]")
+    r.set_defaults(func=cmd_run)
+
+    st = sub.add_parser("status", help="per-job progress and nodes held, from an orchestrator's state directory")
+    st.add_argument("state", nargs="?", default="bft-state", help="the state directory (default bft-state)")
+    st.set_defaults(func=cmd_status)
 
     i = sub.add_parser("idle", help="idle-capacity statistics and plot of an SWF log or idle-interval CSV")
     i.add_argument("source", help="*.swf[.gz] job log or node,idle_start,idle_end CSV[.gz]")

@@ -35,9 +35,9 @@ def run_demo(out: str | Path, *, speedup: float = 30.0, console=None, fresh: boo
     out.mkdir(parents=True, exist_ok=True)
     pool = EmulatedPool.demo(speedup=speedup, notice_s=2.0, repeat=True)
     console.print(f"emulated idle pool: {pool.intervals.n_nodes} nodes of ALCF Theta (2022), one hour replayed "
-                  f"{speedup:.0f}x faster, reclaim notice 2 s; planner: exact size-choice DP, proportional-fair objective")
+                  f"{speedup:.0f}x faster, reclaim notice 2 s; planner: exact size-choice DP, speedup objective")
     with parsl.load(local_config(workers=8, run_dir=str(out / "runinfo"))):
-        orch = Orchestrator(state, pool, Planner(method="dp", objective="proportional", t_fwd=20.0), max_concurrent=3)
+        orch = Orchestrator(state, pool, Planner(method="dp", objective="speedup", t_fwd=30.0), max_concurrent=3)
         futures = {j["name"]: orch.submit(TrainingJob(**j)) for j in DEMO_JOBS}
         with Progress(TextColumn("{task.description:>8}"), BarColumn(), TextColumn("{task.percentage:>5.1f}%"),
                       TextColumn("{task.fields[nodes]}"), TimeElapsedColumn(), console=console) as bar:

@@ -35,8 +35,8 @@ class TrainingJob:
     max_nodes: int = 4
     global_batch: int = 64
     workload_args: dict = field(default_factory=dict)
-    t_up: float = 5.0
-    t_down: float = 5.0
+    t_up: float = 10.0             # seconds of progress a rescale costs (measure yours: parsl-bft profile)
+    t_down: float = 10.0
     weight: float = 1.0
     rate_guess: float = 1000.0     # samples/s on one node until measured (fragments feed real rates back)
 
@@ -50,6 +50,7 @@ class _Running:
     future: Future
     size: int
     started: float
+    wall_launched: float = 0.0     # unix time
     stop_requested: bool = False
     killed: bool = False           # we killed it (its node was reclaimed): a normal event, not a failure
 
@@ -189,7 +190,7 @@ class Orchestrator:
         cfg = dict(job=name, workload=job.workload, checkpoint_dir=str(d), world_size=size,
                    global_batch=job.global_batch, total_samples=job.samples, workload_args=job.workload_args,
                    stop_file=str(d / "STOP"), generation=self.generation, timeout_s=30.0)
-        self.running[name] = _Running(self._app(cfg), size, time.monotonic())
+        self.running[name] = _Running(self._app(cfg), size, time.monotonic(), time.time())
         self.db.event("launch", job=name, size=size)
 
     def _request_stop(self, name: str, why: str) -> None:
@@ -218,6 +219,9 @@ class Orchestrator:
                 done = int(res["samples_done"])
                 ckpt = res["checkpoint"]
                 self.failures[name] = 0
+                self.db.event("fragment-done", job=name, size=res["world_size"], launched=r.wall_launched,
+                              train_started=res["train_started"], train_s=res["train_s"],
+                              stopped_by=res["stopped_by"])
                 if res["throughput"] > 0 and res["end_step"] > res["start_step"]:
                     measured = {int(k): v for k, v in (self.db.meta(f"curve:{name}") or {}).items()}
                     measured[res["world_size"]] = res["throughput"]

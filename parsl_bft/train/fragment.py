@@ -86,6 +86,7 @@ class FragmentResult:
     loss: float
     checkpoint: str
     skipped_checkpoints: list[str] = field(default_factory=list)
+    train_started: float = 0.0        # unix time the first step began (node joined -> training latency)
 
 
 class FragmentFailed(RuntimeError):
@@ -182,6 +183,7 @@ def train_rank(cfg: FragmentConfig) -> FragmentResult | None:
     progress_file = Path(cfg.checkpoint_dir) / "progress.json"
     last_report = 0.0
     t_train = time.perf_counter()
+    train_started = time.time()
     stopped_by = "steps"
     loss_sum = torch.zeros(1, dtype=torch.float64)
     last_loss = float("nan")
@@ -261,7 +263,7 @@ def train_rank(cfg: FragmentConfig) -> FragmentResult | None:
     done = samples_done - start_samples
     res = FragmentResult(cfg.job, world, start_step, step, done, samples_done, train_s, restore_s, rendezvous_s,
                          checkpoint_s, done / train_s if train_s > 0 else 0.0, stopped_by, last_loss, ckpt,
-                         [str(e) for e in store.skipped])
+                         [str(e) for e in store.skipped], train_started)
     if cfg.result_path:
         Path(cfg.result_path).write_text(json.dumps(asdict(res)))
     return res

@@ -156,14 +156,25 @@ WORKLOADS = {"images": SyntheticImages, "lm": TinyLM}
 
 
 def make_workload(spec: str, **kwargs) -> Workload:
-    """'images' | 'lm' | 'package.module:factory' (a class or function returning a Workload)."""
+    """'images' | 'lm' | 'package.module:factory' | '/path/to/file.py:factory' (a class or function returning a
+    Workload). A file path works in every rank process without touching PYTHONPATH."""
     if spec in WORKLOADS:
         return WORKLOADS[spec](**kwargs)
     if ":" not in spec:
-        raise ValueError(f"unknown workload {spec!r}: use {', '.join(WORKLOADS)} or 'package.module:factory'")
-    mod, _, attr = spec.partition(":")
+        raise ValueError(f"unknown workload {spec!r}: use {', '.join(WORKLOADS)}, 'package.module:factory' "
+                         "or '/path/to/file.py:factory'")
+    mod, _, attr = spec.rpartition(":")
     try:
-        factory = getattr(importlib.import_module(mod), attr)
-    except (ImportError, AttributeError) as e:
+        if mod.endswith(".py"):
+            import importlib.util
+            loader = importlib.util.spec_from_file_location(f"parsl_bft_user_{abs(hash(mod))}", mod)
+            if loader is None or loader.loader is None:
+                raise ImportError(f"no such file: {mod}")
+            module = importlib.util.module_from_spec(loader)
+            loader.loader.exec_module(module)
+        else:
+            module = importlib.import_module(mod)
+        factory = getattr(module, attr)
+    except (ImportError, AttributeError, FileNotFoundError) as e:
         raise ValueError(f"cannot load workload {spec!r}: {e}") from None
     return factory(**kwargs)
