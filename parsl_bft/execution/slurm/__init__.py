@@ -1,0 +1,6 @@
+"""Slurm back end: the command seam, hole discovery and the pilot-job provider."""
+from .commands import JobRecord, NodeRecord, PendingRecord, SlurmCommands, SlurmError
+from .provider import Hole, SlurmPilotProvider, find_holes
+
+__all__ = ["JobRecord", "NodeRecord", "PendingRecord", "SlurmCommands", "SlurmError", "Hole",
+           "SlurmPilotProvider", "find_holes"]

@@ -1,0 +1,168 @@
+"""Every Slurm command parsl-bft runs goes through ``SlurmCommands``: build argv -> run -> parse into typed
+records (Balsam's scheduler-interface shape). Tests feed recorded output through the same parsers."""
+from __future__ import annotations
+
+import re
+import subprocess
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Callable
+
+Runner = Callable[[list[str]], tuple[int, str, str]]
+
+
+def run_local(argv: list[str], timeout: float = 30.0) -> tuple[int, str, str]:
+    p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+    return p.returncode, p.stdout, p.stderr
+
+
+class SlurmError(RuntimeError):
+    def __init__(self, argv: list[str], rc: int, err: str):
+        super().__init__(f"{' '.join(argv[:2])} failed (exit {rc}): {err.strip()[:300]}")
+        self.argv, self.rc, self.err = argv, rc, err
+
+
+@dataclass(frozen=True)
+class NodeRecord:
+    name: str
+    state: str                      # sinfo's compact state: idle, alloc, mix, plnd, drain, down, ...
+
+    @property
+    def usable(self) -> bool:
+        """Idle now: 'plnd' nodes are idle too, only planned for a pending job later (that is the hole)."""
+        return self.state.rstrip("*~#!%$@^-") in ("idle", "plnd") and not self.state.endswith("*")
+
+
+@dataclass(frozen=True)
+class PendingRecord:
+    job_id: str
+    planned_start: float | None     # unix time Slurm's backfill plans to start it; None when unknown
+    nodes: int
+    partition: str
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    job_id: str
+    state: str                      # PENDING, RUNNING, COMPLETED, CANCELLED, TIMEOUT, PREEMPTED, FAILED, ...
+    reason: str
+
+
+def parse_time(text: str) -> float | None:
+    """Slurm's ISO local time ('2026-11-21T18:19:55'); N/A, Unknown or empty -> None."""
+    text = text.strip()
+    if not text or text in ("N/A", "Unknown", "None", "(null)"):
+        return None
+    try:
+        return datetime.fromisoformat(text).timestamp()
+    except ValueError:
+        return None
+
+
+def parse_sinfo_nodes(text: str) -> list[NodeRecord]:
+    """``sinfo -h -N -p P -o %N|%t`` (one row per node and partition; duplicates are dropped)."""
+    out, seen = [], set()
+    for line in text.splitlines():
+        if "|" not in line:
+            continue
+        name, state = (x.strip() for x in line.split("|", 1))
+        if name not in seen:
+            seen.add(name)
+            out.append(NodeRecord(name, state))
+    return out
+
+
+def parse_squeue_pending(text: str) -> list[PendingRecord]:
+    """``squeue -h -t PD -o %i|%S|%D|%P``."""
+    out = []
+    for line in text.splitlines():
+        parts = [x.strip() for x in line.split("|")]
+        if len(parts) < 4:
+            continue
+        try:
+            nodes = int(parts[2])
+        except ValueError:
+            nodes = 1
+        out.append(PendingRecord(parts[0], parse_time(parts[1]), nodes, parts[3]))
+    return out
+
+
+def parse_squeue_jobs(text: str) -> list[JobRecord]:
+    """``squeue -h -j IDS -o %i|%T|%R``."""
+    out = []
+    for line in text.splitlines():
+        parts = [x.strip() for x in line.split("|")]
+        if len(parts) >= 2:
+            out.append(JobRecord(parts[0], parts[1], parts[2] if len(parts) > 2 else ""))
+    return out
+
+
+def parse_sacct_c(text: str) -> list[JobRecord]:
+    """``sacct -c`` (the job-completion file without slurmdbd): 'JobId=3 ... JobState=TIMEOUT ...' lines."""
+    out = []
+    for line in text.splitlines():
+        jid = re.search(r"\bJobId=(\S+)", line)
+        st = re.search(r"\bJobState=(\S+)", line)
+        if jid and st:
+            out.append(JobRecord(jid.group(1), st.group(1), ""))
+    return out
+
+
+_SUBMITTED = re.compile(r"Submitted batch job (\d+)")
+_TEST_ONLY = re.compile(r"Job \S+ to start at (\S+) using (\d+) processors on nodes (\S+)")
+
+
+def parse_sbatch(text: str) -> str:
+    m = _SUBMITTED.search(text)
+    if not m:
+        raise ValueError(f"sbatch printed no job id: {text.strip()[:200]!r}")
+    return m.group(1)
+
+
+def parse_test_only(text: str) -> tuple[float | None, str]:
+    """``sbatch --test-only`` (on stderr): (planned start, nodes)."""
+    m = _TEST_ONLY.search(text)
+    return (parse_time(m.group(1)), m.group(3)) if m else (None, "")
+
+
+class SlurmCommands:
+    """The one seam between parsl-bft and Slurm."""
+
+    def __init__(self, runner: Runner = run_local):
+        self.runner = runner
+
+    def _run(self, argv: list[str], ok_codes=(0,)) -> tuple[str, str]:
+        rc, out, err = self.runner(argv)
+        if rc not in ok_codes:
+            raise SlurmError(argv, rc, err or out)
+        return out, err
+
+    def nodes(self, partition: str) -> list[NodeRecord]:
+        return parse_sinfo_nodes(self._run(["sinfo", "-h", "-N", "-p", partition, "-o", "%N|%t"])[0])
+
+    def pending(self, partition: str | None = None) -> list[PendingRecord]:
+        argv = ["squeue", "-h", "-t", "PD", "-o", "%i|%S|%D|%P"] + (["-p", partition] if partition else [])
+        return parse_squeue_pending(self._run(argv)[0])
+
+    def jobs(self, job_ids: list[str]) -> list[JobRecord]:
+        if not job_ids:
+            return []
+        out, _ = self._run(["squeue", "-h", "-t", "all", "-j", ",".join(job_ids), "-o", "%i|%T|%R"], ok_codes=(0, 1))
+        return parse_squeue_jobs(out)
+
+    def finished(self) -> list[JobRecord]:
+        """Jobs that left squeue: from the completion log (works without slurmdbd)."""
+        rc, out, _ = self.runner(["sacct", "-c"])
+        return parse_sacct_c(out) if rc == 0 else []
+
+    def submit(self, script_path: str) -> str:
+        out, err = self._run(["sbatch", script_path])
+        return parse_sbatch(out + err)
+
+    def test_only(self, args: list[str]) -> tuple[float | None, str]:
+        rc, out, err = self.runner(["sbatch", "--test-only", *args, "--wrap", "true"])
+        return parse_test_only(out + err)
+
+    def cancel(self, job_ids: list[str]) -> None:
+        if job_ids:
+            self._run(["scancel", *job_ids], ok_codes=(0, 1))
