@@ -204,6 +204,24 @@ def cmd_status(args) -> int:
     return 0
 
 
+def cmd_sites(args) -> int:
+    from .sites import SiteError, config_code, load_site
+
+    if args.action == "show":
+        print(config_code(load_site(args.files[0])), end="")
+        return 0
+    bad = 0
+    for f in args.files:
+        try:
+            site = load_site(f)
+            note = f" ({len(site.unverified)} unverified: {', '.join(site.unverified)})" if site.unverified else ""
+            print(f"{f}: ok, {site.scheduler} site '{site.name}'{note}")
+        except SiteError as e:
+            print(str(e), file=sys.stderr)
+            bad += 1
+    return 1 if bad else 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="parsl-bft", description="Train DNNs on the idle nodes of supercomputers.")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -221,6 +239,11 @@ def build_parser() -> argparse.ArgumentParser:
     st = sub.add_parser("status", help="per-job progress and nodes held, from an orchestrator's state directory")
     st.add_argument("state", nargs="?", default="bft-state", help="the state directory (default bft-state)")
     st.set_defaults(func=cmd_status)
+
+    si = sub.add_parser("sites", help="validate site files, or show the Parsl Config one builds")
+    si.add_argument("action", choices=["validate", "show"])
+    si.add_argument("files", nargs="+")
+    si.set_defaults(func=cmd_sites)
 
     i = sub.add_parser("idle", help="idle-capacity statistics and plot of an SWF log or idle-interval CSV")
     i.add_argument("source", help="*.swf[.gz] job log or node,idle_start,idle_end CSV[.gz]")

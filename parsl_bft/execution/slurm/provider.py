@@ -51,7 +51,8 @@ class SlurmPilotProvider(ExecutionProvider):
     def __init__(self, partition: str = "debug", *, qos: str | None = None, account: str | None = None,
                  walltime_min_min: int = 1, walltime_max_min: int = 30, notice_s: int = 60,
                  max_pending_s: float = 30.0, worker_init: str = "", script_dir: str = "bft-pilots",
-                 nodes_per_block: int = 1, commands: SlurmCommands | None = None, poll_s: int = 5):
+                 nodes_per_block: int = 1, commands: SlurmCommands | None = None, poll_s: int = 5,
+                 scheduler_options: list[str] | None = None):
         if walltime_min_min < 1 or walltime_max_min < walltime_min_min:
             raise ValueError(f"pilot walltime bounds must satisfy 1 <= min <= max, got {walltime_min_min}, "
                              f"{walltime_max_min}")
@@ -59,6 +60,7 @@ class SlurmPilotProvider(ExecutionProvider):
         self.walltime_min_min, self.walltime_max_min, self.notice_s = walltime_min_min, walltime_max_min, notice_s
         self.max_pending_s, self.worker_init, self.script_dir = max_pending_s, worker_init, script_dir
         self.nodes_per_block = nodes_per_block
+        self.scheduler_options = list(scheduler_options or [])
         self.cmd = commands or SlurmCommands()
         self._poll_s = poll_s
         self.submitted: dict[str, float] = {}
@@ -93,6 +95,7 @@ class SlurmPilotProvider(ExecutionProvider):
             opts.append(f"--qos={self.qos}")
         if self.account:
             opts.append(f"--account={self.account}")
+        opts.extend(self.scheduler_options)
         lines = ["#!/bin/bash", *[f"#SBATCH {o}" for o in opts], self.worker_init,
                  # the batch shell gets the notice: pass it on to the worker's process group, note it, and end
                  # cleanly - running into the end of a hole is the normal end of a pilot, not a failure

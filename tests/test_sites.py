@@ -1,0 +1,96 @@
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from parsl_bft.sites import SiteError, build_config, config_code, load_site
+
+ROOT = Path(__file__).resolve().parent.parent
+SITES = sorted((ROOT / "site_configs").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", SITES, ids=lambda p: p.name)
+def test_every_shipped_site_file_validates_and_builds(path):
+    site = load_site(path)
+    code = config_code(site)
+    cfg = build_config(site)
+    assert cfg.executors and cfg.retries == 0
+    assert f"bft_{site.name.replace('-', '_')}" in code or site.scheduler == "local"
+
+
+def test_shipped_sites_cover_the_facilities():
+    names = {load_site(p).name: load_site(p).scheduler for p in SITES}
+    assert names == {"local": "local", "local-slurm": "slurm", "polaris": "pbs", "perlmutter": "slurm",
+                     "frontier": "slurm"}
+
+
+GOOD = """
+name: x
+scheduler: slurm
+partition: debug
+node: {cores: 4, memory_gb: 8}
+checkpoint_dir: /tmp/ck
+"""
+
+
+@pytest.mark.parametrize("edit,field,words", [
+    ("scheduler: lsf", "scheduler", "'local', 'slurm' or 'pbs'"),
+    ("partition: null", "(site)", "needs 'partition'"),
+    ("node: {cores: 0, memory_gb: 8}", "node.cores", "greater than or equal to 1"),
+    ("node: {cores: 4, memory_gb: 8, tpus: 2}", "node.tpus", "unknown field; allowed here: cores, gpus, memory_gb"),
+    ("pilot_walltime: {min_minutes: 10, max_minutes: 5}", "pilot_walltime", "max_minutes 5 < min_minutes 10"),
+    ("worker_init: 'export GLOBUS_COMPUTE_CLIENT_SECRET=abc'", "worker_init", "looks like a secret"),
+    ("globus_compute_endpoint: not-a-uuid", "globus_compute_endpoint", "UUID"),
+    ("objective: {name: happiness}", "objective.name", "'throughput'"),
+    ("unverified: [colour]", "(site)", "unknown fields: colour"),
+    ("emulation: {speedup: 10}", "(site)", "only for scheduler 'local'"),
+])
+def test_broken_site_files_fail_with_the_right_message(tmp_path, edit, field, words):
+    key = edit.split(":")[0]
+    body = "\n".join(line for line in GOOD.strip().splitlines() if not line.startswith(key + ":"))
+    p = tmp_path / "bad.yaml"
+    p.write_text(body + "\n" + edit + "\n")
+    with pytest.raises(SiteError) as e:
+        load_site(p)
+    assert f"{p}: field '{field}'" in str(e.value) and words in str(e.value)
+
+
+def test_cli_validate_exit_codes(tmp_path):
+    import subprocess
+    import sys
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\nscheduler: slurm\n")
+    r = subprocess.run([sys.executable, "-m", "parsl_bft.cli", "sites", "validate", str(SITES[0]), str(bad)],
+                       capture_output=True, text=True)
+    assert r.returncode == 1 and "ok" in r.stdout and "field 'node': Field required" in r.stderr
+    r = subprocess.run([sys.executable, "-m", "parsl_bft.cli", "sites", "show", str(ROOT / "site_configs" /
+                                                                                   "local-slurm.yaml")],
+                       capture_output=True, text=True)
+    assert r.returncode == 0 and "SlurmPilotProvider(partition='debug'" in r.stdout
+
+
+def test_globus_compute_site_builds_the_executor_code(tmp_path):
+    p = tmp_path / "gc.yaml"
+    p.write_text(GOOD + "globus_compute_endpoint: 2a7e6a1c-3e3b-4b8a-9a66-0a3b0c5d9f11\n")
+    code = config_code(load_site(p))
+    assert "GlobusComputeExecutor" in code and "2a7e6a1c-3e3b-4b8a-9a66-0a3b0c5d9f11" in code
+    assert "SECRET" not in code.split("#")[0]
+
+
+def test_fragment_through_globus_compute_executor(tmp_path):
+    """Parsl's GlobusComputeExecutor + the SDK's serialiser; the cloud service is a local process pool."""
+    import parsl
+    from parsl.config import Config
+    from parsl.executors import GlobusComputeExecutor
+
+    from parsl_bft.execution.apps import fragment_task
+    from parsl_bft.execution.globus import LocalEndpointExecutor
+
+    gce = LocalEndpointExecutor()
+    with parsl.load(Config(executors=[GlobusComputeExecutor(executor=gce, label="remote")], retries=0)):
+        app = parsl.python_app(fragment_task, executors=["remote"])
+        cfg = dict(job="gc", workload="images", checkpoint_dir=str(tmp_path), world_size=1, global_batch=32,
+                   steps=3, workload_args={"n": 256}, fsync=False)
+        res = app(cfg, parsl_resource_specification={"num_nodes": 1}).result(timeout=120)
+    assert res["end_step"] == 3 and Path(res["checkpoint"]).exists()
+    assert gce.submitted_specs == [{"num_nodes": 1}]          # resource spec passed through to the endpoint
