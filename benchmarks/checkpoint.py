@@ -8,6 +8,7 @@ for the large model (fsync off on both sides: torch.save does not fsync; the fsy
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import tempfile
 import time
@@ -26,13 +27,17 @@ def make_state(width: int, layers: int):
     return model, opt
 
 
-def median_time(fn, n=3):
-    ts = []
-    for _ in range(n):
-        t = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t)
-    return statistics.median(ts)
+def interleaved(fns: dict, rounds: int = 5) -> dict:
+    """Median time of each function, run in alternation round after round (the disk here is shared and noisy:
+    alternating spreads its drift over all of them); dirty pages are flushed before each run, untimed."""
+    ts: dict = {k: [] for k in fns}
+    for _ in range(rounds):
+        for k, fn in fns.items():
+            os.sync()
+            t = time.perf_counter()
+            fn()
+            ts[k].append(time.perf_counter() - t)
+    return {k: statistics.median(v) for k, v in ts.items()}
 
 
 def bench(width: int, layers: int, d: Path) -> dict:
@@ -41,13 +46,13 @@ def bench(width: int, layers: int, d: Path) -> dict:
     st = TrainingState(model=model.state_dict(), optimizer=opt.state_dict())
     h5, pt = d / "c.h5", d / "c.pt"
     obj = {"model": model.state_dict(), "optimizer": opt.state_dict()}
-    r = {"params": params,
-         "torch_save_s": median_time(lambda: torch.save(obj, pt)),
-         "hdf5_save_s": median_time(lambda: save_checkpoint(h5, st, fsync=False)),
-         "hdf5_save_fsync_s": median_time(lambda: save_checkpoint(h5, st, fsync=True)),
-         "torch_load_s": median_time(lambda: torch.load(pt, weights_only=True)),
-         "hdf5_load_s": median_time(lambda: load_checkpoint(h5)),
-         "bytes": h5.stat().st_size}
+    r = {"params": params, **interleaved({
+        "torch_save_s": lambda: torch.save(obj, pt),
+        "hdf5_save_s": lambda: save_checkpoint(h5, st, fsync=False),
+        "hdf5_save_fsync_s": lambda: save_checkpoint(h5, st, fsync=True)})}
+    r.update(interleaved({"torch_load_s": lambda: torch.load(pt, weights_only=True),
+                          "hdf5_load_s": lambda: load_checkpoint(h5)}))
+    r["bytes"] = h5.stat().st_size
     r["save_ratio"] = r["hdf5_save_s"] / r["torch_save_s"]
     r["load_ratio"] = r["hdf5_load_s"] / r["torch_load_s"]
     return r
