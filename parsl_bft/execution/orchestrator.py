@@ -89,7 +89,7 @@ class Orchestrator:
             if asdict(self.jobs[job.name]) != asdict(job):
                 raise ValueError(f"job {job.name!r} already exists with a different spec (state in {self.dir})")
             return self.futures[job.name]
-        JobSpec(**{**asdict(job.spec())})   # validates sizes etc. with a clear message
+        job.spec()                          # validates sizes etc. with a clear message
         return self._add(job, persist=True)
 
     def _add(self, job: TrainingJob, persist: bool) -> Future:
@@ -275,7 +275,7 @@ class Orchestrator:
             want = a.state.size
             r = self.running.get(a.name)
             row = self.db.jobs()[a.name]
-            if r is not None and r.size != want:
+            if r is not None and r.size != want and not r.stop_requested:
                 self._request_stop(a.name, f"rescale {r.size} -> {want}")
                 self.db.upsert(a.name, asdict(self.jobs[a.name]), rescales=row["rescales"] + 1)
             elif r is None and want > 0:
