@@ -163,14 +163,14 @@ def config_code(site: Site) -> str:
                     f"worker_init={site.worker_init!r}, poll_s={int(site.holes.poll_seconds)}, "
                     f"scheduler_options={site.scheduler_options!r})")
         imports = "from parsl_bft.execution.slurm import SlurmPilotProvider\n"
-    else:   # pbs: Parsl's PBS Pro provider until parsl-bft's own PBS pilot provider lands
-        opts = "\n".join([f"#PBS -q {site.preemptable_qos}"] if site.preemptable_qos else []
-                          + [f"#PBS {o}" for o in site.scheduler_options])
-        provider = (f"PBSProProvider(queue={site.queue!r}, account={site.account!r}, nodes_per_block=1, "
-                    f"cpus_per_node={site.node.cores}, walltime='{w.max_minutes // 60:02d}:{w.max_minutes % 60:02d}:00', "
-                    f"scheduler_options={opts!r}, worker_init={site.worker_init!r}, init_blocks=0, max_blocks="
-                    f"{site.holes.max_pilots})")
-        imports = "from parsl.providers import PBSProProvider\n"
+    else:
+        select = f"1:ncpus={site.node.cores}" + (f":ngpus={site.node.gpus}" if site.node.gpus else "")
+        provider = (f"PBSPilotProvider(queue={(site.preemptable_qos or site.queue)!r}, account={site.account!r}, "
+                    f"select={select!r}, walltime_min_min={w.min_minutes}, walltime_max_min={w.max_minutes}, "
+                    f"notice_s={site.holes.notice_seconds}, max_pending_s={site.holes.max_pending_seconds}, "
+                    f"worker_init={site.worker_init!r}, poll_s={int(site.holes.poll_seconds)}, "
+                    f"scheduler_options={site.scheduler_options!r})")
+        imports = "from parsl_bft.execution.pbs import PBSPilotProvider\n"
     return (
         "from parsl.config import Config\n"
         "from parsl.executors import HighThroughputExecutor\n"

@@ -1,0 +1,128 @@
+"""Every PBS Pro command parsl-bft runs goes through ``PBSCommands``: argv -> run -> typed records.
+
+PBS Pro prints JSON with ``-F json`` (qstat -f, pbsnodes -a). Queued jobs carry the scheduler's
+``estimated.start_time`` when it computes one (strict ordering / backfill): that is when idle nodes are taken back.
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from datetime import datetime
+
+from ..slurm.commands import Runner, run_local
+
+
+class PBSError(RuntimeError):
+    def __init__(self, argv: list[str], rc: int, err: str):
+        super().__init__(f"{' '.join(argv[:2])} failed (exit {rc}): {err.strip()[:300]}")
+
+
+@dataclass(frozen=True)
+class PBSNode:
+    name: str
+    state: str                  # free, job-busy, job-exclusive, offline, down, resv-exclusive, ...
+    ncpus: int
+    ngpus: int
+
+    @property
+    def usable(self) -> bool:
+        return self.state == "free"
+
+
+@dataclass(frozen=True)
+class PBSJob:
+    job_id: str
+    state: str                  # Q, R, E, F, H, W, S, X (finished, history)
+    queue: str
+    nodes: int
+    estimated_start: float | None
+    exit_status: int | None
+    comment: str
+
+
+def _time(v) -> float | None:
+    if v in (None, ""):
+        return None
+    if isinstance(v, (int, float)):
+        return float(v)
+    try:
+        return float(v)
+    except ValueError:
+        pass
+    for fmt in ("%a %b %d %H:%M:%S %Y", "%c"):
+        try:
+            return datetime.strptime(v, fmt).timestamp()
+        except ValueError:
+            continue
+    return None
+
+
+def parse_pbsnodes(text: str) -> list[PBSNode]:
+    """``pbsnodes -a -F json``."""
+    doc = json.loads(text)
+    out = []
+    for name, n in sorted(doc.get("nodes", {}).items()):
+        ra = n.get("resources_available", {})
+        out.append(PBSNode(name, str(n.get("state", "unknown")), int(ra.get("ncpus", 0)), int(ra.get("ngpus", 0))))
+    return out
+
+
+def parse_qstat(text: str) -> list[PBSJob]:
+    """``qstat -f -F json [-x]``."""
+    doc = json.loads(text)
+    out = []
+    for jid, j in doc.get("Jobs", {}).items():
+        rl = j.get("Resource_List", {})
+        nodes = int(rl.get("nodect", 0) or 0) or _select_nodes(rl.get("select", ""))
+        est = (j.get("estimated") or {}).get("start_time")
+        es = j.get("Exit_status")
+        out.append(PBSJob(jid, j.get("job_state", "?"), j.get("queue", ""), nodes, _time(est),
+                          int(es) if es is not None else None, j.get("comment", "")))
+    return out
+
+
+def _select_nodes(select: str) -> int:
+    total = 0
+    for chunk in select.split("+"):
+        m = re.match(r"^(\d+):", chunk)
+        total += int(m.group(1)) if m else (1 if chunk else 0)
+    return total
+
+
+def parse_qsub(text: str) -> str:
+    job = text.strip().splitlines()[-1].strip() if text.strip() else ""
+    if not re.match(r"^\d+(\.\S+)?$", job):
+        raise ValueError(f"qsub printed no job id: {text.strip()[:200]!r}")
+    return job
+
+
+class PBSCommands:
+    def __init__(self, runner: Runner = run_local):
+        self.runner = runner
+
+    def _run(self, argv: list[str], ok=(0,)) -> str:
+        rc, out, err = self.runner(argv)
+        if rc not in ok:
+            raise PBSError(argv, rc, err or out)
+        return out
+
+    def nodes(self) -> list[PBSNode]:
+        return parse_pbsnodes(self._run(["pbsnodes", "-a", "-F", "json"]))
+
+    def queued(self, queue: str | None = None) -> list[PBSJob]:
+        jobs = parse_qstat(self._run(["qstat", "-f", "-F", "json"]))
+        return [j for j in jobs if j.state == "Q" and (queue is None or j.queue == queue)]
+
+    def jobs(self, job_ids: list[str]) -> list[PBSJob]:
+        if not job_ids:
+            return []
+        # -x includes finished jobs (history); unknown ids make qstat exit 153 but still print the others
+        return parse_qstat(self._run(["qstat", "-x", "-f", "-F", "json", *job_ids], ok=(0, 35, 153)) or "{}")
+
+    def submit(self, script_path: str) -> str:
+        return parse_qsub(self._run(["qsub", script_path]))
+
+    def cancel(self, job_ids: list[str]) -> None:
+        if job_ids:
+            self._run(["qdel", "-W", "force", *job_ids], ok=(0, 1, 15, 35, 153))

@@ -1,0 +1,70 @@
+"""PBS Pro back end on PBS-format command output (no PBS server installs here)."""
+import time
+from pathlib import Path
+
+import pytest
+from parsl.jobs.states import JobState
+
+from parsl_bft.execution.pbs import PBSCommands, PBSPilotProvider, find_holes
+from parsl_bft.execution.pbs.commands import parse_pbsnodes, parse_qstat, parse_qsub
+
+DATA = Path(__file__).resolve().parent / "data" / "pbs"
+NODES = (DATA / "pbsnodes.json").read_text()
+QSTAT = (DATA / "qstat.json").read_text()
+
+
+def canned(calls):
+    def run(argv):
+        calls.append(argv)
+        if argv[0] == "pbsnodes":
+            return 0, NODES, ""
+        if argv[0] == "qstat":
+            return 0, QSTAT, ""
+        if argv[0] == "qsub":
+            return 0, "1010.polaris-pbs-01\n", ""
+        return 0, "", ""
+    return run
+
+
+def test_parsers():
+    nodes = parse_pbsnodes(NODES)
+    assert [n.name for n in nodes if n.usable] == ["x3001c0s1b1n0", "x3001c0s7b0n0"]
+    assert nodes[0].ngpus == 4 and nodes[0].ncpus == 64
+    jobs = {j.job_id: j for j in parse_qstat(QSTAT)}
+    assert jobs["1002.polaris-pbs-01"].estimated_start == 1795291800 and jobs["1002.polaris-pbs-01"].nodes == 3
+    assert jobs["1004.polaris-pbs-01"].exit_status == 271
+    assert parse_qsub("1010.polaris-pbs-01\n") == "1010.polaris-pbs-01"
+    with pytest.raises(ValueError, match="no job id"):
+        parse_qsub("qsub: Unknown queue\n")
+
+
+def test_holes_and_pilot_script(tmp_path):
+    calls = []
+    cmd = PBSCommands(canned(calls))
+    holes = find_holes(cmd, "preemptable")
+    assert [h.node for h in holes] == ["x3001c0s1b1n0", "x3001c0s7b0n0"] and holes[0].until == 1795291800
+    prov = PBSPilotProvider("preemptable", account="proj", select="1:ncpus=64:ngpus=4", commands=cmd,
+                            script_dir=str(tmp_path), scheduler_options=["-l filesystems=home:eagle"])
+    assert prov.walltime_minutes(now=1795291800 - 25 * 60) == 25
+    m = prov.walltime_minutes()
+    assert prov.submit("process_worker_pool.py", 1, "pilot") == "1010.polaris-pbs-01"
+    script = next(tmp_path.glob("pilot.*.sh")).read_text()
+    for line in ("#PBS -q preemptable", "#PBS -l select=1:ncpus=64:ngpus=4",
+                 f"#PBS -l walltime={m // 60:02d}:{m % 60:02d}:00",
+                 "#PBS -A proj", "#PBS -l filesystems=home:eagle"):
+        assert line in script
+    assert any(c[0] == "qsub" for c in calls)
+
+
+def test_finished_pilots_are_timeout_or_scaled_in_never_failed_for_reclaims(tmp_path):
+    prov = PBSPilotProvider("preemptable", commands=PBSCommands(canned([])), script_dir=str(tmp_path),
+                            max_pending_s=60)
+    ids = ["1003.polaris-pbs-01", "1004.polaris-pbs-01", "1005.polaris-pbs-01", "1006.polaris-pbs-01",
+           "1007.polaris-pbs-01", "9999.polaris-pbs-01"]
+    prov.submitted.update({j: time.time() for j in ids})
+    (tmp_path / "1003.polaris-pbs-01.noticed").touch()          # pilot0 ended cleanly at its notice
+    st = [s.state for s in prov.status(ids)]
+    assert st == [JobState.TIMEOUT, JobState.SCALED_IN, JobState.TIMEOUT, JobState.FAILED, JobState.PENDING,
+                  JobState.MISSING]
+    prov.submitted["1007.polaris-pbs-01"] = time.time() - 300    # queued too long: withdrawn
+    assert prov.status(["1007.polaris-pbs-01"])[0].state == JobState.SCALED_IN
