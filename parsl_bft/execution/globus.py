@@ -7,6 +7,7 @@ serialiser to the endpoint and run there like any other Parsl app.
 """
 from __future__ import annotations
 
+import multiprocessing
 from concurrent.futures import Future, ProcessPoolExecutor
 
 from globus_compute_sdk import Executor
@@ -37,7 +38,8 @@ class LocalEndpointExecutor(Executor):
         self.resource_specification = None
         self.user_endpoint_config = None
         self._ser = ComputeSerializer()
-        self._pool = ProcessPoolExecutor(workers)
+        # spawn, like a real endpoint's workers: separate processes that share nothing with this one
+        self._pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"))
         self.submitted_specs: list = []
 
     def submit(self, fn, *args, **kwargs) -> Future:

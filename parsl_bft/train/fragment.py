@@ -292,9 +292,7 @@ def run_fragment(cfg: FragmentConfig, *, env: dict | None = None) -> FragmentRes
     for r in range(cfg.world_size):
         e = {**os.environ, **(env or {}), "RANK": str(r), "WORLD_SIZE": str(cfg.world_size), "LOCAL_RANK": str(r),
              "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}
-        with open(logs[r], "w") as log:   # a file, not a pipe: a chatty rank must never block on stderr
-            procs.append(subprocess.Popen([sys.executable, "-m", "parsl_bft.train.fragment", "--config",
-                                           str(cfg_file)], env=e, stderr=log, stdout=subprocess.DEVNULL))
+        procs.append(_Rank(str(cfg_file), e, str(logs[r])))
 
     pending: list[int] = []
 
@@ -344,6 +342,59 @@ def run_fragment(cfg: FragmentConfig, *, env: dict | None = None) -> FragmentRes
                 p.kill()
         for f in [result, cfg_file, pids, *ready, *logs]:
             f.unlink(missing_ok=True)
+
+
+_CTX = None
+
+
+def _rank_context():
+    """A forkserver that has imported torch and this module once: ranks start in milliseconds instead of
+    paying Python + torch start-up (seconds) for every fragment. (A process forked - without exec - from one
+    that already started the forkserver cannot use it; Parsl's workers and launchers exec, so they can.)"""
+    global _CTX
+    if _CTX is None:
+        import multiprocessing as mp
+        _CTX = mp.get_context("forkserver")
+        _CTX.set_forkserver_preload(["parsl_bft.train.fragment"])
+    return _CTX
+
+
+def _rank_entry(cfg_file: str, env: dict, log_path: str) -> None:
+    os.environ.clear()
+    os.environ.update(env)
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.dup2(fd, 2)       # a file, not a pipe: a chatty rank must never block on stderr
+    os.close(fd)
+    sys.stderr = open(2, "w", buffering=1, closefd=False)
+    main(["--config", cfg_file])
+
+
+class _Rank:
+    """One rank process (from the forkserver), with the few Popen-like calls the launcher uses."""
+
+    def __init__(self, cfg_file: str, env: dict, log_path: str):
+        self.p = _rank_context().Process(target=_rank_entry, args=(cfg_file, env, log_path), daemon=False)
+        self.p.start()
+        self.pid = self.p.pid
+
+    def poll(self):
+        return self.p.exitcode
+
+    @property
+    def returncode(self):
+        return self.p.exitcode
+
+    def send_signal(self, sig: int) -> None:
+        try:
+            os.kill(self.pid, sig)
+        except ProcessLookupError:
+            pass
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def wait(self) -> None:
+        self.p.join()
 
 
 def _in_main_thread() -> bool:
