@@ -29,6 +29,16 @@ class IdleEvent:
     joined_until: tuple[float, ...] = ()
 
 
+def step_count(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """How many of the intervals [starts[i], ends[i]) are open: (times, count from times[k] to times[k+1])."""
+    t = np.concatenate([starts, ends])
+    d = np.concatenate([np.ones(len(starts)), -np.ones(len(ends))])
+    order = np.argsort(t, kind="stable")
+    t, d = t[order], d[order]
+    times, idx = np.unique(t, return_index=True)
+    return times, (np.cumsum(np.add.reduceat(d, idx)) if len(t) else np.zeros(0))
+
+
 @dataclass
 class IdleIntervals:
     """Per-node idle intervals over an observation span [t0, t1).
@@ -96,13 +106,7 @@ class IdleIntervals:
     # --- derived views ----------------------------------------------------------------------
     def idle_count(self) -> tuple[np.ndarray, np.ndarray]:
         """Step function of idle nodes: (times, count from times[i] to times[i+1])."""
-        t = np.concatenate([self.start, self.end])
-        d = np.concatenate([np.ones(len(self.start)), -np.ones(len(self.end))])
-        order = np.argsort(t, kind="stable")
-        t, d = t[order], d[order]
-        times, idx = np.unique(t, return_index=True)
-        counts = np.cumsum(np.add.reduceat(d, idx)) if len(t) else np.zeros(0)
-        return times, counts
+        return step_count(self.start, self.end)
 
     def idle_node_seconds(self) -> float:
         return float(np.sum(self.end - self.start))

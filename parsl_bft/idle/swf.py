@@ -20,7 +20,7 @@ import numpy as np
 
 from ..csvio import open_text
 from ..errors import BadRows, InputError
-from .intervals import IdleIntervals
+from .intervals import IdleIntervals, step_count
 
 # 1-based SWF field numbers
 F_ID, F_SUBMIT, F_WAIT, F_RUN, F_ALLOC, F_AVGCPU, F_REQPROCS, F_REQTIME = 1, 2, 3, 4, 5, 6, 8, 9
@@ -67,12 +67,7 @@ class Schedule:
     def waiting_count(self) -> tuple[np.ndarray, np.ndarray]:
         """Step function of jobs waiting in the queue: (times, count from times[i] on)."""
         w = self.start > self.submit
-        t = np.concatenate([self.submit[w], self.start[w]])
-        d = np.concatenate([np.ones(w.sum()), -np.ones(w.sum())])
-        order = np.argsort(t, kind="stable")
-        t, d = t[order], d[order]
-        times, idx = np.unique(t, return_index=True)
-        return times, (np.cumsum(np.add.reduceat(d, idx)) if len(t) else np.zeros(0))
+        return step_count(self.submit[w], self.start[w])
 
 
 def _header_value(line: str) -> tuple[str, str] | None:
