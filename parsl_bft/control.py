@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Callable
 
 from .jobs import JobSpec
 from .planner.problem import JobState, Plan
@@ -47,6 +48,24 @@ class ActiveJob:
         else:
             self.rescale_loss += lost
             self.rescales += 1
+
+
+@dataclass
+class Timeline:
+    """What the plots need: at each plan, the time, the idle nodes and the nodes each group (model or job) holds."""
+
+    t: list[float] = field(default_factory=list)
+    idle: list[int] = field(default_factory=list)
+    held: list[dict[str, int]] = field(default_factory=list)
+
+    def record(self, t: float, ctl: "Controller", group: Callable[[ActiveJob], str]) -> None:
+        held: dict[str, int] = {}
+        for a in ctl.active.values():
+            if a.state.size:
+                held[group(a)] = held.get(group(a), 0) + a.state.size
+        self.t.append(t)
+        self.idle.append(len(ctl.pool))
+        self.held.append(held)
 
 
 @dataclass

@@ -8,7 +8,6 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 
 from parsl_bft.execution.pool import EmulatedPool
 from parsl_bft.execution.state import StateDB

@@ -122,3 +122,15 @@ def test_bad_fragment_configs():
         FragmentConfig(job="a", workload="images", checkpoint_dir="/tmp/x")
     with pytest.raises(ValueError, match="global_batch 2 < world_size 4"):
         FragmentConfig(job="a", workload="images", checkpoint_dir="/tmp/x", steps=1, world_size=4, global_batch=2)
+
+
+def test_workloads_by_name_module_path_and_file(tmp_path):
+    from parsl_bft.train.workloads import SyntheticImages, make_workload
+    assert isinstance(make_workload("parsl_bft.train.workloads:SyntheticImages", n=8), SyntheticImages)
+    f = tmp_path / "mine.py"
+    f.write_text("from parsl_bft.train.workloads import TinyLM\nclass Mine(TinyLM):\n    name = 'mine'\n")
+    assert make_workload(f"{f}:Mine", n_chars=500).name == "mine"
+    with pytest.raises(ValueError, match="cannot load workload"):
+        make_workload("no_such_module_xyz:Thing")
+    with pytest.raises(ValueError, match="unknown workload 'cnn'"):
+        make_workload("cnn")

@@ -2,7 +2,6 @@ import json
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 
 from parsl_bft.idle.intervals import IdleIntervals
@@ -79,7 +78,7 @@ def imagenet(shared_data):
 def test_conservation_on_a_real_trace(summit, imagenet, method):
     res = simulate(summit, imagenet, Planner(method=method, objective="speedup"), duration=4 * 3600)
     tl = res.timeline
-    for idle, by in zip(tl.idle, tl.by_model):
+    for idle, by in zip(tl.idle, tl.held):
         assert sum(by.values()) <= idle                   # never more nodes allocated than idle
     m = res.metrics()
     assert m["allocated_node_s"] <= m["idle_node_s"] + 1e-6

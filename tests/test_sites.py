@@ -1,4 +1,3 @@
-import textwrap
 from pathlib import Path
 
 import pytest

@@ -1,6 +1,5 @@
 """Slurm back end: parsers on recorded output, the provider on canned commands, and a real local Slurm."""
 import os
-import shutil
 import subprocess
 import time
 from datetime import datetime

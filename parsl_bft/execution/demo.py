@@ -60,7 +60,7 @@ def run_demo(out: str | Path, *, speedup: float = 30.0, console=None, fresh: boo
     console.print(f"held node-time spent training: {summary['train_share']:.1%}; final checkpoints: "
                   + ", ".join(f"{n}: {Path(p).name if p else '-'}" for n, p in results.items()))
     tl = orch.timeline
-    plot_allocation(tl.t, tl.idle, tl.by_job, summary["wall_s"], str(out / "demo.png"),
+    plot_allocation(tl.t, tl.idle, tl.held, summary["wall_s"], str(out / "demo.png"),
                     title="parsl-bft demo: nodes per job on the emulated idle pool", xlabel="seconds", scale=1.0)
     (out / "demo.json").write_text(json.dumps({**summary, "final_checkpoints": results}, indent=1))
     console.print(f"wrote {out / 'demo.png'} and {out / 'demo.json'}")

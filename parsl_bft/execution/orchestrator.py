@@ -17,7 +17,7 @@ from concurrent.futures import Future
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ..control import Controller
+from ..control import Controller, Timeline
 from ..jobs import JobSpec
 from ..scaling import ScalingCurve
 from ..train.checkpoint import CheckpointStore
@@ -53,13 +53,6 @@ class _Running:
     wall_launched: float = 0.0     # unix time
     stop_requested: bool = False
     killed: bool = False           # we killed it (its node was reclaimed): a normal event, not a failure
-
-
-@dataclass
-class Timeline:
-    t: list[float] = field(default_factory=list)
-    idle: list[int] = field(default_factory=list)
-    by_job: list[dict[str, int]] = field(default_factory=list)
 
 
 class Orchestrator:
@@ -149,7 +142,7 @@ class Orchestrator:
             if changed:
                 ctl.replan(now)
                 self._reconcile(ctl)
-                self._record(ctl, now - t_start)
+                self.timeline.record(now - t_start, ctl, lambda a: a.name)
                 changed = False
             if progress is not None:
                 progress(self)
@@ -282,11 +275,6 @@ class Orchestrator:
                 self._launch(a.name, want)
             self.db.upsert(a.name, asdict(self.jobs[a.name]), status="running" if want else "waiting", size=want,
                            node_s=a.node_seconds)
-
-    def _record(self, ctl: Controller, t: float) -> None:
-        self.timeline.t.append(t)
-        self.timeline.idle.append(len(ctl.pool))
-        self.timeline.by_job.append({a.name: a.state.size for a in ctl.active.values() if a.state.size})
 
     # --- reporting -----------------------------------------------------------------------------------
     def live_progress(self) -> dict[str, float]:

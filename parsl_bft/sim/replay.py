@@ -2,22 +2,13 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
-from ..control import ActiveJob, Controller
+from ..control import ActiveJob, Controller, Timeline
 from ..idle.intervals import IdleIntervals
 from ..jobs import JobSet
-
-
-@dataclass
-class Timeline:
-    """What the plot needs: at each event time, idle nodes and the nodes each model holds."""
-
-    t: list[float] = field(default_factory=list)
-    idle: list[int] = field(default_factory=list)
-    by_model: list[dict[str, int]] = field(default_factory=list)
 
 
 @dataclass
@@ -113,13 +104,7 @@ def simulate(intervals: IdleIntervals, jobset: JobSet, planner, *, max_concurren
         for a in [a for a in ctl.active.values() if a.state.remaining <= 1e-9 * a.state.spec.samples]:
             ctl.job_finished(a.name, t)
         ctl.replan(t)
-        tl.t.append(t)
-        tl.idle.append(len(ctl.pool))
-        by_model: dict[str, int] = {}
-        for a in ctl.active.values():
-            if a.state.size:
-                by_model[a.state.spec.model] = by_model.get(a.state.spec.model, 0) + a.state.size
-        tl.by_model.append(by_model)
+        tl.record(t, ctl, lambda a: a.state.spec.model)
         # advance to the next instant something happens
         nxt = min(pending.time if pending is not None else math.inf, ctl.next_submit(),
                   min((finish_time(a) for a in ctl.active.values()), default=math.inf), end)

@@ -9,7 +9,7 @@ def plot_replay(res: SimResult, path: str, title: str = "") -> None:
     """Idle nodes over time and the nodes each model holds (stacked)."""
     m = res.metrics()
     tl = res.timeline
-    plot_allocation(tl.t, tl.idle, tl.by_model, res.end, path,
+    plot_allocation(tl.t, tl.idle, tl.held, res.end, path,
                     title=title or f"E_idle {m['e_idle']:.3f}  E_used {m['e_used']:.3f}  util {m['util']:.3f}  "
                                    f"jobs finished {m['jobs_finished']}")
 

@@ -10,6 +10,7 @@ Subclass ``Workload`` and override what differs; pass it to a fragment as ``"pac
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import random
 
 import torch
@@ -166,7 +167,6 @@ def make_workload(spec: str, **kwargs) -> Workload:
     mod, _, attr = spec.rpartition(":")
     try:
         if mod.endswith(".py"):
-            import importlib.util
             loader = importlib.util.spec_from_file_location(f"parsl_bft_user_{abs(hash(mod))}", mod)
             if loader is None or loader.loader is None:
                 raise ImportError(f"no such file: {mod}")
