@@ -73,7 +73,7 @@ class Orchestrator:
         self.pool_node_s = 0.0
         self._app = None
         for name, row in self.db.jobs().items():        # a restart: everything the last orchestrator had
-            self._add(TrainingJob(**row["spec"]), persist=False)
+            self._add(TrainingJob(**row["spec"]), row)
 
     # --- the scientist's API -------------------------------------------------------------------------
     def submit(self, job: TrainingJob) -> Future:
@@ -83,18 +83,18 @@ class Orchestrator:
                 raise ValueError(f"job {job.name!r} already exists with a different spec (state in {self.dir})")
             return self.futures[job.name]
         job.spec()                          # validates sizes etc. with a clear message
-        return self._add(job, persist=True)
+        return self._add(job, None)
 
-    def _add(self, job: TrainingJob, persist: bool) -> Future:
+    def _add(self, job: TrainingJob, row: dict | None) -> Future:
+        """Track a job: a new one (``row`` None: persist it) or one found in the state database."""
         self.jobs[job.name] = job
-        row = self.db.jobs().get(job.name)
         measured = self.db.meta(f"curve:{job.name}")
         # the guess only until the first measurement: never mix guessed and measured points
         self.curves[job.name] = ScalingCurve(job.name, {int(k): v for k, v in measured.items()} if measured
                                              else {1: job.rate_guess})
         fut: Future = Future()
         self.futures[job.name] = fut
-        if persist:
+        if row is None:
             self.db.upsert(job.name, asdict(job))
         if row and row["status"] == "done":
             fut.set_result(row["checkpoint"])
@@ -264,10 +264,11 @@ class Orchestrator:
 
     def _reconcile(self, ctl: Controller) -> None:
         """Make the fragments match the plan: stop those whose size changed, start those that should run."""
+        rows = self.db.jobs()
         for a in ctl.active.values():
             want = a.state.size
             r = self.running.get(a.name)
-            row = self.db.jobs()[a.name]
+            row = rows[a.name]
             if r is not None and r.size != want and not r.stop_requested:
                 self._request_stop(a.name, f"rescale {r.size} -> {want}")
                 self.db.upsert(a.name, asdict(self.jobs[a.name]), rescales=row["rescales"] + 1)
@@ -279,9 +280,10 @@ class Orchestrator:
     # --- reporting -----------------------------------------------------------------------------------
     def live_progress(self) -> dict[str, float]:
         out = {}
+        rows = self.db.jobs()
         for name, job in self.jobs.items():
             p = self.job_dir(name) / "progress.json"
-            row = self.db.jobs().get(name, {})
+            row = rows.get(name, {})
             done = row.get("samples_done", 0)
             if p.exists():
                 try:
