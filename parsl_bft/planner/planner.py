@@ -37,7 +37,8 @@ def build_problem(jobs: list[JobState], pool_size: int, objective: Objective, t_
         if remaining is None:
             gain = t_fwd * u
         else:
-            gain = np.array([_horizon_gain(j, int(k), u_all, remaining, free_remaining, t_fwd) for k in a])
+            held = np.sort([remaining.get(n, math.inf) for n in j.nodes])[::-1]
+            gain = np.array([_horizon_gain(held, int(k), u_all, free_remaining, t_fwd, s.t_down) for k in a])
         cost = np.where(a > j.size, s.t_up * u_now, np.where(a < j.size, s.t_down * u_now, 0.0))
         allowed.append(a)
         values.append(gain - cost)
@@ -46,11 +47,11 @@ def build_problem(jobs: list[JobState], pool_size: int, objective: Objective, t_
     return SizeProblem([j.name for j in jobs], narrowed, values, pool_size)
 
 
-def _horizon_gain(job: JobState, k: int, u: np.ndarray, remaining: dict[str, float],
-                  free_remaining: np.ndarray | None, t_fwd: float) -> float:
+def _horizon_gain(held: np.ndarray, k: int, u: np.ndarray, free_remaining: np.ndarray | None, t_fwd: float,
+                  t_down: float) -> float:
+    """Gain of size k for a job holding nodes with remaining idle times ``held`` (longest first)."""
     if k == 0:
         return 0.0
-    held = np.sort([remaining.get(n, math.inf) for n in job.nodes])[::-1]
     if k > len(held):
         extra = free_remaining[: k - len(held)] if free_remaining is not None else np.full(k - len(held), math.inf)
         held = np.sort(np.concatenate([held, extra]))[::-1]
@@ -58,7 +59,7 @@ def _horizon_gain(job: JobState, k: int, u: np.ndarray, remaining: dict[str, flo
     du = np.diff(u[: k + 1])                     # U(m) - U(m-1), m = 1..k
     gain = float(np.sum(np.minimum(r, t_fwd) * du))
     leaving = np.flatnonzero(r < t_fwd)          # the (m+1)-th node leaves while the job runs on m+1
-    return gain - job.spec.t_down * float(np.sum(u[leaving + 1]))
+    return gain - t_down * float(np.sum(u[leaving + 1]))
 
 
 @dataclass
