@@ -1,7 +1,7 @@
 """The scheduler-independent part of a pilot-job provider: Parsl blocks that are pilots soaking up holes.
 
-Subclasses (one sub-package per scheduler) supply the hooks: find the holes, write the batch script, submit,
-read job states, cancel. This base sizes pilots to the current hole, withdraws pilots that do not start
+Subclasses (one sub-package per scheduler) set ``self.cmd`` (their command seam, with ``submit(script)`` and
+``cancel(ids)``) and supply the hooks: find the holes, write the batch script, read job states. This base sizes pilots to the current hole, withdraws pilots that do not start
 promptly (a queued pilot competes with the facility's jobs) and reports every normal end of an idle window -
 reclaimed, preempted, out of its hole - as TIMEOUT or SCALED_IN, never FAILED (Parsl marks an executor broken
 when all its blocks fail).
@@ -55,14 +55,8 @@ class PilotProvider(ExecutionProvider):
     def script(self, command: str, job_name: str, minutes: int) -> str: ...
 
     @abstractmethod
-    def _submit(self, script_path: str) -> str: ...
-
-    @abstractmethod
     def _states(self, job_ids: list[str]) -> dict[str, tuple[str, str]]:
         """job id -> (scheduler state, reason) for the jobs the scheduler still knows."""
-
-    @abstractmethod
-    def _cancel(self, job_ids: list[str]) -> None: ...
 
     # --- Parsl's provider interface ---------------------------------------------------------------------
     @property
@@ -91,7 +85,7 @@ class PilotProvider(ExecutionProvider):
         path = d / f"{job_name}.{time.monotonic_ns()}.sh"
         path.write_text(self.script(command, job_name, self.walltime_minutes()))
         os.chmod(path, 0o755)
-        job_id = self._submit(str(path))
+        job_id = self.cmd.submit(str(path))
         self.submitted[job_id] = time.time()
         return job_id
 
@@ -101,7 +95,7 @@ class PilotProvider(ExecutionProvider):
         stale = [j for j in ids if j in seen and self.STATES.get(seen[j][0]) == JobState.PENDING
                  and time.time() - self.submitted.get(j, time.time()) > self.max_pending_s]
         if stale:
-            self._cancel(stale)
+            self.cmd.cancel(stale)
             self.withdrawn.update(stale)
         out = []
         for j in ids:
@@ -118,6 +112,6 @@ class PilotProvider(ExecutionProvider):
         return out
 
     def cancel(self, job_ids) -> list[bool]:
-        self._cancel([str(j) for j in job_ids])
+        self.cmd.cancel([str(j) for j in job_ids])
         self.withdrawn.update(str(j) for j in job_ids)
         return [True] * len(job_ids)

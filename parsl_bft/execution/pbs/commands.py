@@ -10,12 +10,11 @@ import re
 from dataclasses import dataclass
 from datetime import datetime
 
-from ..slurm.commands import Runner, run_local
+from ..commands import SchedulerCommands, SchedulerError
 
 
-class PBSError(RuntimeError):
-    def __init__(self, argv: list[str], rc: int, err: str):
-        super().__init__(f"{' '.join(argv[:2])} failed (exit {rc}): {err.strip()[:300]}")
+class PBSError(SchedulerError):
+    pass
 
 
 @dataclass(frozen=True)
@@ -97,32 +96,25 @@ def parse_qsub(text: str) -> str:
     return job
 
 
-class PBSCommands:
-    def __init__(self, runner: Runner = run_local):
-        self.runner = runner
-
-    def _run(self, argv: list[str], ok=(0,)) -> str:
-        rc, out, err = self.runner(argv)
-        if rc not in ok:
-            raise PBSError(argv, rc, err or out)
-        return out
+class PBSCommands(SchedulerCommands):
+    error = PBSError
 
     def nodes(self) -> list[PBSNode]:
-        return parse_pbsnodes(self._run(["pbsnodes", "-a", "-F", "json"]))
+        return parse_pbsnodes(self._run(["pbsnodes", "-a", "-F", "json"])[0])
 
     def queued(self, queue: str | None = None) -> list[PBSJob]:
-        jobs = parse_qstat(self._run(["qstat", "-f", "-F", "json"]))
+        jobs = parse_qstat(self._run(["qstat", "-f", "-F", "json"])[0])
         return [j for j in jobs if j.state == "Q" and (queue is None or j.queue == queue)]
 
     def jobs(self, job_ids: list[str]) -> list[PBSJob]:
         if not job_ids:
             return []
         # -x includes finished jobs (history); unknown ids make qstat exit 153 but still print the others
-        return parse_qstat(self._run(["qstat", "-x", "-f", "-F", "json", *job_ids], ok=(0, 35, 153)) or "{}")
+        return parse_qstat(self._run(["qstat", "-x", "-f", "-F", "json", *job_ids], ok_codes=(0, 35, 153))[0] or "{}")
 
     def submit(self, script_path: str) -> str:
-        return parse_qsub(self._run(["qsub", script_path]))
+        return parse_qsub(self._run(["qsub", script_path])[0])
 
     def cancel(self, job_ids: list[str]) -> None:
         if job_ids:
-            self._run(["qdel", "-W", "force", *job_ids], ok=(0, 1, 15, 35, 153))
+            self._run(["qdel", "-W", "force", *job_ids], ok_codes=(0, 1, 15, 35, 153))

@@ -48,9 +48,6 @@ class PBSPilotProvider(PilotProvider):
                  f"setsid {command} &", *self.notice_trap("PBS_JOBID")]
         return "\n".join(line for line in lines if line) + "\n"
 
-    def _submit(self, script_path: str) -> str:
-        return self.cmd.submit(script_path)
-
     def _states(self, job_ids: list[str]) -> dict[str, tuple[str, str]]:
         out = {}
         for j in self.cmd.jobs(job_ids):
@@ -66,6 +63,3 @@ class PBSPilotProvider(PilotProvider):
                     state = "FAILED"
             out[j.job_id] = (state, j.comment)
         return out
-
-    def _cancel(self, job_ids: list[str]) -> None:
-        self.cmd.cancel(job_ids)

@@ -3,23 +3,14 @@ records (Balsam's scheduler-interface shape). Tests feed recorded output through
 from __future__ import annotations
 
 import re
-import subprocess
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Callable
 
-Runner = Callable[[list[str]], tuple[int, str, str]]
-
-
-def run_local(argv: list[str], timeout: float = 30.0) -> tuple[int, str, str]:
-    p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
-    return p.returncode, p.stdout, p.stderr
+from ..commands import SchedulerCommands, SchedulerError
 
 
-class SlurmError(RuntimeError):
-    def __init__(self, argv: list[str], rc: int, err: str):
-        super().__init__(f"{' '.join(argv[:2])} failed (exit {rc}): {err.strip()[:300]}")
-        self.argv, self.rc, self.err = argv, rc, err
+class SlurmError(SchedulerError):
+    pass
 
 
 @dataclass(frozen=True)
@@ -125,17 +116,10 @@ def parse_test_only(text: str) -> tuple[float | None, str]:
     return (parse_time(m.group(1)), m.group(3)) if m else (None, "")
 
 
-class SlurmCommands:
+class SlurmCommands(SchedulerCommands):
     """The one seam between parsl-bft and Slurm."""
 
-    def __init__(self, runner: Runner = run_local):
-        self.runner = runner
-
-    def _run(self, argv: list[str], ok_codes=(0,)) -> tuple[str, str]:
-        rc, out, err = self.runner(argv)
-        if rc not in ok_codes:
-            raise SlurmError(argv, rc, err or out)
-        return out, err
+    error = SlurmError
 
     def nodes(self, partition: str) -> list[NodeRecord]:
         return parse_sinfo_nodes(self._run(["sinfo", "-h", "-N", "-p", partition, "-o", "%N|%t"])[0])

@@ -54,15 +54,9 @@ class SlurmPilotProvider(PilotProvider):
                  f"setsid {command} &", *self.notice_trap("SLURM_JOB_ID")]
         return "\n".join(line for line in lines if line) + "\n"
 
-    def _submit(self, script_path: str) -> str:
-        return self.cmd.submit(script_path)
-
     def _states(self, job_ids: list[str]) -> dict[str, tuple[str, str]]:
         seen = {r.job_id: (r.state.split()[0].rstrip("+"), r.reason) for r in self.cmd.jobs(job_ids)}
         if any(j not in seen for j in job_ids):
             seen.update({r.job_id: (r.state, "") for r in self.cmd.finished() if r.job_id in job_ids
                          and r.job_id not in seen})
         return seen
-
-    def _cancel(self, job_ids: list[str]) -> None:
-        self.cmd.cancel(job_ids)

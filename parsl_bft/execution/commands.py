@@ -1,0 +1,34 @@
+"""The seam every scheduler command goes through: build argv -> run -> parse (per back end) into typed records.
+Tests pass a runner that answers from recorded output."""
+from __future__ import annotations
+
+import subprocess
+from typing import Callable
+
+Runner = Callable[[list[str]], tuple[int, str, str]]
+
+
+def run_local(argv: list[str], timeout: float = 30.0) -> tuple[int, str, str]:
+    p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+    return p.returncode, p.stdout, p.stderr
+
+
+class SchedulerError(RuntimeError):
+    def __init__(self, argv: list[str], rc: int, err: str):
+        super().__init__(f"{' '.join(argv[:2])} failed (exit {rc}): {err.strip()[:300]}")
+        self.argv, self.rc, self.err = argv, rc, err
+
+
+class SchedulerCommands:
+    """Base of SlurmCommands and PBSCommands: runs argv through ``runner``; ``error`` is the back end's type."""
+
+    error: type[SchedulerError] = SchedulerError
+
+    def __init__(self, runner: Runner = run_local):
+        self.runner = runner
+
+    def _run(self, argv: list[str], ok_codes=(0,)) -> tuple[str, str]:
+        rc, out, err = self.runner(argv)
+        if rc not in ok_codes:
+            raise self.error(argv, rc, err or out)
+        return out, err
