@@ -304,7 +304,6 @@ def run_fragment(cfg: FragmentConfig, *, env: dict | None = None) -> FragmentRes
     pids = workdir / ".ranks.pid"      # lets an orchestrator kill the ranks of a reclaimed node, or stale ones
     pids.write_text(" ".join(str(p.pid) for p in procs))
     try:
-        failed = None
         while any(p.poll() is None for p in procs):
             # a rank that has not installed its handlers yet would die of the signal: wait until all have
             if pending and all(r.exists() for r in ready):
@@ -312,22 +311,23 @@ def run_fragment(cfg: FragmentConfig, *, env: dict | None = None) -> FragmentRes
                     if p.poll() is None:
                         p.send_signal(pending[0])
                 pending.clear()
-            for r, p in enumerate(procs):
-                if p.poll() not in (None, 0) and failed is None:
-                    failed = (r, p.returncode)
-            if failed:
+            if any(p.poll() not in (None, 0) for p in procs):
                 break
             time.sleep(0.05)
-        for r, p in enumerate(procs):
-            if failed is None and p.returncode not in (None, 0):
-                failed = (r, p.returncode)
-        if failed:
+        if any(p.poll() not in (None, 0) for p in procs):
+            # the peers of a dead rank fail too (connection reset); give them a moment, then blame the rank
+            # that died of a signal (killed, reclaimed) before the ones that merely lost it
+            deadline = time.monotonic() + 1.0
+            while time.monotonic() < deadline and any(p.poll() is None for p in procs):
+                time.sleep(0.05)
+            codes = [p.poll() for p in procs]          # before we kill the rest ourselves
             for p in procs:
                 if p.poll() is None:
                     p.kill()
             for p in procs:
                 p.wait()
-            r, code = failed
+            r = min((i for i, c in enumerate(codes) if c not in (None, 0)), key=lambda i: (codes[i] >= 0, i))
+            code = codes[r]
             err = logs[r].read_text(errors="replace").strip().splitlines()
             raise FragmentFailed(f"fragment of {cfg.job}: rank {r} exited with {code}"
                                  f"{': ' + err[-1] if err else ''}")
