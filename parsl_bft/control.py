@@ -108,6 +108,20 @@ class Controller:
                 hit.append(a.name)
         return hit
 
+    def bind(self, name: str, node: str, confirmed=()) -> None:
+        """The executor put one of ``name``'s ranks on ``node`` (it cannot be told where): make the books say so.
+        The job gives up a planned node no rank of it has ``confirmed``, to whoever held ``node`` (job or pool)."""
+        s = self.active[name].state
+        if node in s.nodes or node not in self.pool:
+            return
+        spare = next((n for n in s.nodes if n not in confirmed), None)
+        if spare is None:
+            return
+        for a in self.active.values():
+            if node in a.state.nodes:
+                a.state.nodes = tuple(spare if n == node else n for n in a.state.nodes)
+        s.nodes = tuple(node if n == spare else n for n in s.nodes)
+
     def job_finished(self, name: str, t: float) -> None:
         a = self.active.pop(name)
         a.finished_at = t

@@ -72,6 +72,8 @@ class Site(_Strict):
     worker_init: str = ""
     scheduler_options: list[str] = Field(default_factory=list, description="extra #SBATCH / #PBS options")
     launcher: Literal["simple", "srun", "mpiexec", "aprun"] = "simple"
+    interchange_address: str | None = Field(default=None, description="the address compute nodes reach this "
+                                            "host on; unset: workers probe every address (slow to connect)")
     checkpoint_dir: str
     holes: HoleDiscovery = Field(default_factory=HoleDiscovery)
     objective: ObjectiveSpec = Field(default_factory=ObjectiveSpec)
@@ -176,7 +178,10 @@ def config_code(site: Site) -> str:
         "from parsl.executors import HighThroughputExecutor\n"
         + imports + "\n"
         f"config = Config(\n    executors=[HighThroughputExecutor(\n        label={label!r},\n"
-        f"        max_workers_per_node=1,\n        provider={provider},\n    )],\n"
+        "        max_workers_per_node=1,\n"
+        + (f"        address={site.interchange_address!r},\n" if site.interchange_address else "") +
+        "        heartbeat_period=5,\n        heartbeat_threshold=20,     # pilots come and go: notice lost ones soon\n"
+        f"        provider={provider},\n    )],\n"
         "    retries=0,\n    strategy='none',\n)\n")
 
 

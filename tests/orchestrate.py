@@ -1,6 +1,7 @@
 """A small orchestrated run, started as a separate process by the tests (so it can be killed and restarted).
 
-usage: python tests/orchestrate.py STATE_DIR [TIMEOUT_S]
+usage: python tests/orchestrate.py STATE_DIR [TIMEOUT_S [SITE.yaml [IMG_STEPS]]]
+Without a site file: the embedded default on a fast emulated pattern; with one: that site's pilots.
 """
 import json
 import sys
@@ -9,23 +10,45 @@ import parsl
 
 from parsl_bft.execution import EmulatedPool, Orchestrator, TrainingJob, local_config
 from parsl_bft.planner import Planner
+from parsl_bft.train.checkpoint import CheckpointStore
+from parsl_bft.train.fragment import FragmentConfig, train_rank
 
-JOBS = [TrainingJob("img", workload="images", samples=32 * 600, min_nodes=1, max_nodes=2, global_batch=32,
-                    workload_args={"n": 512}, rate_guess=3000.0),
-        TrainingJob("lm", workload="lm", samples=16 * 200, min_nodes=1, max_nodes=2, global_batch=16,
-                    workload_args={"n_chars": 20_000}, rate_guess=300.0)]
+IMG = dict(workload="images", global_batch=32, workload_args={"n": 512})
+LM = dict(workload="lm", global_batch=16, workload_args={"n_chars": 20_000})
+LM_STEPS = 200
 
 
-def main(state_dir: str, timeout_s: float = 300.0) -> None:
+def jobs(img_steps: int = 600) -> list[TrainingJob]:
+    return [TrainingJob("img", samples=32 * img_steps, min_nodes=1, max_nodes=2, rate_guess=3000.0, **IMG),
+            TrainingJob("lm", samples=16 * LM_STEPS, min_nodes=1, max_nodes=2, rate_guess=300.0, **LM)]
+
+
+def reference_model(directory, job: str, img_steps: int = 600) -> dict:
+    """The same job trained without interruption on one rank."""
+    kw = dict(IMG, steps=img_steps) if job == "img" else dict(LM, steps=LM_STEPS)
+    train_rank(FragmentConfig(job=job, checkpoint_dir=str(directory), fsync=False, **kw))
+    return CheckpointStore(directory).latest().model
+
+
+def _run(orch, timeout_s, img_steps=600):
+    futs = {j.name: orch.submit(j) for j in jobs(img_steps)}
+    summary = orch.run(timeout_s=timeout_s)
+    results = {n: f.result() if f.done() else None for n, f in futs.items()}
+    print(json.dumps({"summary": summary, "results": results}), flush=True)
+
+
+def main(state_dir: str, timeout_s: float = 300.0, site: str | None = None, img_steps: int = 600) -> None:
+    if site:
+        from parsl_bft.execution.session import training_session
+        with training_session(state_dir, site) as orch:
+            _run(orch, timeout_s, img_steps)
+        return
     # two nodes, every 30 s: node0 idle for 10 s, node1 for 20 s; each leaves after a 2 s notice
     pool = EmulatedPool.pattern(nodes=2, period_s=30.0, cycles=1000, notice_s=2.0)
     with parsl.load(local_config(workers=4, run_dir=f"{state_dir}/runinfo")):
-        orch = Orchestrator(state_dir, pool, Planner(method="dp", objective="proportional", t_fwd=20.0))
-        futs = {j.name: orch.submit(j) for j in JOBS}
-        summary = orch.run(timeout_s=timeout_s)
-        results = {n: f.result() if f.done() else None for n, f in futs.items()}
-        print(json.dumps({"summary": summary, "results": results}))
+        _run(Orchestrator(state_dir, pool, Planner(method="dp", objective="proportional", t_fwd=20.0)), timeout_s)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], float(sys.argv[2]) if len(sys.argv) > 2 else 300.0)
+    a = sys.argv[1:]
+    main(a[0], float(a[1]) if len(a) > 1 else 300.0, a[2] if len(a) > 2 else None, int(a[3]) if len(a) > 3 else 600)

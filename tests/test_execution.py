@@ -12,9 +12,10 @@ import pytest
 from parsl_bft.execution.pool import EmulatedPool
 from parsl_bft.execution.state import StateDB
 from parsl_bft.train.checkpoint import CheckpointStore
-from parsl_bft.train.fragment import FragmentConfig, train_rank
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from orchestrate import reference_model  # noqa: E402
 
 
 def test_emulated_pool_notice_before_leave_and_repeat():
@@ -48,16 +49,6 @@ def run_orchestrator(state, timeout=300, kill_after=None):
     return json.loads(out.strip().splitlines()[-1])
 
 
-def reference_model(tmp, job):
-    """The same job trained without interruption on one rank."""
-    cfg = dict(job=job, checkpoint_dir=str(tmp / f"ref-{job}"), fsync=False)
-    if job == "img":
-        train_rank(FragmentConfig(workload="images", global_batch=32, workload_args={"n": 512}, steps=600, **cfg))
-    else:
-        train_rank(FragmentConfig(workload="lm", global_batch=16, workload_args={"n_chars": 20_000}, steps=200, **cfg))
-    return CheckpointStore(tmp / f"ref-{job}").latest().model
-
-
 @pytest.mark.timeout(600)
 def test_jobs_survive_reclaims_and_an_orchestrator_crash(tmp_path):
     state = tmp_path / "state"
@@ -87,7 +78,7 @@ def test_jobs_survive_reclaims_and_an_orchestrator_crash(tmp_path):
         final = CheckpointStore(Path(path).parent).latest()
         # nothing lost or trained twice: the step count is exact, the model matches an uninterrupted run
         # (world sizes changed between fragments: equal up to float summation order, stated tolerance 1e-3)
-        ref = reference_model(tmp_path, name)
+        ref = reference_model(tmp_path / f"ref-{name}", name)
         assert final.step == (600 if name == "img" else 200)
         diff = max(float((final.model[k] - ref[k]).abs().max()) for k in ref)
         assert diff < 1e-3, f"{name}: max parameter difference {diff}"

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from parsl_bft.train.checkpoint import CheckpointStore, load_checkpoint
-from parsl_bft.train.fragment import FragmentConfig, FragmentFailed, run_fragment, train_rank
+from parsl_bft.train.fragment import FragmentConfig, FragmentFailed, run_fragment, run_gang_rank, train_rank
 
 
 def cfg(d, **kw):
@@ -40,6 +40,33 @@ def test_two_fragments_equal_one_bit_for_bit_on_two_ranks(tmp_path):
     assert (r.world_size, r.start_step, r.end_step, r.samples_done) == (2, 4, 8, 8 * 32)
     a, b = model_of(one), model_of(two)
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_gang_of_one_rank_tasks_trains_exactly_like_one_launcher(tmp_path, monkeypatch):
+    """Ranks placed one per node by an executor meet through the rendezvous file and train the same steps."""
+    one, gang = tmp_path / "one", tmp_path / "gang"
+    run_fragment(cfg(one, steps=6, world_size=2))
+    monkeypatch.setenv("PARSL_BFT_NODE", "n7")
+    rdzv = str(gang / ".rdzv-x")
+    gang.mkdir()
+    out = {}
+
+    def rank(r):
+        out[r] = run_gang_rank(cfg(gang, steps=6, world_size=2, timeout_s=30), r, rdzv)
+    ts = [threading.Thread(target=rank, args=(r,)) for r in (1, 0)]      # rank 1 first: it waits for rank 0
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(60)
+    assert out[1] is None and (out[0].world_size, out[0].end_step) == (2, 6)
+    assert (gang / ".rdzv-x.node0").read_text() == "n7"
+    a, b = model_of(one), model_of(gang)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_gang_rank_without_rank_zero_gives_up_with_a_clear_error(tmp_path):
+    with pytest.raises(FragmentFailed, match="rank 0 did not start within 1 s"):
+        run_gang_rank(cfg(tmp_path, steps=1, world_size=2, timeout_s=1), 1, str(tmp_path / ".rdzv-y"))
 
 
 def test_world_size_change_continues_the_same_training(tmp_path):

@@ -1,5 +1,6 @@
 """PBS Pro back end on PBS-format command output (no PBS server installs here)."""
 import time
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -33,6 +34,9 @@ def test_parsers():
     jobs = {j.job_id: j for j in parse_qstat(QSTAT)}
     assert jobs["1002.polaris-pbs-01"].estimated_start == 1795291800 and jobs["1002.polaris-pbs-01"].nodes == 3
     assert jobs["1004.polaris-pbs-01"].exit_status == 271
+    run = jobs["1001.polaris-pbs-01"]                           # where a running job is, and until when
+    assert run.node == "x3001c0s1b0n0"
+    assert run.end == datetime(2026, 11, 21, 17, 40).timestamp() + 3600
     assert parse_qsub("1010.polaris-pbs-01\n") == "1010.polaris-pbs-01"
     with pytest.raises(ValueError, match="no job id"):
         parse_qsub("qsub: Unknown queue\n")
@@ -41,7 +45,7 @@ def test_parsers():
 def test_holes_and_pilot_script(tmp_path):
     calls = []
     cmd = PBSCommands(canned(calls))
-    holes = find_holes(cmd, "preemptable")
+    holes = find_holes(cmd)
     assert [h.node for h in holes] == ["x3001c0s1b1n0", "x3001c0s7b0n0"] and holes[0].until == 1795291800
     prov = PBSPilotProvider("preemptable", account="proj", select="1:ncpus=64:ngpus=4", commands=cmd,
                             script_dir=str(tmp_path), scheduler_options=["-l filesystems=home:eagle"])
@@ -54,6 +58,11 @@ def test_holes_and_pilot_script(tmp_path):
                  "#PBS -A proj", "#PBS -l filesystems=home:eagle"):
         assert line in script
     assert any(c[0] == "qsub" for c in calls)
+    # a queued job planned to start within the lead time claims its nodes back (estimated.exec_vnode)
+    assert prov.claimed(60, now=1795291800 - 30) == {"x3001c0s1b0n0", "x3001c0s1b1n0", "x3001c0s7b0n0"}
+    assert prov.claimed(60, now=1795291800 - 600) == set()
+    assert prov.where(["1001.polaris-pbs-01", "1007.polaris-pbs-01"]) == {
+        "1001.polaris-pbs-01": ("x3001c0s1b0n0", datetime(2026, 11, 21, 17, 40).timestamp() + 3600)}
 
 
 def test_finished_pilots_are_timeout_or_scaled_in_never_failed_for_reclaims(tmp_path):

@@ -115,3 +115,21 @@ def test_cli_simulate_json_and_plot(tmp_path, shared_data):
         assert k in d
     assert d["config"]["nodes"] == 128 and d["span_s"] == pytest.approx(7200)
     assert png.stat().st_size > 10_000
+
+
+def test_controller_books_follow_where_the_executor_put_ranks():
+    from parsl_bft.control import Controller
+    specs = [JobSpec("a", "a", 1, 2, 0, 0, 1e9, 0), JobSpec("b", "b", 1, 2, 0, 0, 1e9, 0)]
+    curves = {s.name: ScalingCurve(s.name, {1: 1.0, 2: 1.9}) for s in specs}
+    ctl = Controller(specs, curves, Planner(method="dp", objective="speedup"), model_costs=False)
+    ctl.nodes_joined(["n1", "n2", "n3", "n4", "n5"])
+    ctl.replan(0.0)
+    a, b = ctl.active["a"].state, ctl.active["b"].state
+    assert a.size == b.size == 2
+    free = ({"n1", "n2", "n3", "n4", "n5"} - set(a.nodes) - set(b.nodes)).pop()
+    b_node, a_first = b.nodes[0], a.nodes[0]
+    ctl.bind("a", b_node)                       # a's first rank landed on a node the plan gave b: swap
+    assert b_node in a.nodes and a_first in b.nodes and len(set(a.nodes) | set(b.nodes)) == 4
+    ctl.bind("a", free, confirmed={b_node})     # its second rank on the free node: b keeps its nodes
+    assert set(a.nodes) == {b_node, free} and b.size == 2 and free not in b.nodes
+    assert ctl.nodes_left([b_node]) == ["a"]    # a reclaim now hits the job that really runs there

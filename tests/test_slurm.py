@@ -1,6 +1,8 @@
 """Slurm back end: parsers on recorded output, the provider on canned commands, and a real local Slurm."""
+import json
 import os
 import subprocess
+import sys
 import time
 from datetime import datetime
 from pathlib import Path
@@ -9,14 +11,17 @@ import pytest
 from parsl.jobs.states import JobState
 
 from parsl_bft.execution.slurm import SlurmCommands, SlurmPilotProvider, find_holes
+from parsl_bft.execution.state import StateDB
+from parsl_bft.train.checkpoint import CheckpointStore
 from parsl_bft.execution.slurm.commands import (parse_sacct_c, parse_sbatch, parse_sinfo_nodes,
                                                 parse_squeue_pending, parse_test_only)
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
 
 # recorded on the local 8-node cluster (tools/local-slurm.sh): a 6-node job running, an 8-node job waiting
 SINFO = "n1|alloc\nn2|alloc\nn3|alloc\nn4|alloc\nn5|alloc\nn6|alloc\nn7|plnd\nn8|plnd\n"
-SQUEUE_PD = "2|2026-11-21T18:19:55|8|debug\n"
+SQUEUE_PD = "2|2026-11-21T18:19:55|8|debug|n[1-8]\n"
 TEST_ONLY = "sbatch: Job 3 to start at 2026-11-21T18:18:57 using 4 processors on nodes n7 in partition debug\n"
 SACCT_C = ("JobId=7 UserId=root(0) GroupId=root(0) Name=pilot JobState=TIMEOUT Partition=debug TimeLimit=1 "
            "StartTime=2026-11-21T18:20:00 EndTime=2026-11-21T18:21:03 NodeList=n7 NodeCnt=1\n"
@@ -30,6 +35,7 @@ def test_parsers_on_recorded_output():
     pend = parse_squeue_pending(SQUEUE_PD)
     assert pend[0].job_id == "2" and pend[0].nodes == 8
     assert pend[0].planned_start == datetime.fromisoformat("2026-11-21T18:19:55").timestamp()
+    assert pend[0].sched_nodes == tuple(f"n{i}" for i in range(1, 9))
     assert parse_squeue_pending("5|N/A|2|debug\n")[0].planned_start is None
     assert parse_sbatch("Submitted batch job 42\n") == "42"
     with pytest.raises(ValueError, match="no job id"):
@@ -63,6 +69,8 @@ def test_holes_and_pilot_scripts_on_canned_slurm(tmp_path):
     prov = SlurmPilotProvider("debug", qos="standby", commands=cmd, script_dir=str(tmp_path), notice_s=45)
     assert prov.walltime_minutes(now=start - 10 * 60 - 5) == 10        # the hole: 10 whole minutes
     assert prov.walltime_minutes(now=start - 30) == 1                  # never below --time-min
+    assert prov.claimed(60, now=start - 30) == {f"n{i}" for i in range(1, 9)}   # the head job wants them soon
+    assert prov.claimed(60, now=start - 300) == set()
     jid = prov.submit("process_worker_pool.py --foo", 1, "pilot")
     assert jid == "11"
     script = next(tmp_path.glob("pilot.*.sh")).read_text()
@@ -114,11 +122,11 @@ def wait_for(pred, timeout, step=1.0):
 
 
 @pytest.mark.slurm
-@pytest.mark.timeout(400)
-def test_pilots_soak_a_real_backfill_hole_without_delaying_facility_jobs(slurm, tmp_path):
+@pytest.mark.timeout(300)
+def test_pilots_soak_a_real_backfill_hole(slurm, tmp_path):
     def sbatch(*args):
-        return subprocess.run(["sbatch", "--parsable", "-p", "debug", *args], capture_output=True, text=True,
-                              check=True).stdout.strip().split(";")[0]
+        return subprocess.run(["sbatch", "--parsable", "-p", "debug", "-o", "/dev/null", *args], capture_output=True,
+                              text=True, check=True).stdout.strip().split(";")[0]
     big = sbatch("-N", "6", "-t", "3", "--wrap", "sleep 150")       # the facility's workload ...
     head = sbatch("-N", "8", "-t", "1", "--wrap", "sleep 5")        # ... and a job waiting behind it
     assert wait_for(lambda: slurm.jobs([big])[0].state == "RUNNING", 60)
@@ -127,21 +135,110 @@ def test_pilots_soak_a_real_backfill_hole_without_delaying_facility_jobs(slurm, 
     holes = wait_for(lambda: find_holes(slurm, "debug"), 30)
     assert sorted(h.node for h in holes) == ["n7", "n8"] and holes[0].until == planned
 
-    prov = SlurmPilotProvider("debug", commands=slurm, script_dir=str(tmp_path), walltime_max_min=30, notice_s=30,
-                              poll_s=1)
+    prov = SlurmPilotProvider("backfill", commands=slurm, script_dir=str(tmp_path), walltime_max_min=30,
+                              notice_s=30, poll_s=1)
     assert prov.walltime_minutes() <= 3                              # sized to the hole, not to walltime_max
     pilots = [prov.submit("sleep 600", 1, f"pilot{i}") for i in range(2)]
     running = wait_for(lambda: all(s.state == JobState.RUNNING for s in prov.status(pilots)), 60)
     assert running, [str(s) for s in prov.status(pilots)]
+    assert sorted(n for n, _ in prov.where(pilots).values()) == ["n7", "n8"]
+    assert all(end is not None and end <= planned + 60 for _, end in prov.where(pilots).values())
     prov.cancel([pilots[0]])                                         # parsl-bft gives a node back
     assert prov.status([pilots[0]])[0].state == JobState.SCALED_IN
-    # the other pilot runs into its time limit: reported TIMEOUT (or SCALED_IN), never FAILED
-    end = wait_for(lambda: prov.status([pilots[1]])[0].state not in (JobState.RUNNING, JobState.PENDING), 240, 2)
-    assert end is not None and prov.status([pilots[1]])[0].state in (JobState.TIMEOUT, JobState.SCALED_IN)
-    # the facility's waiting job was not delayed by the pilots: it starts by its planned time (+ Slurm's ~1 min
-    # limit enforcement slack), once the big job ends
-    started = wait_for(lambda: slurm.jobs([head])[0].state in ("RUNNING", "COMPLETED", "COMPLETING")
-                       if slurm.jobs([head]) else True, 240, 2)
-    assert started
-    assert time.time() <= planned + 90
-    assert not [j for j in slurm.jobs(pilots) if j.state in ("RUNNING", "PENDING")]   # no pilot left
+    prov.cancel(pilots)
+    assert wait_for(lambda: not [j for j in slurm.jobs(pilots) if j.state in ("RUNNING", "PENDING")], 30)
+    subprocess.run(["scancel", big, head], check=True)
+
+
+SITE = """name: ci-slurm
+scheduler: slurm
+partition: backfill          # tools/local-slurm.sh's preemptable partition
+node: {{cores: 4, gpus: 0, memory_gb: 1}}
+pilot_walltime: {{min_minutes: 1, max_minutes: 1}}
+interchange_address: 127.0.0.1
+worker_init: "export SLURM_CONF={conf}"
+checkpoint_dir: {state}/checkpoints
+holes: {{poll_seconds: 1, max_pending_seconds: 20, notice_seconds: 20, max_pilots: 4}}
+objective: {{name: proportional, t_fwd_seconds: 20}}
+"""
+IMG_STEPS = 15_000
+
+
+def started(slurm, job_id):
+    """unix time a job started, from the completion log or squeue (None while it waits)."""
+    out = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T|%S"], capture_output=True, text=True).stdout
+    if out.strip():
+        st, t = out.strip().split("|")
+        return datetime.fromisoformat(t).timestamp() if st != "PENDING" else None
+    for line in subprocess.run(["sacct", "-c"], capture_output=True, text=True).stdout.splitlines():
+        if line.split()[:1] == [job_id]:
+            return datetime.fromisoformat(line.split()[7]).timestamp()
+    return None
+
+
+@pytest.mark.slurm
+@pytest.mark.timeout(600)
+def test_training_end_to_end_on_real_slurm_pilots(slurm, tmp_path):
+    """A facility workload leaves holes; pilots soak them; nodes are claimed back by waiting facility jobs,
+    one pilot is killed without notice, pilots run into their time limits; both jobs still finish with the
+    model an uninterrupted run gives; facility jobs never wait for a pilot; no pilot is left."""
+    from orchestrate import reference_model
+    state = tmp_path / "state"
+    site = tmp_path / "site.yaml"
+    site.write_text(SITE.format(conf=os.environ["SLURM_CONF"], state=state))
+    ref = subprocess.Popen([sys.executable, "-c", f"import sys; sys.path.insert(0, {str(ROOT / 'tests')!r});"
+                            "from orchestrate import reference_model as r; "
+                            f"r({str(tmp_path / 'ref-img')!r}, 'img', {IMG_STEPS})"])   # meanwhile, on the side
+
+    def sbatch(*args):
+        return subprocess.run(["sbatch", "--parsable", "-p", "debug", "-o", "/dev/null", *args],
+                              capture_output=True, text=True, check=True).stdout.strip().split(";")[0]
+    big = sbatch("-N", "6", "-t", "2", "--wrap", "sleep 40")        # the facility's workload ...
+    head = sbatch("-N", "8", "-t", "1", "--wrap", "sleep 5")        # ... and a job waiting for all 8 nodes
+    assert wait_for(lambda: slurm.jobs([big])[0].state == "RUNNING", 60)
+    orch = subprocess.Popen([sys.executable, str(ROOT / "tests" / "orchestrate.py"), str(state), "400", str(site),
+                             str(IMG_STEPS)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # the big job ends early: the head job may start at once; the pilots on n7, n8 must give way
+    big_end = wait_for(lambda: time.time() if not slurm.jobs([big]) or slurm.jobs([big])[0].state != "RUNNING"
+                       else None, 120, 0.5)
+    head_start = wait_for(lambda: started(slurm, head), 60, 0.5)
+    assert head_start is not None and head_start - big_end <= 10, (head_start - big_end)
+    # later pilots: kill the one under a training rank outright (no notice), mid-fragment
+    def pilot_under_a_rank():
+        for f in (state / "jobs" / "img").glob(".rdzv-*.node0"):
+            node = f.read_text().strip()
+            out = subprocess.run(["squeue", "-h", "-p", "backfill", "-t", "R", "-w", node, "-o", "%i"],
+                                 capture_output=True, text=True).stdout.split()
+            if node and out:
+                return out[0]
+        return None
+    victim = wait_for(pilot_under_a_rank, 120, 0.3)
+    assert victim is not None
+    time.sleep(2)
+    subprocess.run(["scancel", "--signal=KILL", "--full", victim], check=True)
+    out, err = orch.communicate(timeout=420)
+    assert orch.returncode == 0, err[-3000:]
+    res = json.loads(out.strip().splitlines()[-1])
+
+    db = StateDB(state / "state.sqlite")
+    rows = db.jobs()
+    assert {n: r["status"] for n, r in rows.items()} == {"img": "done", "lm": "done"}
+    assert rows["img"]["samples_done"] == 32 * IMG_STEPS
+    kinds = {d.get("by") for _, _, d in db.events("reclaim")}
+    assert {"notice", "leave"} <= kinds, kinds                      # claimed with notice, and killed without
+    assert not db.events("failed")
+    # every pilot ended as the scheduler's normal end of a hole: cancelled by us or timed out, and none is left
+    ends = {line.split()[0]: line.split()[6] for line in subprocess.run(["sacct", "-c"], capture_output=True,
+            text=True).stdout.splitlines() if "parsl.bft" in line}
+    assert ends and set(ends.values()) <= {"CANCELLED", "TIMEOUT", "COMPLETED"}, ends
+    assert "TIMEOUT" in ends.values() or "COMPLETED" in ends.values(), ends   # some ran into their time limit
+    assert not [j for j in slurm.jobs(list(ends)) if j.state in ("RUNNING", "PENDING")]
+    # the models: exact step counts; equal to uninterrupted training up to float summation order (1e-3)
+    assert ref.wait(timeout=300) == 0
+    for name, steps in (("img", IMG_STEPS), ("lm", 200)):
+        final = CheckpointStore(Path(res["results"][name]).parent).latest()
+        assert final.step == steps
+        want = CheckpointStore(tmp_path / "ref-img").latest().model if name == "img" else \
+            reference_model(tmp_path / "ref-lm", "lm")
+        diff = max(float((final.model[k] - want[k]).abs().max()) for k in want)
+        assert diff < 1e-3, f"{name}: max parameter difference {diff}"

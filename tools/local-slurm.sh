@@ -19,7 +19,9 @@
 #   SLURM_LOCAL_PORT   (default 16817) slurmctld port; slurmd of node ni listens on PORT+1+i (16819..16826
 #                      for 8 nodes); slurmdbd PORT+N+2, mariadbd PORT+N+3 (16827/16828 for 8 nodes)
 #   SLURM_LOCAL_PART_OPTS (default "OverSubscribe=EXCLUSIVE")  extra options of partition "debug"
-#                      (whole-node allocation, like most HPC sites); a 2nd partition "shared" is core-level
+#                      (whole-node allocation, like most HPC sites); a 2nd partition "shared" is core-level;
+#                      a 3rd, "backfill", is preemptable (PriorityTier 1 < 10, PreemptMode=CANCEL, GraceTime=10):
+#                      parsl-bft's pilots go there, so a facility job never waits for one
 #   SLURM_LOCAL_FRESH=1  wipe job/node state on start (slurmctld -c semantics)
 #   SLURM_LOCAL_AUTH   (default munge) munge | none  (none = auth/none + cred/none: no munged needed)
 #   SLURM_LOCAL_DBD=1  also install+run MariaDB (private datadir under state/, TCP on 127.0.0.1) and
@@ -137,6 +139,8 @@ SchedulerParameters=bf_interval=1,bf_resolution=1,bf_continue,sched_interval=1,b
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 PriorityType=priority/basic
+PreemptType=preempt/partition_prio
+PreemptMode=CANCEL
 # --- short timers for CI
 SlurmctldTimeout=30
 SlurmdTimeout=30
@@ -147,8 +151,10 @@ OverTimeLimit=0
 MessageTimeout=10
 # --- N virtual nodes, one slurmd each (Debian's slurmd is built with MULTIPLE_SLURMD), all on this host
 NodeName=n[1-$NNODES] NodeHostname=$HOST NodeAddr=127.0.0.1 Port=$((PORT + 2))-$last CPUs=$CPUS Sockets=1 CoresPerSocket=$CPUS ThreadsPerCore=1 RealMemory=$MEM State=UNKNOWN
-PartitionName=debug  Nodes=n[1-$NNODES] Default=YES MaxTime=INFINITE State=UP $PART_OPTS
-PartitionName=shared Nodes=n[1-$NNODES] Default=NO  MaxTime=INFINITE State=UP
+PartitionName=debug  Nodes=n[1-$NNODES] Default=YES MaxTime=INFINITE State=UP PriorityTier=10 $PART_OPTS
+PartitionName=shared Nodes=n[1-$NNODES] Default=NO  MaxTime=INFINITE State=UP PriorityTier=10
+# preemptable: a waiting job of a higher tier takes these nodes back at once (SIGTERM, GraceTime, then kill)
+PartitionName=backfill Nodes=n[1-$NNODES] Default=NO MaxTime=INFINITE State=UP PriorityTier=1 PreemptMode=CANCEL GraceTime=10 OverSubscribe=EXCLUSIVE
 EOF
   mv "$CONF.tmp" "$CONF"
   cat > "$BASE/env.sh" <<EOF

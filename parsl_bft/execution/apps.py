@@ -1,13 +1,24 @@
-"""The Parsl app that runs one training fragment (imported by Parsl workers, so keep it light)."""
+"""The Parsl apps that run training fragments (imported by Parsl workers, so keep them light)."""
 from __future__ import annotations
 
 
 def fragment_task(cfg: dict, parsl_resource_specification: dict | None = None) -> dict:
-    """Run a fragment of ``cfg["world_size"]`` ranks and return its FragmentResult as a dict.
+    """Run all ``cfg["world_size"]`` ranks of a fragment on this node; returns its FragmentResult as a dict.
 
-    ``parsl_resource_specification`` (e.g. {"num_nodes": n}) is read by Parsl's executors, not by us."""
+    ``parsl_resource_specification`` is read by Parsl's executors, not by us."""
     from dataclasses import asdict
 
     from parsl_bft.train.fragment import FragmentConfig, run_fragment
 
     return asdict(run_fragment(FragmentConfig(**cfg)))
+
+
+def fragment_rank_task(cfg: dict, rank: int, rendezvous: str) -> dict | None:
+    """Run one rank of a fragment whose n ranks are n Parsl tasks on n nodes (see run_gang_rank);
+    rank 0 returns the FragmentResult as a dict, the others None."""
+    from dataclasses import asdict
+
+    from parsl_bft.train.fragment import FragmentConfig, run_gang_rank
+
+    res = run_gang_rank(FragmentConfig(**cfg), rank, rendezvous)
+    return asdict(res) if res is not None else None

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import time
 import uuid
 from concurrent.futures import Future
@@ -45,29 +46,53 @@ class TrainingJob:
                        float(self.samples), 0.0, self.weight)
 
 
+class _Gang:
+    """The n one-rank tasks of a fragment as one future: done when all are, or as soon as one has failed."""
+
+    def __init__(self, futures: list[Future]):
+        self.futures = futures
+
+    def _failed(self) -> Future | None:
+        return next((f for f in self.futures if f.done() and f.exception() is not None), None)
+
+    def done(self) -> bool:
+        return self._failed() is not None or all(f.done() for f in self.futures)
+
+    def result(self) -> dict:
+        failed = self._failed()
+        if failed is not None:
+            raise failed.exception()
+        return self.futures[0].result()
+
+
 @dataclass
 class _Running:
-    future: Future
+    future: Future | _Gang
     size: int
     started: float
     wall_launched: float = 0.0     # unix time
     stop_requested: bool = False
     killed: bool = False           # we killed it (its node was reclaimed): a normal event, not a failure
+    rendezvous: Path | None = None  # a gang: where its ranks meet and say which node they run on
+    placed: set[str] = field(default_factory=set)
+    doomed: set[str] = field(default_factory=set)    # its nodes the facility is taking back
 
 
 class Orchestrator:
     def __init__(self, state_dir: str | Path, pool, planner, *, executor: str = "bft_local",
-                 max_concurrent: int = 10, poll_s: float = 0.2, max_failures: int = 3):
+                 max_concurrent: int = 10, poll_s: float = 0.2, max_failures: int = 3, settle_s: float = 1.5):
         self.dir = Path(state_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.db = StateDB(self.dir / "state.sqlite")
         self.pool, self.planner, self.executor = pool, planner, executor
         self.max_concurrent, self.poll_s, self.max_failures = max_concurrent, poll_s, max_failures
+        self.settle_s = settle_s       # a rescale costs a fragment restart: wait this long for more joins
         self.failures: dict[str, int] = {}     # consecutive failures that were not reclaims
         self.jobs: dict[str, TrainingJob] = {}
         self.curves: dict[str, ScalingCurve] = {}
         self.futures: dict[str, Future] = {}
         self.running: dict[str, _Running] = {}
+        self.gang = getattr(pool, "gang", False)   # one task per rank, placed by the executor
         self.generation = uuid.uuid4().hex[:12]
         self.timeline = Timeline()
         self.pool_node_s = 0.0
@@ -108,8 +133,8 @@ class Orchestrator:
         """Drive every job to completion (or until ``timeout_s``); returns the run's summary."""
         from parsl import python_app
 
-        from .apps import fragment_task
-        self._app = python_app(fragment_task, executors=[self.executor])
+        from .apps import fragment_rank_task, fragment_task
+        self._app = python_app(fragment_rank_task if self.gang else fragment_task, executors=[self.executor])
         pending = [self.jobs[n].spec() for n, f in self.futures.items() if not f.done()]
         ctl = Controller(pending, self.curves, self.planner, max_concurrent=self.max_concurrent, model_costs=False)
         for spec in pending:
@@ -117,7 +142,7 @@ class Orchestrator:
         self.db.event("start", generation=self.generation, jobs=[s.name for s in pending])
         self.pool.start()
         t_start = last = time.monotonic()
-        changed = True
+        changed, joined_at = True, None
         while ctl.active or ctl.waiting:
             now = time.monotonic()
             dt, last = now - last, now
@@ -125,21 +150,27 @@ class Orchestrator:
             for a in ctl.active.values():
                 a.node_seconds += a.state.size * dt
             for ev in self.pool.poll():
-                changed = True
-                if ev.kind == "join":
+                if ev.kind == "join":     # nodes arrive one by one: plan once they have settled
                     ctl.nodes_joined(ev.nodes, [t_start + u for u in ev.until] if ev.until else ())
-                elif ev.kind == "notice":
-                    for a in ctl.active.values():
-                        if set(ev.nodes) & set(a.state.nodes):
-                            self._request_stop(a.name, "reclaim notice")
-                else:
-                    for a in ctl.active.values():
-                        if set(ev.nodes) & set(a.state.nodes) and a.name in self.running:
-                            self._kill(a.name)
-                    for name in ctl.nodes_left(ev.nodes):
-                        self.db.event("reclaim", job=name, nodes=list(ev.nodes))
+                    joined_at = now
+                    continue
+                changed = True
+                # a notice: checkpoint now, and plan without these nodes already; a leave: kill what still runs
+                for a in list(ctl.active.values()):
+                    r = self.running.get(a.name)
+                    if r is not None and set(ev.nodes) & set(a.state.nodes):
+                        r.doomed.update(set(ev.nodes) & set(a.state.nodes))
+                        self._request_stop(a.name, f"reclaim {ev.kind}")
+                if ev.kind == "leave":
+                    for name, r in self.running.items():
+                        if r.doomed & set(ev.nodes):
+                            self._kill(name)
+                for name in ctl.nodes_left(ev.nodes):
+                    self.db.event("reclaim", job=name, nodes=list(ev.nodes), by=ev.kind)
+            self._follow_placement(ctl)
             changed |= self._collect(ctl)
-            if changed:
+            if changed or (joined_at is not None and now - joined_at >= self.settle_s):
+                joined_at = None
                 ctl.replan(now)
                 self._reconcile(ctl)
                 self.timeline.record(now - t_start, ctl, lambda a: a.name)
@@ -155,6 +186,8 @@ class Orchestrator:
         while self.running and time.monotonic() < deadline:
             self._collect(ctl)
             time.sleep(self.poll_s)
+        if hasattr(self.pool, "stop"):
+            self.pool.stop()
         self.db.event("stop", generation=self.generation)
         return self.summary(time.monotonic() - t_start)
 
@@ -168,9 +201,11 @@ class Orchestrator:
         (d / "STOP").unlink(missing_ok=True)
 
     def _kill_pids(self, d: Path) -> None:
-        pids = d / ".ranks.pid"
-        if pids.exists():
-            for pid in pids.read_text().split():
+        for pids in d.glob(".ranks*.pid"):
+            host, *ids = pids.read_text().split() or [""]
+            if host != socket.gethostname():      # ranks on another node: its scheduler ends them with the pilot
+                continue
+            for pid in ids:
                 try:
                     os.kill(int(pid), signal.SIGKILL)
                 except (ProcessLookupError, ValueError):
@@ -183,7 +218,12 @@ class Orchestrator:
         cfg = dict(job=name, workload=job.workload, checkpoint_dir=str(d), world_size=size,
                    global_batch=job.global_batch, total_samples=job.samples, workload_args=job.workload_args,
                    stop_file=str(d / "STOP"), generation=self.generation, timeout_s=30.0)
-        self.running[name] = _Running(self._app(cfg), size, time.monotonic(), time.time())
+        if self.gang:
+            rdzv = d / f".rdzv-{uuid.uuid4().hex[:8]}"
+            self.running[name] = _Running(_Gang([self._app(cfg, r, str(rdzv)) for r in range(size)]), size,
+                                          time.monotonic(), time.time(), rendezvous=rdzv)
+        else:
+            self.running[name] = _Running(self._app(cfg), size, time.monotonic(), time.time())
         self.db.event("launch", job=name, size=size)
 
     def _request_stop(self, name: str, why: str) -> None:
@@ -198,12 +238,28 @@ class Orchestrator:
         self.running[name].killed = True
         self._kill_pids(self.job_dir(name))
 
+    def _follow_placement(self, ctl: Controller) -> None:
+        """A gang's ranks say which node they landed on: the books (who is hit by a reclaim) follow."""
+        for name, r in self.running.items():
+            if r.rendezvous is None or len(r.placed) == r.size or name not in ctl.active:
+                continue
+            for f in r.rendezvous.parent.glob(r.rendezvous.name + ".node*"):
+                node = f.read_text().strip()
+                if node and node not in r.placed:
+                    ctl.bind(name, node, r.placed)
+                    if node in ctl.active[name].state.nodes:
+                        r.placed.add(node)
+
     def _collect(self, ctl: Controller) -> bool:
         changed = False
         for name, r in list(self.running.items()):
             if not r.future.done():
                 continue
             del self.running[name]
+            if r.rendezvous is not None:
+                self._kill_pids(self.job_dir(name))      # peers of a failed rank; nothing if all ended
+                for f in r.rendezvous.parent.glob(r.rendezvous.name + "*"):
+                    f.unlink(missing_ok=True)
             changed = True
             row = self.db.jobs()[name]
             a = ctl.active.get(name)
@@ -225,6 +281,7 @@ class Orchestrator:
                 self.db.upsert(name, asdict(self.jobs[name]), fragments=row["fragments"] + 1,
                                train_node_s=row["train_node_s"] + res["train_s"] * res["world_size"])
             except Exception as e:   # a killed or failed fragment: resume from the last good checkpoint
+                r.killed |= type(e).__name__ == "ManagerLost"     # its node's worker pool died with the node
                 st = CheckpointStore(self.job_dir(name)).latest()
                 done, ckpt = (st.samples_done, None) if st else (0, None)
                 self.db.event("fragment-failed", job=name, error=str(e)[:300], reclaimed=r.killed)

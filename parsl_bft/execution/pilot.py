@@ -35,7 +35,9 @@ class PilotProvider(ExecutionProvider):
             raise ValueError(f"pilot walltime bounds must satisfy 1 <= min <= max, got {walltime_min_min}, "
                              f"{walltime_max_min}")
         self.walltime_min_min, self.walltime_max_min, self.notice_s = walltime_min_min, walltime_max_min, notice_s
-        self.max_pending_s, self.worker_init, self.script_dir = max_pending_s, worker_init, script_dir
+        # absolute: pilot scripts run in whatever directory the scheduler starts them in
+        self.max_pending_s, self.worker_init = max_pending_s, worker_init
+        self.script_dir = str(Path(script_dir).resolve())
         self.nodes_per_block = nodes_per_block
         self.scheduler_options = list(scheduler_options or [])
         self._poll_s = poll_s
@@ -55,6 +57,14 @@ class PilotProvider(ExecutionProvider):
     def script(self, command: str, job_name: str, minutes: int) -> str: ...
 
     @abstractmethod
+    def claimed(self, within_s: float, now: float | None = None) -> set[str]:
+        """Nodes a waiting facility job is planned to start on within ``within_s``: give them back now."""
+
+    @abstractmethod
+    def where(self, job_ids: list[str]) -> dict[str, tuple[str, float | None]]:
+        """job id -> (its node, unix time its walltime ends) for the pilots that run now."""
+
+    @abstractmethod
     def _states(self, job_ids: list[str]) -> dict[str, tuple[str, str]]:
         """job id -> (scheduler state, reason) for the jobs the scheduler still knows."""
 
@@ -71,13 +81,20 @@ class PilotProvider(ExecutionProvider):
         return max(self.walltime_min_min, min(self.walltime_max_min, minutes))
 
     def notice_trap(self, job_id_var: str) -> list[str]:
-        """Shell lines: run the worker in its own process group, pass the scheduler's notice signal on, and end
-        cleanly after a notice - running into the end of a hole is a pilot's normal end."""
+        """Shell lines: run the worker in its own process group; the notice signal (USR1) only marks the pilot
+        (the orchestrator sees the mark and has the fragment checkpoint; the worker keeps serving until then);
+        TERM - the scheduler ending the job - is passed on, so ranks still save what they can, and 3 s later
+        the whole group is killed: nothing may outlive its pilot (on sites without cgroups a process that left
+        the job's process tree would). Running into the end of a hole is a pilot's normal end."""
         mark = f"{self.script_dir}/${job_id_var}.noticed"
-        return [f"trap 'touch {mark}; kill -USR1 -- -$CHILD 2>/dev/null' USR1 TERM",
+        return [f"trap 'touch {mark}' USR1", f"trap 'touch {mark}; kill -TERM -- -$CHILD 2>/dev/null; sleep 3; kill -KILL -- -$CHILD 2>/dev/null' TERM",
                 "CHILD=$!", "wait $CHILD; rc=$?",
                 "while kill -0 $CHILD 2>/dev/null; do wait $CHILD; rc=$?; done",
                 f"[ -e {mark} ] && exit 0", "exit $rc"]
+
+    def noticed(self, job_id: str) -> bool:
+        """Has the scheduler sent this pilot its notice (or begun ending it)?"""
+        return (Path(self.script_dir) / f"{job_id}.noticed").exists()
 
     def submit(self, command: str, tasks_per_node: int, job_name: str = "parsl.bft") -> str:
         d = Path(self.script_dir)
@@ -104,7 +121,7 @@ class PilotProvider(ExecutionProvider):
             elif j in seen:
                 raw, reason = seen[j]
                 state = self.STATES.get(raw, JobState.UNKNOWN)
-                if state == JobState.COMPLETED and (Path(self.script_dir) / f"{j}.noticed").exists():
+                if state == JobState.COMPLETED and self.noticed(j):
                     state = JobState.TIMEOUT          # it ended at its notice: the hole closed
                 out.append(JobStatus(state, reason))
             else:

@@ -1,4 +1,5 @@
-"""Live idle-capacity sources for the runtime. The embedded default: an emulated pool on the local machine.
+"""Live idle-capacity sources for the runtime: pilot jobs on a batch system, or (the embedded default) an
+emulated pool on the local machine.
 
 ``EmulatedPool`` replays idle intervals (a real trace slice, or a pattern) in wall-clock time, ``speedup`` times
 faster. Before every reclaim it sends a notice (``notice_s`` wall seconds ahead, as Slurm's --signal does), then
@@ -8,12 +9,17 @@ node when it leaves.
 from __future__ import annotations
 
 import heapq
+import logging
+import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from parsl.jobs.states import JobState
+
 from ..idle.intervals import IdleIntervals, read_idle_intervals
 
+logger = logging.getLogger(__name__)
 DEMO_TRACE = Path(__file__).resolve().parent.parent / "data" / "demo_idle_intervals.csv"
 
 
@@ -100,3 +106,122 @@ class EmulatedPool:
     @property
     def finished(self) -> bool:
         return not self.repeat and not self._heap and self.elapsed() >= self.duration
+
+
+class PilotPool:
+    """Live idle capacity on a batch system: pilot jobs of an HTEX executor whose provider is a PilotProvider.
+
+    It keeps one pilot per hole (up to ``max_nodes``), launched as Parsl blocks through the executor, so Parsl's
+    own bookkeeping (status polling, cancelling at shutdown) covers them. A node joins once its pilot runs AND
+    its worker pool has connected. It gets a notice when the scheduler signals the pilot, when its walltime ends
+    within ``notice_s``, or when a waiting facility job is planned to start on it: then its pilot is cancelled
+    ``release_s`` later (time to checkpoint), so the facility job does not wait for a pilot. It leaves when the
+    pilot stops running or its worker pool is lost.
+    HTEX decides which node runs which task, so a fragment of n ranks is n one-rank tasks (``gang``) and the
+    orchestrator's books follow where the ranks landed.
+    """
+
+    gang = True
+
+    def __init__(self, executor, *, max_nodes: int = 64, probe_s: float = 5.0, poll_s: float = 1.0,
+                 notice_s: float | None = None, release_s: float = 3.0, clock=time.time):
+        if max_nodes < 1:
+            raise ValueError(f"max_nodes must be >= 1, got {max_nodes}")
+        self.executor, self.provider = executor, executor.provider
+        self.max_nodes, self.probe_s, self.poll_s, self.clock = max_nodes, probe_s, poll_s, clock
+        self.notice_s = float(self.provider.notice_s if notice_s is None else notice_s)
+        self.release_s = release_s
+        self._t0 = clock()
+        self._last_probe = self._last_poll = -math.inf
+        self._nodes: dict[str, str] = {}       # job id -> node, for pilots that joined
+        self._noticed: set[str] = set()
+        self._release: dict[str, float] = {}   # job id -> when we cancel it (a facility job wants its node)
+        self._gone: set[str] = set()           # pilots that ended: never looked at again
+
+    def start(self) -> None:
+        self._t0 = self.clock()
+
+    def elapsed(self) -> float:
+        return self.clock() - self._t0
+
+    def _pilots(self) -> dict[str, str]:
+        return {str(j): str(b) for b, j in list(self.executor.blocks_to_job_id.items()) if str(j) not in self._gone}
+
+    def poll(self) -> list[PoolEvent]:
+        now = self.clock()
+        if now - self._last_poll < self.poll_s:      # the scheduler is asked every poll_s, not every loop
+            return []
+        self._last_poll = now
+        pilots = self._pilots()
+        if now - self._last_probe >= self.probe_s:
+            self._last_probe = now
+            self._soak(pilots)
+            claimed = self.provider.claimed(self.probe_s + self.release_s)
+            for jid, node in self._nodes.items():
+                if node in claimed and jid not in self._release:
+                    self._release[jid] = now + self.release_s
+        due = [j for j, t in self._release.items() if t <= now and j in pilots]
+        if due:
+            self.provider.cancel(due)
+            for j in due:
+                self._release[j] = math.inf
+        where = self.provider.where(list(pilots)) if pilots else {}
+        up = {str(m.get("block_id")) for m in self.executor.connected_managers()}
+        joined, noticed, left = [], [], []
+        for jid, block in pilots.items():
+            running = jid in where and block in up
+            end = where.get(jid, ("", None))[1]
+            if jid in self._nodes:
+                if not running:
+                    left.append(jid)
+                elif jid not in self._noticed and (jid in self._release or self.provider.noticed(jid)
+                                                   or (end is not None and now >= end - self.notice_s)):
+                    noticed.append(jid)
+            elif running:
+                joined.append((jid, where[jid][0], end))
+        for jid in noticed + left:              # no new tasks for its worker pool, dead or about to be
+            self._hold(pilots[jid])
+        w = now - self._t0
+        events = []
+        if noticed:
+            self._noticed.update(noticed)
+            events.append(PoolEvent("notice", tuple(self._nodes[j] for j in noticed), w))
+        if left:
+            events.append(PoolEvent("leave", tuple(self._nodes.pop(j) for j in left), w))
+            self._gone.update(left)
+        if joined:
+            self._nodes.update((j, n) for j, n, _ in joined)
+            events.append(PoolEvent("join", tuple(n for _, n, _ in joined), w,
+                                    tuple(e - self._t0 if e is not None else math.inf for _, _, e in joined)))
+        return events
+
+    def _hold(self, block: str) -> None:
+        """HTEX only learns that a worker pool died when its heartbeats stop; until then it would still send
+        it tasks. Parsl's own scale-in holds blocks this way."""
+        try:
+            self.executor._hold_block(block)
+        except Exception as e:       # a pool that is already gone cannot be held; nothing is lost
+            logger.debug("hold of block %s failed: %s", block, e)
+
+    def _soak(self, pilots: dict[str, str]) -> None:
+        """One pilot per hole not yet covered: holes minus pilots still queued, within max_nodes. Pilots on
+        notice do not count: their replacements start while they wind down."""
+        waiting = [j for j in pilots if j not in self._nodes]
+        live = sum(j not in self._noticed for j in self._nodes)
+        queued = 0
+        for j, st in zip(waiting, self.provider.status(waiting) if waiting else []):
+            if st.terminal:
+                self._gone.add(j)
+            else:
+                live += 1
+                queued += st.state == JobState.PENDING
+        n = min(len(self.provider.holes()) - queued, self.max_nodes - live)
+        if n > 0:
+            self.executor.scale_out_facade(n)
+
+    def stop(self) -> None:
+        """Give every node back: cancel all pilots (also those still queued)."""
+        ids = list(self._pilots())
+        if ids:
+            self.provider.cancel(ids)
+        self._gone.update(ids)

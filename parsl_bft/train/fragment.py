@@ -269,40 +269,45 @@ def train_rank(cfg: FragmentConfig) -> FragmentResult | None:
     return res
 
 
-def _free_port() -> int:
+def _free_port(host: str = "") -> int:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((host, 0))
         return s.getsockname()[1]
 
 
-def run_fragment(cfg: FragmentConfig, *, env: dict | None = None) -> FragmentResult:
-    """Start ``cfg.world_size`` ranks as local processes, wait, and return rank 0's result.
+def run_fragment(cfg: FragmentConfig, *, env: dict | None = None, ranks: list[int] | None = None,
+                 master: tuple[str, int] | None = None) -> FragmentResult | None:
+    """Start ranks of the fragment as local processes, wait, and return rank 0's result.
 
+    By default all ``cfg.world_size`` ranks run here. A gang spread over nodes runs ``ranks`` (this node's share)
+    against ``master`` (rank 0's host and port); it returns None unless it ran rank 0.
     If any rank dies, the others are killed at once and FragmentFailed names it; no checkpoint is written by
     a failed fragment, so the job resumes from the last good one. SIGTERM / SIGUSR1 sent to this process are
     passed to the ranks (the reclaim notice).
     """
+    ranks = list(range(cfg.world_size)) if ranks is None else list(ranks)
+    addr, port = master or ("127.0.0.1", _free_port("127.0.0.1"))
     workdir = Path(cfg.checkpoint_dir)
     workdir.mkdir(parents=True, exist_ok=True)
     result = workdir / f".result-{os.getpid()}-{time.monotonic_ns()}.json"
     cfg_file = result.with_suffix(".cfg.json")
     cfg_file.write_text(json.dumps({**asdict(cfg), "result_path": str(result)}))
-    port = str(_free_port())
-    procs, logs = [], [result.with_suffix(f".rank{r}.log") for r in range(cfg.world_size)]
-    for r in range(cfg.world_size):
-        e = {**os.environ, **(env or {}), "RANK": str(r), "WORLD_SIZE": str(cfg.world_size), "LOCAL_RANK": str(r),
-             "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}
-        procs.append(_Rank(str(cfg_file), e, str(logs[r])))
+    procs, logs = [], [result.with_suffix(f".rank{r}.log") for r in ranks]
+    for i, r in enumerate(ranks):
+        e = {**os.environ, **(env or {}), "RANK": str(r), "WORLD_SIZE": str(cfg.world_size), "LOCAL_RANK": str(i),
+             "MASTER_ADDR": addr, "MASTER_PORT": str(port)}
+        procs.append(_Rank(str(cfg_file), e, str(logs[i])))
 
     pending: list[int] = []
 
     def forward(signum, frame):  # noqa: ARG001
         pending.append(signum)
-    ready = [Path(f"{result}.ready{r}") for r in range(cfg.world_size)]
+    ready = [Path(f"{result}.ready{r}") for r in ranks]
     old = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGUSR1)} \
         if _in_main_thread() else {}
-    pids = workdir / ".ranks.pid"      # lets an orchestrator kill the ranks of a reclaimed node, or stale ones
-    pids.write_text(" ".join(str(p.pid) for p in procs))
+    # lets an orchestrator kill the ranks of a reclaimed node, or stale ones
+    pids = workdir / (".ranks.pid" if len(ranks) == cfg.world_size else f".ranks-{ranks[0]}.pid")
+    pids.write_text(" ".join([socket.gethostname(), *(str(p.pid) for p in procs)]))   # pids mean nothing elsewhere
     try:
         while any(p.poll() is None for p in procs):
             # a rank that has not installed its handlers yet would die of the signal: wait until all have
@@ -326,11 +331,12 @@ def run_fragment(cfg: FragmentConfig, *, env: dict | None = None) -> FragmentRes
                     p.kill()
             for p in procs:
                 p.wait()
-            r = min((i for i, c in enumerate(codes) if c not in (None, 0)), key=lambda i: (codes[i] >= 0, i))
-            code = codes[r]
-            err = logs[r].read_text(errors="replace").strip().splitlines()
-            raise FragmentFailed(f"fragment of {cfg.job}: rank {r} exited with {code}"
+            i = min((i for i, c in enumerate(codes) if c not in (None, 0)), key=lambda i: (codes[i] >= 0, i))
+            err = logs[i].read_text(errors="replace").strip().splitlines()
+            raise FragmentFailed(f"fragment of {cfg.job}: rank {ranks[i]} exited with {codes[i]}"
                                  f"{': ' + err[-1] if err else ''}")
+        if 0 not in ranks:
+            return None
         if not result.exists():
             raise FragmentFailed(f"fragment of {cfg.job}: rank 0 wrote no result")
         return FragmentResult(**json.loads(result.read_text()))
@@ -342,6 +348,35 @@ def run_fragment(cfg: FragmentConfig, *, env: dict | None = None) -> FragmentRes
                 p.kill()
         for f in [result, cfg_file, pids, *ready, *logs]:
             f.unlink(missing_ok=True)
+
+
+def node_name() -> str:
+    """This node, named as the scheduler names it (the pool's node ids)."""
+    return (os.environ.get("PARSL_BFT_NODE") or os.environ.get("SLURMD_NODENAME")
+            or socket.gethostname().split(".")[0])
+
+
+def run_gang_rank(cfg: FragmentConfig, rank: int, rendezvous: str) -> FragmentResult | None:
+    """One rank of a fragment whose ranks were placed by the executor, one per node.
+
+    Writes ``<rendezvous>.node<rank>`` (where it runs: the orchestrator's books follow the executor's placement);
+    rank 0 publishes its host and a free port in ``<rendezvous>`` (shared file system), the others wait for it
+    up to ``cfg.timeout_s``."""
+    Path(f"{rendezvous}.node{rank}").write_text(node_name())
+    rdzv = Path(rendezvous)
+    if rank == 0:
+        host = socket.gethostname()
+        tmp = rdzv.with_name(rdzv.name + ".tmp")
+        tmp.write_text(json.dumps([host, _free_port()]))
+        os.replace(tmp, rdzv)
+    deadline = time.monotonic() + cfg.timeout_s
+    while not rdzv.exists():
+        if time.monotonic() > deadline:
+            raise FragmentFailed(f"fragment of {cfg.job}: rank 0 did not start within {cfg.timeout_s:.0f} s "
+                                 f"(no {rdzv})")
+        time.sleep(0.1)
+    host, port = json.loads(rdzv.read_text())
+    return run_fragment(cfg, ranks=[rank], master=(host, int(port)))
 
 
 _CTX = None

@@ -38,6 +38,9 @@ class PBSJob:
     estimated_start: float | None
     exit_status: int | None
     comment: str
+    node: str = ""              # first host of exec_host, once it runs
+    end: float | None = None    # stime + walltime: when PBS takes the nodes back
+    planned_nodes: tuple[str, ...] = ()   # queued: estimated.exec_vnode, where the scheduler plans to run it
 
 
 def _time(v) -> float | None:
@@ -75,10 +78,22 @@ def parse_qstat(text: str) -> list[PBSJob]:
         rl = j.get("Resource_List", {})
         nodes = int(rl.get("nodect", 0) or 0) or _select_nodes(rl.get("select", ""))
         est = (j.get("estimated") or {}).get("start_time")
+        vnodes = re.findall(r"\(([^:)]+)", str((j.get("estimated") or {}).get("exec_vnode", "")))
         es = j.get("Exit_status")
+        host = str(j.get("exec_host", "")).split("+")[0].split("/")[0]
+        stime, wall = _time(j.get("stime")), _hms(rl.get("walltime", ""))
         out.append(PBSJob(jid, j.get("job_state", "?"), j.get("queue", ""), nodes, _time(est),
-                          int(es) if es is not None else None, j.get("comment", "")))
+                          int(es) if es is not None else None, j.get("comment", ""), host,
+                          stime + wall if stime is not None and wall is not None else None, tuple(vnodes)))
     return out
+
+
+def _hms(v: str) -> float | None:
+    try:
+        parts = [float(x) for x in str(v).split(":")]
+    except ValueError:
+        return None
+    return sum(x * 60 ** i for i, x in enumerate(reversed(parts))) if parts else None
 
 
 def _select_nodes(select: str) -> int:

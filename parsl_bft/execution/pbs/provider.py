@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import time
 
 from parsl.jobs.states import JobState
 
@@ -9,10 +10,11 @@ from ..pilot import Hole, PilotProvider
 from .commands import PBSCommands
 
 
-def find_holes(cmd: PBSCommands, queue: str | None = None) -> list[Hole]:
-    """Free nodes now, held until the earliest estimated start of a queued job (PBS's backfill plan)."""
+def find_holes(cmd: PBSCommands, mine=()) -> list[Hole]:
+    """Free nodes now, held until the earliest estimated start of a queued job (PBS's backfill plan; any queue,
+    not our own pilots)."""
     idle = [n.name for n in cmd.nodes() if n.usable]
-    starts = [j.estimated_start for j in cmd.queued() if j.estimated_start is not None]
+    starts = [j.estimated_start for j in cmd.queued() if j.estimated_start is not None and j.job_id not in mine]
     until = min(starts) if starts else math.inf
     return [Hole(n, until) for n in idle]
 
@@ -38,7 +40,12 @@ class PBSPilotProvider(PilotProvider):
         return "pbs_pilot"
 
     def holes(self) -> list[Hole]:
-        return find_holes(self.cmd, self.queue)
+        return find_holes(self.cmd, self.submitted)
+
+    def claimed(self, within_s: float, now: float | None = None) -> set[str]:
+        soon = (time.time() if now is None else now) + within_s
+        return {n for j in self.cmd.queued() if j.job_id not in self.submitted and j.estimated_start is not None
+                and j.estimated_start <= soon for n in j.planned_nodes}
 
     def script(self, command: str, job_name: str, minutes: int) -> str:
         opts = [f"-N {job_name}", f"-q {self.queue}", f"-l select={self.select}",
@@ -47,6 +54,9 @@ class PBSPilotProvider(PilotProvider):
         lines = ["#!/bin/bash", *[f"#PBS {o}" for o in opts + self.scheduler_options], self.worker_init,
                  f"setsid {command} &", *self.notice_trap("PBS_JOBID")]
         return "\n".join(line for line in lines if line) + "\n"
+
+    def where(self, job_ids: list[str]) -> dict[str, tuple[str, float | None]]:
+        return {j.job_id: (j.node, j.end) for j in self.cmd.jobs(job_ids) if j.state == "R" and j.node}
 
     def _states(self, job_ids: list[str]) -> dict[str, tuple[str, str]]:
         out = {}

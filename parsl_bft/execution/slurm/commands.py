@@ -30,13 +30,15 @@ class PendingRecord:
     planned_start: float | None     # unix time Slurm's backfill plans to start it; None when unknown
     nodes: int
     partition: str
+    sched_nodes: tuple[str, ...] = ()   # the nodes backfill plans to start it on (squeue %Y)
 
 
 @dataclass(frozen=True)
 class JobRecord:
     job_id: str
     state: str                      # PENDING, RUNNING, COMPLETED, CANCELLED, TIMEOUT, PREEMPTED, FAILED, ...
-    reason: str
+    reason: str                     # why it waits; the node list once it runs
+    end: float | None = None        # unix time its time limit ends (running jobs)
 
 
 def parse_time(text: str) -> float | None:
@@ -63,8 +65,22 @@ def parse_sinfo_nodes(text: str) -> list[NodeRecord]:
     return out
 
 
+def expand_hostlist(text: str) -> tuple[str, ...]:
+    """Slurm's compressed host lists: 'n[1-3,5],gpu07' -> ('n1', 'n2', 'n3', 'n5', 'gpu07')."""
+    out: list[str] = []
+    for prefix, ranges, plain in re.findall(r"([^,\[\]]+)\[([^\]]*)\]|([^,\[\]]+)", text.strip()):
+        if plain:
+            out.append(plain)
+            continue
+        for part in ranges.split(","):
+            lo, _, hi = part.partition("-")
+            width = len(lo)
+            out += [f"{prefix}{i:0{width}d}" for i in range(int(lo), int(hi or lo) + 1)]
+    return tuple(n for n in out if n and n not in ("(null)", "N/A"))
+
+
 def parse_squeue_pending(text: str) -> list[PendingRecord]:
-    """``squeue -h -t PD -o %i|%S|%D|%P``."""
+    """``squeue -h -t PD -o %i|%S|%D|%P|%Y``."""
     out = []
     for line in text.splitlines():
         parts = [x.strip() for x in line.split("|")]
@@ -74,17 +90,19 @@ def parse_squeue_pending(text: str) -> list[PendingRecord]:
             nodes = int(parts[2])
         except ValueError:
             nodes = 1
-        out.append(PendingRecord(parts[0], parse_time(parts[1]), nodes, parts[3]))
+        out.append(PendingRecord(parts[0], parse_time(parts[1]), nodes, parts[3],
+                                 expand_hostlist(parts[4]) if len(parts) > 4 else ()))
     return out
 
 
 def parse_squeue_jobs(text: str) -> list[JobRecord]:
-    """``squeue -h -j IDS -o %i|%T|%R``."""
+    """``squeue -h -j IDS -o %i|%T|%R|%e``."""
     out = []
     for line in text.splitlines():
         parts = [x.strip() for x in line.split("|")]
         if len(parts) >= 2:
-            out.append(JobRecord(parts[0], parts[1], parts[2] if len(parts) > 2 else ""))
+            out.append(JobRecord(parts[0], parts[1], parts[2] if len(parts) > 2 else "",
+                                 parse_time(parts[3]) if len(parts) > 3 else None))
     return out
 
 
@@ -125,13 +143,13 @@ class SlurmCommands(SchedulerCommands):
         return parse_sinfo_nodes(self._run(["sinfo", "-h", "-N", "-p", partition, "-o", "%N|%t"])[0])
 
     def pending(self, partition: str | None = None) -> list[PendingRecord]:
-        argv = ["squeue", "-h", "-t", "PD", "-o", "%i|%S|%D|%P"] + (["-p", partition] if partition else [])
+        argv = ["squeue", "-h", "-t", "PD", "-o", "%i|%S|%D|%P|%Y"] + (["-p", partition] if partition else [])
         return parse_squeue_pending(self._run(argv)[0])
 
     def jobs(self, job_ids: list[str]) -> list[JobRecord]:
         if not job_ids:
             return []
-        out, _ = self._run(["squeue", "-h", "-t", "all", "-j", ",".join(job_ids), "-o", "%i|%T|%R"], ok_codes=(0, 1))
+        out, _ = self._run(["squeue", "-h", "-t", "all", "-j", ",".join(job_ids), "-o", "%i|%T|%R|%e"], ok_codes=(0, 1))
         return parse_squeue_jobs(out)
 
     def finished(self) -> list[JobRecord]:

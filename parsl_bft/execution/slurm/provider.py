@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import time
 
 from parsl.jobs.states import JobState
 
@@ -9,12 +10,12 @@ from ..pilot import Hole, PilotProvider
 from .commands import SlurmCommands
 
 
-def find_holes(cmd: SlurmCommands, partition: str) -> list[Hole]:
-    """Idle nodes now, and how long they stay idle: until the earliest planned start of a pending job in the
-    partition (squeue --start), which is when backfill will want them back. Conservative: all idle nodes are
-    assumed needed at that time."""
+def find_holes(cmd: SlurmCommands, partition: str, mine=()) -> list[Hole]:
+    """Idle nodes of the partition now, and how long they stay idle: until the earliest planned start of a
+    pending job (squeue --start; any partition, not our own pilots), which is when backfill will want them back.
+    Conservative: all idle nodes are assumed needed at that time."""
     idle = [n.name for n in cmd.nodes(partition) if n.usable]
-    starts = [p.planned_start for p in cmd.pending(partition) if p.planned_start is not None]
+    starts = [p.planned_start for p in cmd.pending() if p.planned_start is not None and p.job_id not in mine]
     until = min(starts) if starts else math.inf
     return [Hole(n, until) for n in idle]
 
@@ -42,7 +43,12 @@ class SlurmPilotProvider(PilotProvider):
         return "slurm_pilot"
 
     def holes(self) -> list[Hole]:
-        return find_holes(self.cmd, self.partition)
+        return find_holes(self.cmd, self.partition, self.submitted)
+
+    def claimed(self, within_s: float, now: float | None = None) -> set[str]:
+        soon = (time.time() if now is None else now) + within_s
+        return {n for p in self.cmd.pending() if p.job_id not in self.submitted and p.planned_start is not None
+                and p.planned_start <= soon for n in p.sched_nodes}
 
     def script(self, command: str, job_name: str, minutes: int) -> str:
         opts = [f"--job-name={job_name}", f"--partition={self.partition}", f"--nodes={self.nodes_per_block}",
@@ -53,6 +59,10 @@ class SlurmPilotProvider(PilotProvider):
         lines = ["#!/bin/bash", *[f"#SBATCH {o}" for o in opts + self.scheduler_options], self.worker_init,
                  f"setsid {command} &", *self.notice_trap("SLURM_JOB_ID")]
         return "\n".join(line for line in lines if line) + "\n"
+
+    def where(self, job_ids: list[str]) -> dict[str, tuple[str, float | None]]:
+        return {r.job_id: (r.reason, r.end) for r in self.cmd.jobs(job_ids)
+                if r.state.startswith("RUNNING") and r.reason}
 
     def _states(self, job_ids: list[str]) -> dict[str, tuple[str, str]]:
         seen = {r.job_id: (r.state.split()[0].rstrip("+"), r.reason) for r in self.cmd.jobs(job_ids)}
