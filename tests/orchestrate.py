@@ -1,7 +1,8 @@
 """A small orchestrated run, started as a separate process by the tests (so it can be killed and restarted).
 
-usage: python tests/orchestrate.py STATE_DIR [TIMEOUT_S [SITE.yaml [IMG_STEPS]]]
-Without a site file: the embedded default on a fast emulated pattern; with one: that site's pilots.
+usage: python tests/orchestrate.py STATE_DIR [TIMEOUT_S [SITE.yaml | two-sites [IMG_STEPS]]]
+Without a site file: the embedded default on a fast emulated pattern; with one: that site's pilots;
+"two-sites": two local sites, the first reclaimed for good early on.
 """
 import json
 import sys
@@ -9,6 +10,7 @@ import sys
 import parsl
 
 from parsl_bft.execution import EmulatedPool, Orchestrator, TrainingJob, local_config
+from parsl_bft.execution.config import ensure_venv_on_path
 from parsl_bft.planner import Planner
 from parsl_bft.train.checkpoint import CheckpointStore
 from parsl_bft.train.fragment import FragmentConfig, train_rank
@@ -37,7 +39,35 @@ def _run(orch, timeout_s, img_steps=600):
     print(json.dumps({"summary": summary, "results": results}), flush=True)
 
 
+def two_sites(state_dir: str, timeout_s: float, img_steps: int) -> None:
+    """Site "a" (2 nodes) is idle for the first 25 s only; site "b" (2 nodes) from 12 s on. One executor each."""
+    from parsl.config import Config
+    from parsl.executors import HighThroughputExecutor
+    from parsl.providers import LocalProvider
+
+    from parsl_bft.execution.pool import MultiPool, Site
+    from parsl_bft.idle.intervals import IdleIntervals
+    from parsl_bft.planner.multisite import MultiSitePlanner
+
+    def pool(start, end):
+        return EmulatedPool(IdleIntervals.build(["node0", "node1"], [0, 1], [start] * 2, [end] * 2, 0.0, 600.0),
+                            speedup=1.0, notice_s=2.0)
+    htex = [HighThroughputExecutor(label=f"site_{n}", address="127.0.0.1", max_workers_per_node=2,
+                                   cpu_affinity="none", provider=LocalProvider(init_blocks=1, max_blocks=1))
+            for n in "ab"]
+    sites = MultiPool({"a": Site(pool(0.0, 25.0), "site_a"), "b": Site(pool(12.0, 600.0), "site_b")})
+    with parsl.load(Config(executors=htex, run_dir=f"{state_dir}/runinfo", retries=0, strategy="none")):
+        planner = MultiSitePlanner(Planner(method="milp", objective="throughput", t_fwd=20.0), move_s=30.0)
+        orch = Orchestrator(state_dir, sites, planner)
+        fut = orch.submit(jobs(img_steps)[0])
+        summary = orch.run(timeout_s=timeout_s)
+        print(json.dumps({"summary": summary, "results": {"img": fut.result() if fut.done() else None}}), flush=True)
+
+
 def main(state_dir: str, timeout_s: float = 300.0, site: str | None = None, img_steps: int = 600) -> None:
+    if site == "two-sites":
+        ensure_venv_on_path()
+        return two_sites(state_dir, timeout_s, img_steps)
     if site:
         from parsl_bft.execution.session import training_session
         with training_session(state_dir, site) as orch:

@@ -83,3 +83,27 @@ def test_jobs_survive_reclaims_and_an_orchestrator_crash(tmp_path):
         diff = max(float((final.model[k] - ref[k]).abs().max()) for k in ref)
         assert diff < 1e-3, f"{name}: max parameter difference {diff}"
     assert 0 < out["summary"]["train_share"] <= 1.0
+
+
+@pytest.mark.timeout(600)
+def test_a_job_reclaimed_at_one_site_finishes_at_the_other_from_its_checkpoint(tmp_path):
+    """Two sites, one executor each; site a is reclaimed for good; the job's checkpoint is staged to site b."""
+    state = tmp_path / "state"
+    p = subprocess.run([sys.executable, str(HERE / "orchestrate.py"), str(state), "300", "two-sites", "4000"],
+                       capture_output=True, text=True, timeout=400)
+    assert p.returncode == 0, p.stderr[-3000:]
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    db = StateDB(state / "state.sqlite")
+    assert db.jobs()["img"]["status"] == "done"
+    sites = [d.get("site") for _, _, d in db.events("launch")]
+    assert sites[0] == "a" and sites[-1] == "b", sites
+    (_, _, stage), = db.events("stage")
+    moved = CheckpointStore(state / "sites" / "b" / "jobs" / "img").paths()
+    assert stage["to"] == "b" and Path(stage["checkpoint"]).parent == state / "sites" / "b" / "jobs" / "img"
+    staged_step = int(Path(stage["checkpoint"]).stem.split("-")[1])
+    assert staged_step > 0, "the job trained at site a before it moved"
+    final = CheckpointStore(Path(out["results"]["img"]).parent).latest()
+    assert Path(out["results"]["img"]).parent == moved[0].parent and final.step == 4000
+    ref = reference_model(tmp_path / "ref", "img", 4000)
+    diff = max(float((final.model[k] - ref[k]).abs().max()) for k in ref)
+    assert diff < 1e-3, f"max parameter difference {diff}"

@@ -199,3 +199,28 @@ def test_bad_input_is_named():
     job = JobState(JobSpec("a", "m", 1, 8, 0, 0, 1), curve("m", 0), ("gone",))
     with pytest.raises(ValueError, match="outside the idle pool"):
         Planner().plan([job], ["n0"])
+
+
+def test_multisite_plans_one_site_per_job_and_moves_when_it_pays():
+    from parsl_bft.planner.multisite import MultiSitePlanner, site_of
+    specs = {n: JobSpec(n, n, 1, 4, 10, 10, 1e9, 0) for n in ("x", "y")}
+    curve = ScalingCurve("c", {1: 100.0, 2: 195.0, 3: 285.0, 4: 370.0})
+    pool = ["a:n1", "a:n2", "b:n1", "b:n2", "b:n3"]
+    x = JobState(specs["x"], curve, nodes=("a:n1", "a:n2"))
+    y = JobState(specs["y"], curve)
+    msp = MultiSitePlanner(Planner(method="milp", objective="throughput", t_fwd=600.0), move_s=30.0)
+    plan = msp.plan([x, y], pool)
+    for name, nodes in plan.allocation.items():
+        assert len({site_of(n) for n in nodes}) <= 1, (name, nodes)      # never split over sites
+    assert plan.allocation["x"] == ("a:n1", "a:n2")                        # moving would not pay: stays
+    assert {site_of(n) for n in plan.allocation["y"]} == {"b"} and plan.sizes["y"] == 3
+    # site a is reclaimed: x (now holding nothing) continues at b, sharing it with y
+    x.nodes, y.nodes = (), plan.allocation["y"]
+    plan = msp.plan([x, y], ["b:n1", "b:n2", "b:n3"])
+    assert plan.sizes["x"] >= 1 and {site_of(n) for n in plan.allocation["x"]} == {"b"}
+    assert plan.sizes["x"] + plan.sizes["y"] == 3
+    # a bigger site appears: with a long horizon a job moves there
+    x.nodes, y.nodes = plan.allocation["x"], plan.allocation["y"]
+    big = ["b:n1", "b:n2", "b:n3"] + [f"c:n{i}" for i in range(8)]
+    plan = msp.plan([x, y], big)
+    assert sum(plan.sizes.values()) == 8 and "moves" in " ".join(plan.notes)

@@ -65,7 +65,7 @@ def test_cli_validate_exit_codes(tmp_path):
     r = subprocess.run([sys.executable, "-m", "parsl_bft.cli", "sites", "show", str(ROOT / "site_configs" /
                                                                                    "local-slurm.yaml")],
                        capture_output=True, text=True)
-    assert r.returncode == 0 and "SlurmPilotProvider(partition='debug'" in r.stdout
+    assert r.returncode == 0 and "SlurmPilotProvider(partition='backfill'" in r.stdout
 
 
 def test_globus_compute_site_builds_the_executor_code(tmp_path):

@@ -22,6 +22,8 @@ from ..control import Controller, Timeline
 from ..jobs import JobSpec
 from ..scaling import ScalingCurve
 from ..train.checkpoint import CheckpointStore
+from ..planner.problem import site_of
+from .pool import MultiPool, Site
 from .state import StateDB
 
 
@@ -76,6 +78,7 @@ class _Running:
     rendezvous: Path | None = None  # a gang: where its ranks meet and say which node they run on
     placed: set[str] = field(default_factory=set)
     doomed: set[str] = field(default_factory=set)    # its nodes the facility is taking back
+    site: str = ""
 
 
 class Orchestrator:
@@ -84,7 +87,9 @@ class Orchestrator:
         self.dir = Path(state_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.db = StateDB(self.dir / "state.sqlite")
-        self.pool, self.planner, self.executor = pool, planner, executor
+        self.pool, self.planner = pool, planner
+        # one site, or several (a MultiPool: node ids 'site:node', one executor per site)
+        self.sites = pool.sites if isinstance(pool, MultiPool) else {"": Site(pool, executor)}
         self.max_concurrent, self.poll_s, self.max_failures = max_concurrent, poll_s, max_failures
         self.settle_s = settle_s       # a rescale costs a fragment restart: wait this long for more joins
         self.failures: dict[str, int] = {}     # consecutive failures that were not reclaims
@@ -92,11 +97,11 @@ class Orchestrator:
         self.curves: dict[str, ScalingCurve] = {}
         self.futures: dict[str, Future] = {}
         self.running: dict[str, _Running] = {}
-        self.gang = getattr(pool, "gang", False)   # one task per rank, placed by the executor
         self.generation = uuid.uuid4().hex[:12]
         self.timeline = Timeline()
         self.pool_node_s = 0.0
-        self._app = None
+        self._apps: dict[str, object] = {}
+        self.job_site: dict[str, str] = {}     # where each job's checkpoints are (the site it last ran at)
         for name, row in self.db.jobs().items():        # a restart: everything the last orchestrator had
             self._add(TrainingJob(**row["spec"]), row)
 
@@ -113,6 +118,7 @@ class Orchestrator:
     def _add(self, job: TrainingJob, row: dict | None) -> Future:
         """Track a job: a new one (``row`` None: persist it) or one found in the state database."""
         self.jobs[job.name] = job
+        self.job_site[job.name] = self.db.meta(f"site:{job.name}") or next(iter(self.sites))
         measured = self.db.meta(f"curve:{job.name}")
         # the guess only until the first measurement: never mix guessed and measured points
         self.curves[job.name] = ScalingCurve(job.name, {int(k): v for k, v in measured.items()} if measured
@@ -125,8 +131,14 @@ class Orchestrator:
             fut.set_result(row["checkpoint"])
         return fut
 
-    def job_dir(self, name: str) -> Path:
-        return self.dir / "jobs" / name
+    def job_dir(self, name: str, site: str | None = None) -> Path:
+        """A job's checkpoints, STOP file and progress at a site (by default: the site it last ran at)."""
+        site = self.job_site[name] if site is None else site
+        return self.dir / "jobs" / name if not site else self.dir / "sites" / site / "jobs" / name
+
+    def _gang(self, site: str) -> bool:
+        """One Parsl task per rank (placed by the executor, one per node), or all ranks in one task."""
+        return getattr(self.sites[site].pool, "gang", False)
 
     # --- the loop ------------------------------------------------------------------------------------
     def run(self, *, progress=None, timeout_s: float | None = None) -> dict:
@@ -134,7 +146,8 @@ class Orchestrator:
         from parsl import python_app
 
         from .apps import fragment_rank_task, fragment_task
-        self._app = python_app(fragment_rank_task if self.gang else fragment_task, executors=[self.executor])
+        self._apps = {name: python_app(fragment_rank_task if self._gang(name) else fragment_task,
+                                       executors=[site.executor]) for name, site in self.sites.items()}
         pending = [self.jobs[n].spec() for n, f in self.futures.items() if not f.done()]
         ctl = Controller(pending, self.curves, self.planner, max_concurrent=self.max_concurrent, model_costs=False)
         for spec in pending:
@@ -211,20 +224,27 @@ class Orchestrator:
                 except (ProcessLookupError, ValueError):
                     pass
 
-    def _launch(self, name: str, size: int) -> None:
+    def _launch(self, name: str, size: int, site: str) -> None:
         job = self.jobs[name]
+        if site != self.job_site[name]:      # the job moves: its newest good checkpoint goes with it
+            staged = CheckpointStore(self.job_dir(name)).stage_to(self.job_dir(name, site))
+            self.db.event("stage", job=name, to=site, checkpoint=str(staged) if staged else None)
+            self.job_site[name] = site
+            self.db.set_meta(f"site:{name}", site)
+            self._fence(name)
         d = self.job_dir(name)
         (d / "STOP").unlink(missing_ok=True)
         cfg = dict(job=name, workload=job.workload, checkpoint_dir=str(d), world_size=size,
                    global_batch=job.global_batch, total_samples=job.samples, workload_args=job.workload_args,
                    stop_file=str(d / "STOP"), generation=self.generation, timeout_s=30.0)
-        if self.gang:
+        app = self._apps[site]
+        if self._gang(site):
             rdzv = d / f".rdzv-{uuid.uuid4().hex[:8]}"
-            self.running[name] = _Running(_Gang([self._app(cfg, r, str(rdzv)) for r in range(size)]), size,
-                                          time.monotonic(), time.time(), rendezvous=rdzv)
+            self.running[name] = _Running(_Gang([app(cfg, r, str(rdzv)) for r in range(size)]), size,
+                                          time.monotonic(), time.time(), rendezvous=rdzv, site=site)
         else:
-            self.running[name] = _Running(self._app(cfg), size, time.monotonic(), time.time())
-        self.db.event("launch", job=name, size=size)
+            self.running[name] = _Running(app(cfg), size, time.monotonic(), time.time(), site=site)
+        self.db.event("launch", job=name, size=size, **({"site": site} if site else {}))
 
     def _request_stop(self, name: str, why: str) -> None:
         r = self.running.get(name)
@@ -245,6 +265,7 @@ class Orchestrator:
                 continue
             for f in r.rendezvous.parent.glob(r.rendezvous.name + ".node*"):
                 node = f.read_text().strip()
+                node = f"{r.site}:{node}" if node and r.site else node
                 if node and node not in r.placed:
                     ctl.bind(name, node, r.placed)
                     if node in ctl.active[name].state.nodes:
@@ -330,7 +351,7 @@ class Orchestrator:
                 self._request_stop(a.name, f"rescale {r.size} -> {want}")
                 self.db.upsert(a.name, asdict(self.jobs[a.name]), rescales=row["rescales"] + 1)
             elif r is None and want > 0:
-                self._launch(a.name, want)
+                self._launch(a.name, want, site_of(a.state.nodes[0]))
             self.db.upsert(a.name, asdict(self.jobs[a.name]), status="running" if want else "waiting", size=want,
                            node_s=a.node_seconds)
 

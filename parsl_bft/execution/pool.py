@@ -225,3 +225,35 @@ class PilotPool:
         if ids:
             self.provider.cancel(ids)
         self._gone.update(ids)
+
+
+@dataclass
+class Site:
+    """One site of a multi-site run: its idle pool and the label of the Parsl executor that runs on it."""
+
+    pool: object
+    executor: str
+
+
+class MultiPool:
+    """Several sites' pools as one: node ids become ``site:node`` (what ``planner.multisite`` expects);
+    the orchestrator runs each fragment through the executor of the site its nodes belong to."""
+
+    def __init__(self, sites: dict[str, Site]):
+        bad = [s for s in sites if not s or ":" in s]
+        if bad or not sites:
+            raise ValueError(f"site names must be non-empty and free of ':', got {list(sites) or 'none'}")
+        self.sites = sites
+
+    def start(self) -> None:
+        for s in self.sites.values():
+            s.pool.start()
+
+    def poll(self) -> list[PoolEvent]:
+        return [PoolEvent(e.kind, tuple(f"{name}:{n}" for n in e.nodes), e.wall, e.until)
+                for name, s in self.sites.items() for e in s.pool.poll()]
+
+    def stop(self) -> None:
+        for s in self.sites.values():
+            if hasattr(s.pool, "stop"):
+                s.pool.stop()

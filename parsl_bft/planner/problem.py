@@ -10,6 +10,11 @@ from ..jobs import JobSpec
 from ..scaling import ScalingCurve
 
 
+def site_of(node: str) -> str:
+    """Node ids of a multi-site pool are 'site:node'; single-site ids have no site ('')."""
+    return node.split(":", 1)[0] if ":" in node else ""
+
+
 @dataclass
 class JobState:
     """A job as the planner sees it at one instant."""

@@ -21,6 +21,7 @@ import json
 import os
 import random
 import re
+import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -289,4 +290,23 @@ class CheckpointStore:
                 return load_checkpoint(p)
             except CheckpointError as e:
                 self.skipped.append(e)
+        return None
+
+    def stage_to(self, directory: str | Path) -> Path | None:
+        """Copy the newest checkpoint that verifies into another directory (another site's file system),
+        atomically; returns its path there, None when there is nothing to copy. How a job moves between sites."""
+        for p in self.paths():
+            try:
+                load_checkpoint(p)
+            except CheckpointError as e:
+                self.skipped.append(e)
+                continue
+            dst = CheckpointStore(directory, keep=self.keep).dir / p.name
+            if not dst.exists():
+                tmp = dst.with_name(f".{p.name}.tmp-{os.getpid()}")
+                shutil.copyfile(p, tmp)
+                with open(tmp, "rb+") as f:
+                    os.fsync(f.fileno())
+                os.replace(tmp, dst)
+            return dst
         return None
