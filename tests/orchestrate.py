@@ -13,7 +13,7 @@ from parsl_bft.execution import EmulatedPool, Orchestrator, TrainingJob, local_c
 from parsl_bft.execution.config import ensure_venv_on_path
 from parsl_bft.planner import Planner
 from parsl_bft.train.checkpoint import CheckpointStore
-from parsl_bft.train.fragment import FragmentConfig, train_rank
+from parsl_bft.train.fragment import FragmentConfig, run_fragment, train_rank
 
 IMG = dict(workload="images", global_batch=32, workload_args={"n": 512})
 LM = dict(workload="lm", global_batch=16, workload_args={"n_chars": 20_000})
@@ -25,10 +25,11 @@ def jobs(img_steps: int = 600) -> list[TrainingJob]:
             TrainingJob("lm", samples=16 * LM_STEPS, min_nodes=1, max_nodes=2, rate_guess=300.0, **LM)]
 
 
-def reference_model(directory, job: str, img_steps: int = 600) -> dict:
-    """The same job trained without interruption on one rank."""
+def reference_model(directory, job: str, img_steps: int = 600, world_size: int = 1) -> dict:
+    """The same job trained without interruption (on ``world_size`` ranks)."""
     kw = dict(IMG, steps=img_steps) if job == "img" else dict(LM, steps=LM_STEPS)
-    train_rank(FragmentConfig(job=job, checkpoint_dir=str(directory), fsync=False, **kw))
+    cfg = FragmentConfig(job=job, checkpoint_dir=str(directory), fsync=False, world_size=world_size, **kw)
+    train_rank(cfg) if world_size == 1 else run_fragment(cfg)
     return CheckpointStore(directory).latest().model
 
 
