@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import warnings
 from pathlib import Path
@@ -172,7 +173,25 @@ def cmd_run(args) -> int:
     if not path.exists():
         print(f"parsl-bft run: error: no such workflow file: {path}", file=sys.stderr)
         return 2
-    sys.argv = [str(path), *args.args]
+    rest, sites = [], list(args.site or [])
+    it = iter(args.args)
+    for a in it:                      # --site may also follow the workflow (parsl-bft run W.py --site S.yaml)
+        if a == "--site":
+            sites.append(next(it, ""))
+        elif a.startswith("--site="):
+            sites.append(a.split("=", 1)[1])
+        else:
+            rest.append(a)
+    if sites:
+        from .sites import SiteError, load_site
+        try:
+            names = [load_site(s).name for s in sites]
+        except SiteError as e:
+            print(f"parsl-bft run: error: {e}", file=sys.stderr)
+            return 2
+        os.environ["PARSL_BFT_SITE"] = os.pathsep.join(str(Path(s).resolve()) for s in sites)
+        _console().print(f"sites: {', '.join(names)}")
+    sys.argv = [str(path), *rest]
     sys.path.insert(0, str(path.resolve().parent))
     runpy.run_path(str(path), run_name="__main__")
     return 0
@@ -232,6 +251,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.set_defaults(func=cmd_demo)
 
     r = sub.add_parser("run", help="run a workflow file (Python, using parsl_bft's API)")
+    r.add_argument("--site", action="append", help="site file (repeat for several sites; default: the embedded "
+                   "default, this machine); the workflow's training_session() picks it up")
     r.add_argument("workflow")
     r.add_argument("args", nargs=argparse.REMAINDER, help="passed to the workflow as sys.argv[1:]")
     r.set_defaults(func=cmd_run)

@@ -156,7 +156,7 @@ def config_code(site: Site) -> str:
             f"endpoint_id={str(site.globus_compute_endpoint)!r}))], retries=0)\n")
     if site.scheduler == "local":
         return ("from parsl_bft.execution.config import local_config\n\n"
-                f"config = local_config(workers={max(site.node.cores, 1)})\n")
+                f"config = local_config(workers={max(site.node.cores, 1)}, label={label!r})\n")
     w = site.pilot_walltime
     if site.scheduler == "slurm":
         provider = (f"SlurmPilotProvider(partition={site.partition!r}, qos={site.preemptable_qos!r}, "

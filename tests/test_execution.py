@@ -109,3 +109,24 @@ def test_a_job_reclaimed_at_one_site_finishes_at_the_other_from_its_checkpoint(t
     assert {m["world"] for m in final.metrics} == {2}
     ref = reference_model(tmp_path / "ref", "img", 4000, world_size=2)
     assert all(torch.equal(final.model[k], ref[k]) for k in ref)
+
+
+@pytest.mark.timeout(300)
+def test_cli_runs_a_workflow_on_two_sites(tmp_path):
+    """`parsl-bft run WORKFLOW --site A --site B`: one executor per site, the multi-site planner, a trained model."""
+    root = HERE.parent
+    b = tmp_path / "b.yaml"
+    b.write_text((root / "site_configs" / "local.yaml").read_text().replace("name: local", "name: local-b"))
+    p = subprocess.run([sys.executable, "-m", "parsl_bft.cli", "run", str(root / "workflows" / "language_model.py"),
+                        "--site", str(root / "site_configs" / "local.yaml"), "--site", str(b)],
+                       capture_output=True, text=True, timeout=280, cwd=tmp_path)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "sites: local, local-b" in p.stdout
+    final = tmp_path / p.stdout.strip().splitlines()[-1]
+    assert final.exists() and CheckpointStore(final.parent).latest().samples_done >= 8_000
+    db = StateDB(tmp_path / "bft-state" / "language_model" / "state.sqlite")
+    assert {d["site"] for _, _, d in db.events("launch")} <= {"local", "local-b"}
+    assert final.parent.parent.parent.parent.name == "sites"          # .../sites/<site>/jobs/my-lm/ckpt-*.h5
+    bad = subprocess.run([sys.executable, "-m", "parsl_bft.cli", "run", str(root / "workflows" / "language_model.py"),
+                          "--site", str(tmp_path / "missing.yaml")], capture_output=True, text=True, cwd=tmp_path)
+    assert bad.returncode == 2 and "missing.yaml: no such site file" in bad.stderr

@@ -15,7 +15,7 @@ def ensure_venv_on_path() -> None:
         os.environ["PATH"] = bindir + os.pathsep + os.environ.get("PATH", "")
 
 
-def local_config(workers: int = 8, run_dir: str = "runinfo"):
+def local_config(workers: int = 8, run_dir: str = "runinfo", label: str = LOCAL_LABEL):
     """HighThroughputExecutor on a LocalProvider: one block, ``workers`` fragment slots. Parsl retries are off:
     a reclaimed or failed fragment is a normal event the orchestrator handles (resume from the checkpoint)."""
     from parsl.config import Config
@@ -24,7 +24,7 @@ def local_config(workers: int = 8, run_dir: str = "runinfo"):
 
     ensure_venv_on_path()
     return Config(
-        executors=[HighThroughputExecutor(label=LOCAL_LABEL, address="127.0.0.1", max_workers_per_node=workers,
+        executors=[HighThroughputExecutor(label=label, address="127.0.0.1", max_workers_per_node=workers,
                                           cpu_affinity="none", heartbeat_period=2, heartbeat_threshold=10,
                                           provider=LocalProvider(init_blocks=1, min_blocks=1, max_blocks=1))],
         run_dir=run_dir, retries=0, strategy="none", initialize_logging=False,

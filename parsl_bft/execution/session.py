@@ -4,7 +4,7 @@
         fut = trainer.submit(TrainingJob("cnn", ...))
         trainer.run()
 
-``parsl-bft run WORKFLOW.py --site SITE.yaml`` sets $PARSL_BFT_SITE for the workflow.
+``parsl-bft run WORKFLOW.py --site A.yaml [--site B.yaml]`` sets $PARSL_BFT_SITE for the workflow.
 """
 from __future__ import annotations
 
@@ -45,17 +45,33 @@ def make_planner(site: Site):
 
 
 @contextmanager
-def training_session(state_dir: str | Path, site: Site | str | Path | None = None, **orchestrator_kw):
+def training_session(state_dir: str | Path, site=None, **orchestrator_kw):
+    """Load the Parsl config of one site - or of several (a list, or $PARSL_BFT_SITE with paths separated by
+    ':'): then one executor per site, a MultiPool and the multi-site planner - and yield an Orchestrator."""
     import parsl
+    from parsl.config import Config
 
     from .config import ensure_venv_on_path
     from .orchestrator import Orchestrator
+    from .pool import MultiPool, Site as PoolSite
 
-    site = current_site(site)
+    if site is None and os.environ.get("PARSL_BFT_SITE"):
+        site = os.environ["PARSL_BFT_SITE"].split(os.pathsep)
+    sites = [current_site(s) for s in (site if isinstance(site, (list, tuple)) else [site])]
+    if len({s.name for s in sites}) < len(sites):
+        raise ValueError(f"site names must differ within a run: {[s.name for s in sites]}")
     ensure_venv_on_path()          # pilots inherit PATH: their worker pools start from this environment
-    config = build_config(site)
-    config.run_dir = str(Path(state_dir).resolve() / "runinfo")     # pilot scripts and notice marks live there
+    configs = [build_config(s) for s in sites]
+    first = configs[0]
+    config = Config(executors=[c.executors[0] for c in configs], retries=first.retries, strategy=first.strategy,
+                    initialize_logging=first.initialize_logging,
+                    run_dir=str(Path(state_dir).resolve() / "runinfo"))   # pilot scripts and notice marks live there
     with parsl.load(config) as dfk:
-        label = config.executors[0].label
-        pool = make_pool(site, dfk.executors[label])
-        yield Orchestrator(state_dir, pool, make_planner(site), executor=label, **orchestrator_kw)
+        labels = [c.executors[0].label for c in configs]
+        pools = [make_pool(s, dfk.executors[label]) for s, label in zip(sites, labels)]
+        if len(sites) == 1:
+            yield Orchestrator(state_dir, pools[0], make_planner(sites[0]), executor=labels[0], **orchestrator_kw)
+            return
+        from ..planner.multisite import MultiSitePlanner
+        multi = MultiPool({s.name: PoolSite(p, label) for s, p, label in zip(sites, pools, labels)})
+        yield Orchestrator(state_dir, multi, MultiSitePlanner(make_planner(sites[0])), **orchestrator_kw)
