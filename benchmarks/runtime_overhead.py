@@ -23,9 +23,10 @@ def main() -> None:
         joins = db.events("launch")
     out = {"fragments": len(lat), "launch_to_training_p50_s": statistics.median(lat) if lat else None,
            "launch_to_training_max_s": max(lat) if lat else None, "train_share": summary["train_share"],
-           "wall_s": summary["wall_s"], "launches": len(joins)}
+           "wall_s": summary["wall_s"], "warm_up_s": summary["warm_up_s"], "launches": len(joins)}
     print(f"fragments {out['fragments']}, launch -> training p50 {out['launch_to_training_p50_s']:.2f} s "
-          f"(max {out['launch_to_training_max_s']:.2f} s); held node-time spent training {out['train_share']:.1%}")
+          f"(max {out['launch_to_training_max_s']:.2f} s); held node-time spent training {out['train_share']:.1%} "
+          f"(goal > 90 %); workers warmed up before the pool started: {out['warm_up_s']:.1f} s")
     print(json.dumps(out))
 
 

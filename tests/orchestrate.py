@@ -20,8 +20,12 @@ LM = dict(workload="lm", global_batch=16, workload_args={"n_chars": 20_000})
 LM_STEPS = 200
 
 
-def jobs(img_steps: int = 600) -> list[TrainingJob]:
-    return [TrainingJob("img", samples=32 * img_steps, min_nodes=1, max_nodes=2, rate_guess=3000.0, **IMG),
+EMULATED_IMG_STEPS = 6000
+
+
+def jobs(img_steps: int = 600, img_max_nodes: int = 2) -> list[TrainingJob]:
+    return [TrainingJob("img", samples=32 * img_steps, min_nodes=1, max_nodes=img_max_nodes, rate_guess=3000.0,
+                        **IMG),
             TrainingJob("lm", samples=16 * LM_STEPS, min_nodes=1, max_nodes=2, rate_guess=300.0, **LM)]
 
 
@@ -33,8 +37,8 @@ def reference_model(directory, job: str, img_steps: int = 600, world_size: int =
     return CheckpointStore(directory).latest().model
 
 
-def _run(orch, timeout_s, img_steps=600):
-    futs = {j.name: orch.submit(j) for j in jobs(img_steps)}
+def _run(orch, timeout_s, img_steps=600, img_max_nodes=2):
+    futs = {j.name: orch.submit(j) for j in jobs(img_steps, img_max_nodes)}
     summary = orch.run(timeout_s=timeout_s)
     results = {n: f.result() if f.done() else None for n, f in futs.items()}
     print(json.dumps({"summary": summary, "results": results}), flush=True)
@@ -74,10 +78,12 @@ def main(state_dir: str, timeout_s: float = 300.0, site: str | None = None, img_
         with training_session(state_dir, site) as orch:
             _run(orch, timeout_s, img_steps)
         return
-    # two nodes, every 30 s: node0 idle for 10 s, node1 for 20 s; each leaves after a 2 s notice
-    pool = EmulatedPool.pattern(nodes=2, period_s=30.0, cycles=1000, notice_s=2.0)
-    with parsl.load(local_config(workers=4, run_dir=f"{state_dir}/runinfo")):
-        _run(Orchestrator(state_dir, pool, Planner(method="dp", objective="proportional", t_fwd=20.0)), timeout_s)
+    # two nodes, every 12 s: node0 idle for 4 s, node1 for 8 s; each leaves after a 2 s notice. img runs on one
+    # node (so its model must equal uninterrupted training bit for bit), long enough to be reclaimed several times
+    pool = EmulatedPool.pattern(nodes=2, period_s=12.0, cycles=1000, notice_s=2.0)
+    with parsl.load(local_config(workers=3, run_dir=f"{state_dir}/runinfo")):
+        _run(Orchestrator(state_dir, pool, Planner(method="dp", objective="proportional", t_fwd=20.0)), timeout_s,
+             EMULATED_IMG_STEPS, img_max_nodes=1)
 
 
 if __name__ == "__main__":

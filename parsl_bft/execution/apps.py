@@ -22,3 +22,24 @@ def fragment_rank_task(cfg: dict, rank: int, rendezvous: str) -> dict | None:
 
     res = run_gang_rank(FragmentConfig(**cfg), rank, rendezvous)
     return asdict(res) if res is not None else None
+
+
+def warm_up(barrier: str, n: int, timeout_s: float = 120.0) -> str:
+    """Start this worker's rank forkserver (torch and the fragment code imported once) before any node is
+    planned, so the first fragment on it starts in a second. ``n`` of these meet at ``barrier`` (a directory):
+    each waits for the others, so every one of the executor's n workers runs exactly one."""
+    import os
+    import socket
+    import time
+    from pathlib import Path
+
+    from parsl_bft.train.fragment import start_rank_server
+
+    start_rank_server()
+    d = Path(barrier)
+    d.mkdir(parents=True, exist_ok=True)
+    (d / f"{socket.gethostname()}-{os.getpid()}").touch()
+    deadline = time.monotonic() + timeout_s
+    while len(list(d.iterdir())) < n and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return f"{socket.gethostname()}:{os.getpid()}"

@@ -25,6 +25,9 @@ def local_config(workers: int = 8, run_dir: str = "runinfo", label: str = LOCAL_
     ensure_venv_on_path()
     return Config(
         executors=[HighThroughputExecutor(label=label, address="127.0.0.1", max_workers_per_node=workers,
+                                          # a worker only waits for its fragment's rank processes: do not let
+                                          # the core count (cores_per_worker=1) cap the number of fragment slots
+                                          cores_per_worker=0.01,
                                           cpu_affinity="none", heartbeat_period=2, heartbeat_threshold=10,
                                           provider=LocalProvider(init_blocks=1, min_blocks=1, max_blocks=1))],
         run_dir=run_dir, retries=0, strategy="none", initialize_logging=False,

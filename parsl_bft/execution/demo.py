@@ -36,7 +36,7 @@ def run_demo(out: str | Path, *, speedup: float = 30.0, console=None, fresh: boo
     pool = EmulatedPool.demo(speedup=speedup, notice_s=2.0, repeat=True)
     console.print(f"emulated idle pool: {pool.intervals.n_nodes} nodes of ALCF Theta (2022), one hour replayed "
                   f"{speedup:.0f}x faster, reclaim notice 2 s; planner: exact size-choice DP, speedup objective")
-    with parsl.load(local_config(workers=8, run_dir=str(out / "runinfo"))):
+    with parsl.load(local_config(workers=5, run_dir=str(out / "runinfo"))):
         orch = Orchestrator(state, pool, Planner(method="dp", objective="speedup", t_fwd=30.0), max_concurrent=3)
         futures = {j["name"]: orch.submit(TrainingJob(**j)) for j in DEMO_JOBS}
         with Progress(TextColumn("{task.description:>8}"), BarColumn(), TextColumn("{task.percentage:>5.1f}%"),
@@ -57,7 +57,8 @@ def run_demo(out: str | Path, *, speedup: float = 30.0, console=None, fresh: boo
         t.add_row(r["job"], r["status"], f"{r['samples']:,}", str(r["fragments"]), str(r["rescales"]),
                   str(r["reclaims"]), f"{r['node_s']:.0f}", f"{r['e_used']:.2f}")
     console.print(t)
-    console.print(f"held node-time spent training: {summary['train_share']:.1%}; final checkpoints: "
+    console.print(f"held node-time spent training: {summary['train_share']:.1%} (workers warmed up first: "
+                  f"{summary['warm_up_s']:.0f} s); final checkpoints: "
                   + ", ".join(f"{n}: {Path(p).name if p else '-'}" for n, p in results.items()))
     tl = orch.timeline
     plot_allocation(tl.t, tl.idle, tl.held, summary["wall_s"], str(out / "demo.png"),

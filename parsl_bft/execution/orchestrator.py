@@ -100,6 +100,7 @@ class Orchestrator:
         self.generation = uuid.uuid4().hex[:12]
         self.timeline = Timeline()
         self.pool_node_s = 0.0
+        self.warm_up_s = 0.0
         self._apps: dict[str, object] = {}
         self.job_site: dict[str, str] = {}     # where each job's checkpoints are (the site it last ran at)
         for name, row in self.db.jobs().items():        # a restart: everything the last orchestrator had
@@ -153,6 +154,9 @@ class Orchestrator:
         for spec in pending:
             self._fence(spec.name)
         self.db.event("start", generation=self.generation, jobs=[s.name for s in pending])
+        t_warm = time.monotonic()
+        self._warm_up()
+        self.warm_up_s = time.monotonic() - t_warm
         self.pool.start()
         t_start = last = time.monotonic()
         changed, joined_at = True, None
@@ -203,6 +207,33 @@ class Orchestrator:
             self.pool.stop()
         self.db.event("stop", generation=self.generation)
         return self.summary(time.monotonic() - t_start)
+
+    def _warm_up(self) -> None:
+        """Executors whose workers stay (not pilots): start every worker's rank forkserver before the pool
+        does, so no planned node waits seconds for torch to import."""
+        from parsl import python_app
+        from parsl.dataflow.dflow import DataFlowKernelLoader
+
+        from .apps import warm_up
+        futs = []
+        for name, site in self.sites.items():
+            ex = DataFlowKernelLoader.dfk().executors[site.executor]
+            if self._gang(name) or not hasattr(ex, "connected_managers"):
+                continue
+            deadline = time.monotonic() + 60
+            while not ex.connected_managers() and time.monotonic() < deadline:
+                time.sleep(0.2)
+            n = sum(int(m.get("worker_count", 0)) for m in ex.connected_managers())
+            if n < 1:
+                continue
+            barrier = self.dir / "runinfo-warm" / f"{self.generation}-{name or 'local'}"
+            app = python_app(warm_up, executors=[site.executor])
+            futs += [app(str(barrier), n) for _ in range(n)]
+        for f in futs:
+            try:
+                f.result(timeout=180)
+            except Exception as e:          # only a slower first fragment; nothing is lost
+                self.db.event("warm-up-failed", error=str(e)[:200])
 
     # --- fragments -----------------------------------------------------------------------------------
     def _fence(self, name: str) -> None:
@@ -384,5 +415,5 @@ class Orchestrator:
             held += r["node_s"]
             trained += r["train_node_s"]
             work += r["samples_done"] / c.rate(1)
-        return {"wall_s": wall_s, "jobs": rows, "pool_node_s": self.pool_node_s, "held_node_s": held,
+        return {"wall_s": wall_s, "warm_up_s": self.warm_up_s, "jobs": rows, "pool_node_s": self.pool_node_s, "held_node_s": held,
                 "train_share": trained / held if held else 0.0, "e_used": work / held if held else 0.0}

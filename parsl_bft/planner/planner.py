@@ -122,7 +122,7 @@ class Planner:
                                             self.time_limit)
             sizes = {n: len(v) for n, v in alloc.items()}
         if alloc is None:
-            alloc = place(jobs, sizes, pool, self.placement, rem)
+            alloc = place(jobs, sizes, pool, self.placement, remaining)   # known lifetimes: always use them
         rates, costs = {}, {}
         for j in jobs:
             k = sizes[j.name]

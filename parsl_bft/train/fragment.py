@@ -390,8 +390,21 @@ def _rank_context():
     if _CTX is None:
         import multiprocessing as mp
         _CTX = mp.get_context("forkserver")
-        _CTX.set_forkserver_preload(["parsl_bft.train.fragment"])
+        # '__main__' too: otherwise every rank re-runs the parent's main script (for a Parsl worker that is
+        # process_worker_pool.py and all of Parsl) before it starts - about a second per rank here
+        _CTX.set_forkserver_preload(["__main__", "parsl_bft.train.rank_preload"])
     return _CTX
+
+
+def _noop() -> None:
+    pass
+
+
+def start_rank_server() -> None:
+    """Start the forkserver now (and wait until it has imported everything), not at the first fragment."""
+    p = _rank_context().Process(target=_noop)
+    p.start()
+    p.join()
 
 
 def _rank_entry(cfg_file: str, env: dict, log_path: str) -> None:
