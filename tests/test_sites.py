@@ -93,3 +93,12 @@ def test_fragment_through_globus_compute_executor(tmp_path):
         res = app(cfg, parsl_resource_specification={"num_nodes": 1}).result(timeout=120)
     assert res["end_step"] == 3 and Path(res["checkpoint"]).exists()
     assert gce.submitted_specs == [{"num_nodes": 1}]          # resource spec passed through to the endpoint
+
+
+def test_a_globus_compute_site_cannot_be_orchestrated_from_outside(tmp_path):
+    from parsl_bft.execution.session import make_pool
+    from parsl_bft.sites import SiteError
+    p = tmp_path / "gc.yaml"
+    p.write_text(GOOD + "globus_compute_endpoint: 2a7e6a1c-3e3b-4b8a-9a66-0a3b0c5d9f11\n")
+    with pytest.raises(SiteError, match="reached through Globus Compute"):
+        make_pool(load_site(p), executor=None)

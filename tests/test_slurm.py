@@ -1,5 +1,6 @@
 """Slurm back end: parsers on recorded output, the provider on canned commands, and a real local Slurm."""
 import json
+import math
 import os
 import subprocess
 import sys
@@ -8,12 +9,14 @@ from datetime import datetime
 from pathlib import Path
 
 import pytest
-from parsl.jobs.states import JobState
+from parsl.jobs.states import JobState, JobStatus
 
+from parsl_bft.execution.pilot import Hole
+from parsl_bft.execution.pool import PilotPool
 from parsl_bft.execution.slurm import SlurmCommands, SlurmPilotProvider, find_holes
 from parsl_bft.execution.state import StateDB
 from parsl_bft.train.checkpoint import CheckpointStore
-from parsl_bft.execution.slurm.commands import (parse_sacct_c, parse_sbatch, parse_sinfo_nodes,
+from parsl_bft.execution.slurm.commands import (parse_reservations, parse_sacct_c, parse_sbatch, parse_sinfo_nodes,
                                                 parse_squeue_pending, parse_test_only)
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -23,6 +26,10 @@ sys.path.insert(0, str(ROOT / "tests"))
 SINFO = "n1|alloc\nn2|alloc\nn3|alloc\nn4|alloc\nn5|alloc\nn6|alloc\nn7|plnd\nn8|plnd\n"
 SQUEUE_PD = "2|2026-11-21T18:19:55|8|debug|n[1-8]\n"
 TEST_ONLY = "sbatch: Job 3 to start at 2026-11-21T18:18:57 using 4 processors on nodes n7 in partition debug\n"
+RESV = ("ReservationName=maint StartTime=2026-11-21T20:37:48 EndTime=2026-11-21T20:47:48 Duration=00:10:00 "
+        "Nodes=n[1-2] NodeCnt=2 CoreCnt=8 Features=(null) PartitionName=(null) Flags=SPEC_NODES TRES=cpu=8 "
+        "Users=root Groups=(null) Accounts=(null) Licenses=(null) State=INACTIVE BurstBuffer=(null) Watts=n/a "
+        "MaxStartDelay=(null)\n")
 SACCT_C = ("JobId=7 UserId=root(0) GroupId=root(0) Name=pilot JobState=TIMEOUT Partition=debug TimeLimit=1 "
            "StartTime=2026-11-21T18:20:00 EndTime=2026-11-21T18:21:03 NodeList=n7 NodeCnt=1\n"
            "JobId=8 UserId=root(0) GroupId=root(0) Name=pilot JobState=CANCELLED Partition=debug TimeLimit=1\n")
@@ -43,6 +50,9 @@ def test_parsers_on_recorded_output():
     start, where = parse_test_only(TEST_ONLY)
     assert where == "n7" and start == datetime.fromisoformat("2026-11-21T18:18:57").timestamp()
     assert [(r.job_id, r.state) for r in parse_sacct_c(SACCT_C)] == [("7", "TIMEOUT"), ("8", "CANCELLED")]
+    (r,) = parse_reservations(RESV)
+    assert r.nodes == ("n1", "n2") and r.start == datetime.fromisoformat("2026-11-21T20:37:48").timestamp()
+    assert parse_reservations("No reservations in the system\n") == []
 
 
 class Canned:
@@ -242,3 +252,98 @@ def test_training_end_to_end_on_real_slurm_pilots(slurm, tmp_path):
             reference_model(tmp_path / "ref-lm", "lm")
         diff = max(float((final.model[k] - want[k]).abs().max()) for k in want)
         assert diff < 1e-3, f"{name}: max parameter difference {diff}"
+
+
+class FakePilots:
+    """The provider and executor sides PilotPool talks to, driven by the test (no scheduler, no Parsl)."""
+
+    def __init__(self):
+        self.notice_s, self.holes_n, self.running, self.claims, self.marks = 20, 0, {}, set(), set()
+        self.blocks_to_job_id, self.managers, self.cancelled, self.held = {}, set(), [], []
+        self.provider = self
+
+    # provider
+    def holes(self):
+        return [Hole(f"h{i}", math.inf) for i in range(self.holes_n)]
+
+    def where(self, ids):
+        return {j: self.running[j] for j in ids if j in self.running}
+
+    def status(self, ids):
+        return [JobStatus(JobState.RUNNING if j in self.running else JobState.PENDING) for j in ids]
+
+    def claimed(self, within_s, now=None):
+        return self.claims
+
+    def noticed(self, jid):
+        return jid in self.marks
+
+    def cancel(self, ids):
+        self.cancelled += ids
+        for j in ids:
+            self.running.pop(j, None)
+
+    # executor
+    def scale_out_facade(self, n):
+        for _ in range(n):
+            b = str(len(self.blocks_to_job_id))
+            self.blocks_to_job_id[b] = str(100 + int(b))
+
+    def connected_managers(self):
+        return [{"block_id": b} for b in self.managers]
+
+    def _hold_block(self, b):
+        self.held.append(b)
+
+
+def test_pilot_pool_joins_notices_claims_and_replaces_pilots():
+    clock = {"t": 1000.0}
+    fake = FakePilots()
+    pool = PilotPool(fake, max_nodes=2, probe_s=1.0, poll_s=0.0, release_s=3.0, clock=lambda: clock["t"])
+    pool.start()
+
+    def step(dt=1.0):
+        clock["t"] += dt
+        return [(e.kind, e.nodes) for e in pool.poll()]
+    fake.holes_n = 3
+    assert step() == [] and list(fake.blocks_to_job_id.values()) == ["100", "101"]   # max_nodes pilots
+    fake.running["100"] = ("n7", clock["t"] + 120)
+    assert step() == []                                 # running, but its worker pool has not connected
+    fake.managers.add("0")
+    assert step() == [("join", ("n7",))]
+    fake.running["101"] = ("n8", clock["t"] + 30)       # its walltime ends within notice_s (20 s) in 10 s
+    fake.managers.add("1")
+    assert step() == [("join", ("n8",))]
+    assert step(10) == [("notice", ("n8",))] and fake.held == ["1"]
+    # a noticed pilot does not count: a replacement goes to a free hole at once
+    assert len(fake.blocks_to_job_id) == 3
+    # a waiting facility job is planned onto n7: notice now, cancel release_s later, then it leaves
+    fake.claims = {"n7"}
+    assert step() == [("notice", ("n7",))]
+    assert step() == [] and fake.cancelled == []
+    assert step(3) == [("leave", ("n7",))] and fake.cancelled == ["100"]
+    fake.marks.add("102")                               # the scheduler's own signal marks a pilot
+    fake.running["102"] = ("n1", None)
+    fake.managers.add("2")
+    assert step() == [("join", ("n1",))]
+    assert step() == [("notice", ("n1",))] and "2" in fake.held
+    pool.stop()
+    assert set(fake.cancelled) >= {"101", "102"}
+
+
+def test_reservations_end_holes_and_test_only_confirms_pilot_walltime(tmp_path):
+    soon = datetime.fromtimestamp(time.time() + 600).strftime("%Y-%m-%dT%H:%M:%S")
+    later = datetime.fromtimestamp(time.time() + 3600).strftime("%Y-%m-%dT%H:%M:%S")
+    resv = RESV.replace("2026-11-21T20:37:48", soon).replace("Nodes=n[1-2]", "Nodes=n7")
+    answers = {"sinfo": (0, SINFO, ""), "squeue -h -t PD": (0, "", ""),
+               "scontrol show reservation": (0, resv, ""),
+               "sbatch --test-only": (0, "", f"sbatch: Job 3 to start at {later} using 4 processors on nodes n7 "
+                                             "in partition debug\n")}
+    cmd = SlurmCommands(Canned(answers))
+    holes = {h.node: h.until for h in find_holes(cmd, "debug")}
+    assert holes["n8"] == math.inf and holes["n7"] == datetime.fromisoformat(soon).timestamp()
+    prov = SlurmPilotProvider("debug", commands=cmd, script_dir=str(tmp_path), walltime_min_min=2,
+                              walltime_max_min=30)
+    assert prov.walltime_minutes() == 2          # --test-only says a 9-minute pilot would wait an hour: shortest
+    answers["sbatch --test-only"] = (0, "", "")
+    assert prov.walltime_minutes() == 9

@@ -5,11 +5,15 @@ fragments report samples done; a node's reclaim notice becomes a "stop and check
 still runs on a node when it leaves is killed (the fragment fails; the job resumes from its last checkpoint -
 a normal event, no retry is spent). State lives in SQLite, so a restarted orchestrator picks every job up again;
 stale fragments of a dead orchestrator are killed and fenced off (GENERATION file) before anything restarts.
+On pilots (a pool with ``gang``) a fragment is one Parsl task per rank and the books follow where they landed;
+with a MultiPool each site has its executor and checkpoint directory, and a job that moves takes its newest
+good checkpoint along.
 """
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import time
@@ -226,7 +230,7 @@ class Orchestrator:
             n = sum(int(m.get("worker_count", 0)) for m in ex.connected_managers())
             if n < 1:
                 continue
-            barrier = self.dir / "runinfo-warm" / f"{self.generation}-{name or 'local'}"
+            barrier = self.dir / ".warm-up" / f"{self.generation}-{name or 'local'}"
             app = python_app(warm_up, executors=[site.executor])
             futs += [app(str(barrier), n) for _ in range(n)]
         for f in futs:
@@ -234,6 +238,7 @@ class Orchestrator:
                 f.result(timeout=180)
             except Exception as e:          # only a slower first fragment; nothing is lost
                 self.db.event("warm-up-failed", error=str(e)[:200])
+        shutil.rmtree(self.dir / ".warm-up", ignore_errors=True)
 
     # --- fragments -----------------------------------------------------------------------------------
     def _fence(self, name: str) -> None:
@@ -415,5 +420,5 @@ class Orchestrator:
             held += r["node_s"]
             trained += r["train_node_s"]
             work += r["samples_done"] / c.rate(1)
-        return {"wall_s": wall_s, "warm_up_s": self.warm_up_s, "jobs": rows, "pool_node_s": self.pool_node_s, "held_node_s": held,
-                "train_share": trained / held if held else 0.0, "e_used": work / held if held else 0.0}
+        return {"wall_s": wall_s, "warm_up_s": self.warm_up_s, "jobs": rows, "pool_node_s": self.pool_node_s,
+                "held_node_s": held, "train_share": trained / held if held else 0.0, "e_used": work / held if held else 0.0}

@@ -153,9 +153,9 @@ class PilotPool:
             return []
         self._last_poll = now
         pilots = self._pilots()
-        if now - self._last_probe >= self.probe_s:
+        probe = now - self._last_probe >= self.probe_s
+        if probe:
             self._last_probe = now
-            self._soak(pilots)
             claimed = self.provider.claimed(self.probe_s + self.release_s)
             for jid, node in self._nodes.items():
                 if node in claimed and jid not in self._release:
@@ -193,6 +193,8 @@ class PilotPool:
             self._nodes.update((j, n) for j, n, _ in joined)
             events.append(PoolEvent("join", tuple(n for _, n, _ in joined), w,
                                     tuple(e - self._t0 if e is not None else math.inf for _, _, e in joined)))
+        if probe:                                    # after the notices: their replacements start now
+            self._soak({j: b for j, b in pilots.items() if j not in self._gone})
         return events
 
     def _hold(self, block: str) -> None:

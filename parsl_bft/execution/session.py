@@ -12,7 +12,7 @@ import os
 from contextlib import contextmanager
 from pathlib import Path
 
-from ..sites import Emulation, Site, build_config, load_site
+from ..sites import Emulation, Site, SiteError, build_config, load_site
 
 DEFAULT_SITE = Path(__file__).resolve().parent.parent.parent / "site_configs" / "local.yaml"
 
@@ -27,6 +27,11 @@ def make_pool(site: Site, executor):
     """The site's live idle capacity: pilots through its executor, or (local) the emulated pool."""
     from .pool import EmulatedPool, PilotPool
 
+    if site.globus_compute_endpoint:
+        raise SiteError(f"site '{site.name}' is reached through Globus Compute: this process cannot see that "
+                        "machine's idle nodes or files, so it cannot orchestrate training there. Run parsl-bft at "
+                        "the facility with the site file minus globus_compute_endpoint, or send single fragments "
+                        "through the endpoint (docs/globus-compute.md)")
     if site.scheduler == "local":
         emu = site.emulation or Emulation()
         kw = dict(speedup=emu.speedup, notice_s=emu.notice_seconds, repeat=True)

@@ -1,8 +1,9 @@
 """Imported once by the forkserver that training ranks fork from (see fragment._rank_context), so every rank
 starts with this already done: torch, the fragment code, and torch's lazy imports behind
 ``use_deterministic_algorithms`` (about 800 modules, a second per rank otherwise)."""
+import importlib
+
 import torch
 
-import parsl_bft.train.fragment  # noqa: F401 - imported for its side effect: loaded once, here
-
+importlib.import_module("parsl_bft.train.fragment")
 torch.use_deterministic_algorithms(torch.are_deterministic_algorithms_enabled())

@@ -41,6 +41,14 @@ class JobRecord:
     end: float | None = None        # unix time its time limit ends (running jobs)
 
 
+@dataclass(frozen=True)
+class ReservationRecord:
+    name: str
+    start: float | None
+    end: float | None
+    nodes: tuple[str, ...]
+
+
 def parse_time(text: str) -> float | None:
     """Slurm's ISO local time ('2026-11-21T18:19:55'); N/A, Unknown or empty -> None."""
     text = text.strip()
@@ -117,6 +125,17 @@ def parse_sacct_c(text: str) -> list[JobRecord]:
     return out
 
 
+def parse_reservations(text: str) -> list[ReservationRecord]:
+    """``scontrol show reservation -o``: one 'ReservationName=... StartTime=... Nodes=...' line each."""
+    out = []
+    for line in text.splitlines():
+        f = dict(re.findall(r"(\w+)=(\S*)", line))
+        if "ReservationName" in f:
+            out.append(ReservationRecord(f["ReservationName"], parse_time(f.get("StartTime", "")),
+                                         parse_time(f.get("EndTime", "")), expand_hostlist(f.get("Nodes", ""))))
+    return out
+
+
 _SUBMITTED = re.compile(r"Submitted batch job (\d+)")
 _TEST_ONLY = re.compile(r"Job \S+ to start at (\S+) using (\d+) processors on nodes (\S+)")
 
@@ -151,6 +170,9 @@ class SlurmCommands(SchedulerCommands):
             return []
         out, _ = self._run(["squeue", "-h", "-t", "all", "-j", ",".join(job_ids), "-o", "%i|%T|%R|%e"], ok_codes=(0, 1))
         return parse_squeue_jobs(out)
+
+    def reservations(self) -> list[ReservationRecord]:
+        return parse_reservations(self._run(["scontrol", "show", "reservation", "-o"])[0])
 
     def finished(self) -> list[JobRecord]:
         """Jobs that left squeue: from the completion log (works without slurmdbd)."""

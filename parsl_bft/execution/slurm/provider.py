@@ -13,11 +13,18 @@ from .commands import SlurmCommands
 def find_holes(cmd: SlurmCommands, partition: str, mine=()) -> list[Hole]:
     """Idle nodes of the partition now, and how long they stay idle: until the earliest planned start of a
     pending job (squeue --start; any partition, not our own pilots), which is when backfill will want them back.
-    Conservative: all idle nodes are assumed needed at that time."""
+    Conservative: all idle nodes are assumed needed at that time. A reservation that has not begun yet ends
+    the hole of its nodes at its start."""
     idle = [n.name for n in cmd.nodes(partition) if n.usable]
     starts = [p.planned_start for p in cmd.pending() if p.planned_start is not None and p.job_id not in mine]
     until = min(starts) if starts else math.inf
-    return [Hole(n, until) for n in idle]
+    now = time.time()
+    reserved: dict[str, float] = {}                  # a reservation that has not begun takes its nodes then
+    for r in cmd.reservations():
+        if r.start is not None and r.start > now:
+            for n in r.nodes:
+                reserved[n] = min(reserved.get(n, math.inf), r.start)
+    return [Hole(n, min(until, reserved.get(n, math.inf))) for n in idle]
 
 
 class SlurmPilotProvider(PilotProvider):
@@ -44,6 +51,16 @@ class SlurmPilotProvider(PilotProvider):
 
     def holes(self) -> list[Hole]:
         return find_holes(self.cmd, self.partition, self.submitted)
+
+    def walltime_minutes(self, now: float | None = None) -> int:
+        """The hole's length, confirmed with ``sbatch --test-only``: a pilot that would not start now at that
+        length gets the shortest walltime (backfill may still fit it; otherwise it is withdrawn)."""
+        minutes = super().walltime_minutes(now)
+        start, _ = self.cmd.test_only([f"--partition={self.partition}", "--nodes=1", f"--time={minutes}",
+                                       "--exclusive"])
+        if start is not None and start > (time.time() if now is None else now) + 60:
+            return self.walltime_min_min
+        return minutes
 
     def claimed(self, within_s: float, now: float | None = None) -> set[str]:
         soon = (time.time() if now is None else now) + within_s
