@@ -15,7 +15,8 @@ DEMO_JOBS = [
 ]
 
 
-def run_demo(out: str | Path, *, speedup: float = 30.0, console=None, fresh: bool = True) -> dict:
+def run_demo(out: str | Path, *, speedup: float = 30.0, console=None, fresh: bool = True,
+             warm_up: bool = True) -> dict:
     import parsl
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
@@ -37,7 +38,8 @@ def run_demo(out: str | Path, *, speedup: float = 30.0, console=None, fresh: boo
     console.print(f"emulated idle pool: {pool.intervals.n_nodes} nodes of ALCF Theta (2022), one hour replayed "
                   f"{speedup:.0f}x faster, reclaim notice 2 s; planner: exact size-choice DP, speedup objective")
     with parsl.load(local_config(workers=5, run_dir=str(out / "runinfo"))):
-        orch = Orchestrator(state, pool, Planner(method="dp", objective="speedup", t_fwd=30.0), max_concurrent=3)
+        orch = Orchestrator(state, pool, Planner(method="dp", objective="speedup", t_fwd=30.0), max_concurrent=3,
+                            warm_up=warm_up)
         futures = {j["name"]: orch.submit(TrainingJob(**j)) for j in DEMO_JOBS}
         with Progress(TextColumn("{task.description:>8}"), BarColumn(), TextColumn("{task.percentage:>5.1f}%"),
                       TextColumn("{task.fields[nodes]}"), TimeElapsedColumn(), console=console) as bar:

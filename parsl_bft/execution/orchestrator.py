@@ -87,7 +87,8 @@ class _Running:
 
 class Orchestrator:
     def __init__(self, state_dir: str | Path, pool, planner, *, executor: str = "bft_local",
-                 max_concurrent: int = 10, poll_s: float = 0.2, max_failures: int = 3, settle_s: float = 1.5):
+                 max_concurrent: int = 10, poll_s: float = 0.2, max_failures: int = 3, settle_s: float = 1.5,
+                 warm_up: bool = True):
         self.dir = Path(state_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.db = StateDB(self.dir / "state.sqlite")
@@ -96,6 +97,7 @@ class Orchestrator:
         self.sites = pool.sites if isinstance(pool, MultiPool) else {"": Site(pool, executor)}
         self.max_concurrent, self.poll_s, self.max_failures = max_concurrent, poll_s, max_failures
         self.settle_s = settle_s       # a rescale costs a fragment restart: wait this long for more joins
+        self.warm_up = warm_up         # start every local worker's rank forkserver before the pool starts
         self.failures: dict[str, int] = {}     # consecutive failures that were not reclaims
         self.jobs: dict[str, TrainingJob] = {}
         self.curves: dict[str, ScalingCurve] = {}
@@ -159,7 +161,8 @@ class Orchestrator:
             self._fence(spec.name)
         self.db.event("start", generation=self.generation, jobs=[s.name for s in pending])
         t_warm = time.monotonic()
-        self._warm_up()
+        if self.warm_up:
+            self._warm_up()
         self.warm_up_s = time.monotonic() - t_warm
         self.pool.start()
         t_start = last = time.monotonic()
