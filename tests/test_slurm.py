@@ -192,7 +192,6 @@ def test_training_end_to_end_on_real_slurm_pilots(slurm, tmp_path):
     """A facility workload leaves holes; pilots soak them; nodes are claimed back by waiting facility jobs,
     one pilot is killed without notice, pilots run into their time limits; both jobs still finish with the
     model an uninterrupted run gives; facility jobs never wait for a pilot; no pilot is left."""
-    from orchestrate import reference_model
     state = tmp_path / "state"
     site = tmp_path / "site.yaml"
     site.write_text(SITE.format(conf=os.environ["SLURM_CONF"], state=state))
@@ -208,6 +207,21 @@ def test_training_end_to_end_on_real_slurm_pilots(slurm, tmp_path):
     assert wait_for(lambda: slurm.jobs([big])[0].state == "RUNNING", 60)
     orch = subprocess.Popen([sys.executable, str(ROOT / "tests" / "orchestrate.py"), str(state), "400", str(site),
                              str(IMG_STEPS)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _facility_and_faults(slurm, state, orch, big, head)
+        out, err = orch.communicate(timeout=420)
+    finally:
+        if orch.poll() is None:          # never leave an orchestrator submitting pilots behind a failed test
+            orch.kill()
+            orch.wait()
+            ref.kill()
+            subprocess.run(["scancel", "--user", "root"], capture_output=True)
+    assert orch.returncode == 0, err[-3000:]
+    res = json.loads(out.strip().splitlines()[-1])
+    _check_outcome(slurm, state, tmp_path, res, ref, int(head))
+
+
+def _facility_and_faults(slurm, state, orch, big, head):
     # the big job ends early: the head job may start at once; the pilots on n7, n8 must give way
     big_end = wait_for(lambda: time.time() if not slurm.jobs([big]) or slurm.jobs([big])[0].state != "RUNNING"
                        else None, 120, 0.5)
@@ -226,10 +240,10 @@ def test_training_end_to_end_on_real_slurm_pilots(slurm, tmp_path):
     assert victim is not None
     time.sleep(2)
     subprocess.run(["scancel", "--signal=KILL", "--full", victim], check=True)
-    out, err = orch.communicate(timeout=420)
-    assert orch.returncode == 0, err[-3000:]
-    res = json.loads(out.strip().splitlines()[-1])
 
+
+def _check_outcome(slurm, state, tmp_path, res, ref, after_id):
+    from orchestrate import reference_model
     db = StateDB(state / "state.sqlite")
     rows = db.jobs()
     assert {n: r["status"] for n, r in rows.items()} == {"img": "done", "lm": "done"}
@@ -239,7 +253,7 @@ def test_training_end_to_end_on_real_slurm_pilots(slurm, tmp_path):
     assert not db.events("failed")
     # every pilot ended as the scheduler's normal end of a hole: cancelled by us or timed out, and none is left
     ends = {line.split()[0]: line.split()[6] for line in subprocess.run(["sacct", "-c"], capture_output=True,
-            text=True).stdout.splitlines() if "parsl.bft" in line}
+            text=True).stdout.splitlines() if "parsl.bft" in line and int(line.split()[0]) > after_id}
     assert ends and set(ends.values()) <= {"CANCELLED", "TIMEOUT", "COMPLETED"}, ends
     assert "TIMEOUT" in ends.values() or "COMPLETED" in ends.values(), ends   # some ran into their time limit
     assert not [j for j in slurm.jobs(list(ends)) if j.state in ("RUNNING", "PENDING")]
@@ -260,13 +274,15 @@ class FakePilots:
     def __init__(self):
         self.notice_s, self.holes_n, self.running, self.claims, self.marks = 20, 0, {}, set(), set()
         self.blocks_to_job_id, self.managers, self.cancelled, self.held = {}, set(), [], []
-        self.provider = self
+        self.provider, self.busy = self, False
 
     # provider
     def holes(self):
         return [Hole(f"h{i}", math.inf) for i in range(self.holes_n)]
 
     def where(self, ids):
+        if self.busy:
+            raise RuntimeError("squeue: Socket timed out")
         return {j: self.running[j] for j in ids if j in self.running}
 
     def status(self, ids):
@@ -317,6 +333,9 @@ def test_pilot_pool_joins_notices_claims_and_replaces_pilots():
     assert step(10) == [("notice", ("n8",))] and fake.held == ["1"]
     # a noticed pilot does not count: a replacement goes to a free hole at once
     assert len(fake.blocks_to_job_id) == 3
+    fake.busy = True                                    # the scheduler does not answer: nothing left
+    assert step() == []
+    fake.busy = False
     # a waiting facility job is planned onto n7: notice now, cancel release_s later, then it leaves
     fake.claims = {"n7"}
     assert step() == [("notice", ("n7",))]
@@ -347,3 +366,12 @@ def test_reservations_end_holes_and_test_only_confirms_pilot_walltime(tmp_path):
     assert prov.walltime_minutes() == 2          # --test-only says a 9-minute pilot would wait an hour: shortest
     answers["sbatch --test-only"] = (0, "", "")
     assert prov.walltime_minutes() == 9
+
+
+def test_a_failing_squeue_is_an_error_not_an_empty_cluster():
+    from parsl_bft.execution.slurm.commands import SlurmError
+    gone = SlurmCommands(lambda argv: (1, "", "slurm_load_jobs error: Invalid job id specified\n"))
+    assert gone.jobs(["7"]) == []                    # none known any more: really gone
+    busy = SlurmCommands(lambda argv: (1, "", "slurm_load_jobs error: Socket timed out on send/recv operation\n"))
+    with pytest.raises(SlurmError, match="Socket timed out"):
+        busy.jobs(["7"])

@@ -156,7 +156,11 @@ class PilotPool:
         probe = now - self._last_probe >= self.probe_s
         if probe:
             self._last_probe = now
-            claimed = self.provider.claimed(self.probe_s + self.release_s)
+            try:
+                claimed = self.provider.claimed(self.probe_s + self.release_s)
+            except Exception as e:
+                logger.warning("claim check skipped: %s", e)
+                claimed = set()
             for jid, node in self._nodes.items():
                 if node in claimed and jid not in self._release:
                     self._release[jid] = now + self.release_s
@@ -165,8 +169,12 @@ class PilotPool:
             self.provider.cancel(due)
             for j in due:
                 self._release[j] = math.inf
-        where = self.provider.where(list(pilots)) if pilots else {}
-        up = {str(m.get("block_id")) for m in self.executor.connected_managers()}
+        try:
+            where = self.provider.where(list(pilots)) if pilots else {}
+            up = {str(m.get("block_id")) for m in self.executor.connected_managers()}
+        except Exception as e:      # a busy scheduler or interchange: no news is not "every node left"
+            logger.warning("pilot poll skipped: %s", e)
+            return []
         joined, noticed, left = [], [], []
         for jid, block in pilots.items():
             running = jid in where and block in up
@@ -194,7 +202,10 @@ class PilotPool:
             events.append(PoolEvent("join", tuple(n for _, n, _ in joined), w,
                                     tuple(e - self._t0 if e is not None else math.inf for _, _, e in joined)))
         if probe:                                    # after the notices: their replacements start now
-            self._soak({j: b for j, b in pilots.items() if j not in self._gone})
+            try:
+                self._soak({j: b for j, b in pilots.items() if j not in self._gone})
+            except Exception as e:
+                logger.warning("pilot submission skipped: %s", e)
         return events
 
     def _hold(self, block: str) -> None:

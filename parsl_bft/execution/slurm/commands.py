@@ -168,7 +168,12 @@ class SlurmCommands(SchedulerCommands):
     def jobs(self, job_ids: list[str]) -> list[JobRecord]:
         if not job_ids:
             return []
-        out, _ = self._run(["squeue", "-h", "-t", "all", "-j", ",".join(job_ids), "-o", "%i|%T|%R|%e"], ok_codes=(0, 1))
+        argv = ["squeue", "-h", "-t", "all", "-j", ",".join(job_ids), "-o", "%i|%T|%R|%e"]
+        rc, out, err = self.runner(argv)
+        # exit 1 with 'Invalid job id' = none of them is known any more; any other failure (a busy slurmctld
+        # timing out) must not read as "every pilot is gone"
+        if rc != 0 and not (rc == 1 and "Invalid job id" in err):
+            raise self.error(argv, rc, err or out)
         return parse_squeue_jobs(out)
 
     def reservations(self) -> list[ReservationRecord]:
