@@ -50,7 +50,7 @@ def two_sites(state_dir: str, timeout_s: float, img_steps: int) -> None:
     from parsl.executors import HighThroughputExecutor
     from parsl.providers import LocalProvider
 
-    from parsl_bft.execution.pool import MultiPool, Site
+    from parsl_bft.execution.pool import MultiPool, SitePool
     from parsl_bft.idle.intervals import IdleIntervals
     from parsl_bft.planner.multisite import MultiSitePlanner
 
@@ -60,7 +60,7 @@ def two_sites(state_dir: str, timeout_s: float, img_steps: int) -> None:
     htex = [HighThroughputExecutor(label=f"site_{n}", address="127.0.0.1", max_workers_per_node=2,
                                    cpu_affinity="none", provider=LocalProvider(init_blocks=1, max_blocks=1))
             for n in "ab"]
-    sites = MultiPool({"a": Site(pool(0.0, 25.0), "site_a"), "b": Site(pool(12.0, 600.0), "site_b")})
+    sites = MultiPool({"a": SitePool(pool(0.0, 25.0), "site_a"), "b": SitePool(pool(12.0, 600.0), "site_b")})
     with parsl.load(Config(executors=htex, run_dir=f"{state_dir}/runinfo", retries=0, strategy="none")):
         planner = MultiSitePlanner(Planner(method="milp", objective="throughput", t_fwd=20.0), move_s=30.0)
         orch = Orchestrator(state_dir, sites, planner)

@@ -27,7 +27,7 @@ from ..jobs import JobSpec
 from ..scaling import ScalingCurve
 from ..train.checkpoint import CheckpointStore
 from ..planner.problem import site_of
-from .pool import MultiPool, Site
+from .pool import MultiPool, SitePool
 from .state import StateDB
 
 
@@ -94,7 +94,7 @@ class Orchestrator:
         self.db = StateDB(self.dir / "state.sqlite")
         self.pool, self.planner = pool, planner
         # one site, or several (a MultiPool: node ids 'site:node', one executor per site)
-        self.sites = pool.sites if isinstance(pool, MultiPool) else {"": Site(pool, executor)}
+        self.sites = pool.sites if isinstance(pool, MultiPool) else {"": SitePool(pool, executor)}
         self.max_concurrent, self.poll_s, self.max_failures = max_concurrent, poll_s, max_failures
         self.settle_s = settle_s       # a rescale costs a fragment restart: wait this long for more joins
         self.warm_up = warm_up         # start every local worker's rank forkserver before the pool starts

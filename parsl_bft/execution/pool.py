@@ -166,9 +166,12 @@ class PilotPool:
                     self._release[jid] = now + self.release_s
         due = [j for j, t in self._release.items() if t <= now and j in pilots]
         if due:
-            self.provider.cancel(due)
-            for j in due:
-                self._release[j] = math.inf
+            try:
+                self.provider.cancel(due)
+                for j in due:
+                    self._release[j] = math.inf
+            except Exception as e:                   # tried again at the next poll
+                logger.warning("pilot cancel failed: %s", e)
         try:
             where = self.provider.where(list(pilots)) if pilots else {}
             up = {str(m.get("block_id")) for m in self.executor.connected_managers()}
@@ -241,7 +244,7 @@ class PilotPool:
 
 
 @dataclass
-class Site:
+class SitePool:
     """One site of a multi-site run: its idle pool and the label of the Parsl executor that runs on it."""
 
     pool: object
@@ -252,7 +255,7 @@ class MultiPool:
     """Several sites' pools as one: node ids become ``site:node`` (what ``planner.multisite`` expects);
     the orchestrator runs each fragment through the executor of the site its nodes belong to."""
 
-    def __init__(self, sites: dict[str, Site]):
+    def __init__(self, sites: dict[str, SitePool]):
         bad = [s for s in sites if not s or ":" in s]
         if bad or not sites:
             raise ValueError(f"site names must be non-empty and free of ':', got {list(sites) or 'none'}")

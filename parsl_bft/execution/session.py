@@ -58,7 +58,7 @@ def training_session(state_dir: str | Path, site=None, **orchestrator_kw):
 
     from .config import ensure_venv_on_path
     from .orchestrator import Orchestrator
-    from .pool import MultiPool, Site as PoolSite
+    from .pool import MultiPool, SitePool
 
     if site is None and os.environ.get("PARSL_BFT_SITE"):
         site = os.environ["PARSL_BFT_SITE"].split(os.pathsep)
@@ -78,5 +78,5 @@ def training_session(state_dir: str | Path, site=None, **orchestrator_kw):
             yield Orchestrator(state_dir, pools[0], make_planner(sites[0]), executor=labels[0], **orchestrator_kw)
             return
         from ..planner.multisite import MultiSitePlanner
-        multi = MultiPool({s.name: PoolSite(p, label) for s, p, label in zip(sites, pools, labels)})
+        multi = MultiPool({s.name: SitePool(p, label) for s, p, label in zip(sites, pools, labels)})
         yield Orchestrator(state_dir, multi, MultiSitePlanner(make_planner(sites[0])), **orchestrator_kw)
