@@ -45,7 +45,7 @@ def _run(orch, timeout_s, img_steps=600, img_max_nodes=2):
 
 
 def two_sites(state_dir: str, timeout_s: float, img_steps: int) -> None:
-    """Site "a" (2 nodes) is idle for the first 25 s only; site "b" (2 nodes) from 12 s on. One executor each."""
+    """Site "a" (2 nodes) is idle for the first 8 s only; site "b" (2 nodes) from 4 s on. One executor each."""
     from parsl.config import Config
     from parsl.executors import HighThroughputExecutor
     from parsl.providers import LocalProvider
@@ -60,7 +60,7 @@ def two_sites(state_dir: str, timeout_s: float, img_steps: int) -> None:
     htex = [HighThroughputExecutor(label=f"site_{n}", address="127.0.0.1", max_workers_per_node=2,
                                    cpu_affinity="none", provider=LocalProvider(init_blocks=1, max_blocks=1))
             for n in "ab"]
-    sites = MultiPool({"a": SitePool(pool(0.0, 25.0), "site_a"), "b": SitePool(pool(12.0, 600.0), "site_b")})
+    sites = MultiPool({"a": SitePool(pool(0.0, 8.0), "site_a"), "b": SitePool(pool(4.0, 600.0), "site_b")})
     with parsl.load(Config(executors=htex, run_dir=f"{state_dir}/runinfo", retries=0, strategy="none")):
         planner = MultiSitePlanner(Planner(method="milp", objective="throughput", t_fwd=20.0), move_s=30.0)
         orch = Orchestrator(state_dir, sites, planner)
