@@ -190,7 +190,8 @@ class Orchestrator:
                         if r.doomed & set(ev.nodes):
                             self._kill(name)
                 for name in ctl.nodes_left(ev.nodes):
-                    self.db.event("reclaim", job=name, nodes=list(ev.nodes), by=ev.kind)
+                    self.db.event("reclaim", job=name, nodes=list(ev.nodes), by=ev.kind,
+                                  **({"why": ev.why} if ev.why else {}))
             self._follow_placement(ctl)
             changed |= self._collect(ctl)
             if changed or (joined_at is not None and now - joined_at >= self.settle_s):

@@ -29,6 +29,7 @@ class PoolEvent:
     nodes: tuple[str, ...]
     wall: float               # seconds since the pool started
     until: tuple[float, ...] = ()   # join: wall time each node is expected to leave
+    why: str = ""                   # notice: what announced it (walltime, scheduler signal, facility job)
 
 
 class EmulatedPool:
@@ -185,18 +186,22 @@ class PilotPool:
             if jid in self._nodes:
                 if not running:
                     left.append(jid)
-                elif jid not in self._noticed and (jid in self._release or self.provider.noticed(jid)
-                                                   or (end is not None and now >= end - self.notice_s)):
-                    noticed.append(jid)
+                elif jid not in self._noticed:
+                    why = ("a facility job is planned onto it" if jid in self._release else
+                           "scheduler signal" if self.provider.noticed(jid) else
+                           "walltime ends" if end is not None and now >= end - self.notice_s else "")
+                    if why:
+                        noticed.append((jid, why))
             elif running:
                 joined.append((jid, where[jid][0], end))
-        for jid in noticed + left:              # no new tasks for its worker pool, dead or about to be
+        for jid in [j for j, _ in noticed] + left:     # no new tasks for its worker pool, dead or about to be
             self._hold(pilots[jid])
         w = now - self._t0
         events = []
-        if noticed:
-            self._noticed.update(noticed)
-            events.append(PoolEvent("notice", tuple(self._nodes[j] for j in noticed), w))
+        for why in sorted({why for _, why in noticed}):
+            ids = [j for j, y in noticed if y == why]
+            self._noticed.update(ids)
+            events.append(PoolEvent("notice", tuple(self._nodes[j] for j in ids), w, why=why))
         if left:
             events.append(PoolEvent("leave", tuple(self._nodes.pop(j) for j in left), w))
             self._gone.update(left)
