@@ -57,8 +57,8 @@ class PilotProvider(ExecutionProvider):
     def script(self, command: str, job_name: str, minutes: int) -> str: ...
 
     @abstractmethod
-    def claimed(self, within_s: float, now: float | None = None) -> set[str]:
-        """Nodes a waiting facility job is planned to start on within ``within_s``: give them back now."""
+    def waiting(self) -> list[tuple[str, float | None, tuple[str, ...]]]:
+        """The scheduler's waiting jobs: (job id, planned start or None, nodes it is planned on)."""
 
     @abstractmethod
     def where(self, job_ids: list[str]) -> dict[str, tuple[str, float | None]]:
@@ -91,6 +91,13 @@ class PilotProvider(ExecutionProvider):
                 "CHILD=$!", "wait $CHILD; rc=$?",
                 "while kill -0 $CHILD 2>/dev/null; do wait $CHILD; rc=$?; done",
                 f"[ -e {mark} ] && exit 0", "exit $rc"]
+
+    def claimed(self, within_s: float, now: float | None = None) -> set[str]:
+        """Nodes a waiting facility job (not one of our pilots) is planned to start on within ``within_s``:
+        give them back now."""
+        soon = (time.time() if now is None else now) + within_s
+        return {n for jid, start, nodes in self.waiting() if jid not in self.submitted and start is not None
+                and start <= soon for n in nodes}
 
     def noticed(self, job_id: str) -> bool:
         """Has the scheduler sent this pilot its notice (or begun ending it)?"""

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import math
-import time
 
 from parsl.jobs.states import JobState
 
@@ -42,10 +41,8 @@ class PBSPilotProvider(PilotProvider):
     def holes(self) -> list[Hole]:
         return find_holes(self.cmd, self.submitted)
 
-    def claimed(self, within_s: float, now: float | None = None) -> set[str]:
-        soon = (time.time() if now is None else now) + within_s
-        return {n for j in self.cmd.queued() if j.job_id not in self.submitted and j.estimated_start is not None
-                and j.estimated_start <= soon for n in j.planned_nodes}
+    def waiting(self) -> list[tuple[str, float | None, tuple[str, ...]]]:
+        return [(j.job_id, j.estimated_start, j.planned_nodes) for j in self.cmd.queued()]
 
     def script(self, command: str, job_name: str, minutes: int) -> str:
         opts = [f"-N {job_name}", f"-q {self.queue}", f"-l select={self.select}",

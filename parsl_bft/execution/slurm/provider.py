@@ -62,10 +62,8 @@ class SlurmPilotProvider(PilotProvider):
             return self.walltime_min_min
         return minutes
 
-    def claimed(self, within_s: float, now: float | None = None) -> set[str]:
-        soon = (time.time() if now is None else now) + within_s
-        return {n for p in self.cmd.pending() if p.job_id not in self.submitted and p.planned_start is not None
-                and p.planned_start <= soon for n in p.sched_nodes}
+    def waiting(self) -> list[tuple[str, float | None, tuple[str, ...]]]:
+        return [(p.job_id, p.planned_start, p.sched_nodes) for p in self.cmd.pending()]
 
     def script(self, command: str, job_name: str, minutes: int) -> str:
         opts = [f"--job-name={job_name}", f"--partition={self.partition}", f"--nodes={self.nodes_per_block}",
