@@ -48,7 +48,8 @@ class HoleDiscovery(_Strict):
 
 class ObjectiveSpec(_Strict):
     name: Literal["throughput", "speedup", "weighted", "proportional", "maxmin", "deadline"] = "speedup"
-    weights: dict[str, float] = Field(default_factory=dict)
+    weights: dict[str, float] = Field(default_factory=dict, description="per-job weights by job name (the "
+                                      "weighted objective); jobs not named keep TrainingJob.weight")
     t_fwd_seconds: float = Field(default=10.0, gt=0)
 
 

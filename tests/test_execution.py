@@ -134,3 +134,12 @@ def test_cli_runs_a_workflow_on_two_sites(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "parsl_bft.cli", "run", str(root / "workflows" / "language_model.py"),
                           "--site", str(tmp_path / "missing.yaml")], capture_output=True, text=True, cwd=tmp_path)
     assert bad.returncode == 2 and "missing.yaml: no such site file" in bad.stderr
+
+
+def test_site_weights_reach_the_planner_by_job_name(tmp_path):
+    from parsl_bft.execution.orchestrator import Orchestrator, TrainingJob
+    orch = Orchestrator(tmp_path / "s", EmulatedPool.pattern(nodes=1, period_s=10.0, cycles=1), planner=None,
+                        weights={"a": 5.0})
+    orch.submit(TrainingJob("a"))
+    orch.submit(TrainingJob("b", weight=2.0))
+    assert {s.name: s.weight for s in orch.pending_specs()} == {"a": 5.0, "b": 2.0}

@@ -19,7 +19,7 @@ import socket
 import time
 import uuid
 from concurrent.futures import Future
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from ..control import Controller, Timeline
@@ -88,7 +88,7 @@ class _Running:
 class Orchestrator:
     def __init__(self, state_dir: str | Path, pool, planner, *, executor: str = "bft_local",
                  max_concurrent: int = 10, poll_s: float = 0.2, max_failures: int = 3, settle_s: float = 1.5,
-                 warm_up: bool = True):
+                 warm_up: bool = True, weights: dict[str, float] | None = None):
         self.dir = Path(state_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.db = StateDB(self.dir / "state.sqlite")
@@ -98,6 +98,7 @@ class Orchestrator:
         self.max_concurrent, self.poll_s, self.max_failures = max_concurrent, poll_s, max_failures
         self.settle_s = settle_s       # a rescale costs a fragment restart: wait this long for more joins
         self.warm_up = warm_up         # start every local worker's rank forkserver before the pool starts
+        self.weights = dict(weights or {})   # the site admin's per-job weights (weighted objective), by name
         self.failures: dict[str, int] = {}     # consecutive failures that were not reclaims
         self.jobs: dict[str, TrainingJob] = {}
         self.curves: dict[str, ScalingCurve] = {}
@@ -138,6 +139,11 @@ class Orchestrator:
             fut.set_result(row["checkpoint"])
         return fut
 
+    def pending_specs(self) -> list[JobSpec]:
+        """What the planner sees of the jobs not done yet (with the site's weights)."""
+        return [replace(self.jobs[n].spec(), weight=self.weights.get(n, self.jobs[n].weight))
+                for n, f in self.futures.items() if not f.done()]
+
     def job_dir(self, name: str, site: str | None = None) -> Path:
         """A job's checkpoints, STOP file and progress at a site (by default: the site it last ran at)."""
         site = self.job_site[name] if site is None else site
@@ -155,7 +161,7 @@ class Orchestrator:
         from .apps import fragment_rank_task, fragment_task
         self._apps = {name: python_app(fragment_rank_task if self._gang(name) else fragment_task,
                                        executors=[site.executor]) for name, site in self.sites.items()}
-        pending = [self.jobs[n].spec() for n, f in self.futures.items() if not f.done()]
+        pending = self.pending_specs()
         ctl = Controller(pending, self.curves, self.planner, max_concurrent=self.max_concurrent, model_costs=False)
         for spec in pending:
             self._fence(spec.name)

@@ -74,6 +74,7 @@ def training_session(state_dir: str | Path, site=None, **orchestrator_kw):
     with parsl.load(config) as dfk:
         labels = [c.executors[0].label for c in configs]
         pools = [make_pool(s, dfk.executors[label]) for s, label in zip(sites, labels)]
+        orchestrator_kw.setdefault("weights", sites[0].objective.weights)
         if len(sites) == 1:
             yield Orchestrator(state_dir, pools[0], make_planner(sites[0]), executor=labels[0], **orchestrator_kw)
             return
