@@ -86,7 +86,8 @@ def test_fragment_through_globus_compute_executor(tmp_path):
     from parsl_bft.execution.globus import LocalEndpointExecutor
 
     gce = LocalEndpointExecutor()
-    with parsl.load(Config(executors=[GlobusComputeExecutor(executor=gce, label="remote")], retries=0)):
+    with parsl.load(Config(executors=[GlobusComputeExecutor(executor=gce, label="remote")], retries=0,
+                           run_dir=str(tmp_path / "runinfo"))):
         app = parsl.python_app(fragment_task, executors=["remote"])
         cfg = dict(job="gc", workload="images", checkpoint_dir=str(tmp_path), world_size=1, global_batch=32,
                    steps=3, workload_args={"n": 256}, fsync=False)
