@@ -75,8 +75,7 @@ class _Gang:
 class _Running:
     future: Future | _Gang
     size: int
-    started: float
-    wall_launched: float = 0.0     # unix time
+    wall_launched: float           # unix time
     stop_requested: bool = False
     killed: bool = False           # we killed it (its node was reclaimed): a normal event, not a failure
     rendezvous: Path | None = None  # a gang: where its ranks meet and say which node they run on
@@ -284,12 +283,9 @@ class Orchestrator:
                    global_batch=job.global_batch, total_samples=job.samples, workload_args=job.workload_args,
                    stop_file=str(d / "STOP"), generation=self.generation, timeout_s=30.0)
         app = self._apps[site]
-        if self._gang(site):
-            rdzv = d / f".rdzv-{uuid.uuid4().hex[:8]}"
-            self.running[name] = _Running(_Gang([app(cfg, r, str(rdzv)) for r in range(size)]), size,
-                                          time.monotonic(), time.time(), rendezvous=rdzv, site=site)
-        else:
-            self.running[name] = _Running(app(cfg), size, time.monotonic(), time.time(), site=site)
+        rdzv = d / f".rdzv-{uuid.uuid4().hex[:8]}" if self._gang(site) else None
+        future = _Gang([app(cfg, r, str(rdzv)) for r in range(size)]) if rdzv else app(cfg)
+        self.running[name] = _Running(future, size, time.time(), rendezvous=rdzv, site=site)
         self.db.event("launch", job=name, size=size, **({"site": site} if site else {}))
 
     def _request_stop(self, name: str, why: str) -> None:

@@ -142,9 +142,6 @@ class PilotPool:
     def start(self) -> None:
         self._t0 = self.clock()
 
-    def elapsed(self) -> float:
-        return self.clock() - self._t0
-
     def _pilots(self) -> dict[str, str]:
         return {str(j): str(b) for b, j in list(self.executor.blocks_to_job_id.items()) if str(j) not in self._gone}
 

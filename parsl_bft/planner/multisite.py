@@ -33,22 +33,25 @@ class MultiSitePlanner:
         sites = sorted({site_of(n) for n in pool})
         by_site = {s: [n for n in pool if site_of(n) == s] for s in sites}
         where = {j.name: site_of(j.nodes[0]) if j.nodes else None for j in jobs}
+
+        def at(s: str, js: list[JobState]) -> list[JobState]:
+            """The jobs as site s sees them: holding their nodes there, nothing elsewhere."""
+            return [replace(j, nodes=j.nodes if where[j.name] == s else ()) for j in js]
+        # utility at the current size: what stopping (t_down) and moving (+ move_s) cost per second
+        u_now = [float(p.objective.utility(j, np.array([j.size]), now)[0]) if j.size else 0.0 for j in jobs]
         options: list[list[tuple[str, int, float]]] = [[] for _ in jobs]     # per job: (site, k, value)
         for s in sites:
-            local = [replace(j, nodes=j.nodes if where[j.name] == s else ()) for j in jobs]
-            prob = build_problem(local, len(by_site[s]), p.objective, p.t_fwd, now)
+            prob = build_problem(at(s, jobs), len(by_site[s]), p.objective, p.t_fwd, now)
             for i, (j, a, v) in enumerate(zip(jobs, prob.allowed, prob.value)):
-                u_now = float(p.objective.utility(j, np.array([j.size]), now)[0]) if j.size else 0.0
-                leave = (j.spec.t_down + self.move_s) * u_now if where[j.name] not in (None, s) else 0.0
+                leave = (j.spec.t_down + self.move_s) * u_now[i] if where[j.name] not in (None, s) else 0.0
                 options[i] += [(s, int(k), float(val) - leave) for k, val in zip(a, v) if k > 0]
         for i, j in enumerate(jobs):     # size 0: stopping costs t_down, waiting costs nothing
-            u_now = float(p.objective.utility(j, np.array([j.size]), now)[0]) if j.size else 0.0
-            options[i].append(("", 0, -j.spec.t_down * u_now if j.size else 0.0))
+            options[i].append(("", 0, -j.spec.t_down * u_now[i]))
         choice, status = _solve(options, {s: len(by_site[s]) for s in sites}, p.solver, p.time_limit)
         alloc: dict[str, tuple[str, ...]] = {}
         for s in sites:
             here = [i for i, j in enumerate(jobs) if choice[i][0] == s or where[j.name] == s]
-            local = [replace(jobs[i], nodes=jobs[i].nodes if where[jobs[i].name] == s else ()) for i in here]
+            local = at(s, [jobs[i] for i in here])
             sizes = {jobs[i].name: choice[i][1] if choice[i][0] == s else 0 for i in here}
             for name, nodes in place(local, sizes, by_site[s], p.placement).items():
                 if nodes or name not in alloc:
