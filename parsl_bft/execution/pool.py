@@ -247,10 +247,14 @@ class PilotPool:
 
 @dataclass
 class SitePool:
-    """One site of a multi-site run: its idle pool and the label of the Parsl executor that runs on it."""
+    """One site of a run: its idle pool, the label of the Parsl executor that runs on it, where its checkpoints
+    go (None: under the orchestrator's state directory) and how many ranks a fragment runs per node (the
+    site's accelerators per node)."""
 
     pool: object
     executor: str
+    checkpoint_dir: Path | None = None
+    ranks_per_node: int = 1
 
 
 class MultiPool:
