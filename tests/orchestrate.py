@@ -13,7 +13,8 @@ from parsl_bft.execution import EmulatedPool, Orchestrator, TrainingJob, local_c
 from parsl_bft.execution.config import ensure_venv_on_path
 from parsl_bft.planner import Planner
 from parsl_bft.train.checkpoint import CheckpointStore
-from parsl_bft.train.fragment import FragmentConfig, run_fragment, train_rank
+from parsl_bft.train.fragment import FragmentConfig, train_rank
+from parsl_bft.train.launcher import run_fragment
 
 IMG = dict(workload="images", global_batch=32, workload_args={"n": 512})
 LM = dict(workload="lm", global_batch=16, workload_args={"n_chars": 20_000})

@@ -1,4 +1,5 @@
 import os
+import time
 import pickle
 import subprocess
 import sys
@@ -144,3 +145,16 @@ def test_writer_killed_mid_write_leaves_previous_intact(tmp_path):
     again = CheckpointStore(tmp_path)
     assert not list(tmp_path.glob(".ckpt-*.tmp-*"))               # ... and cleaned up by the next store
     assert again.latest().step == 1
+
+
+def test_another_hosts_save_in_progress_is_never_deleted(tmp_path):
+    """A job directory on a shared file system: a temporary of another node (whose pid means nothing here)
+    survives a new store; only one untouched for an hour is dropped."""
+    live = tmp_path / ".ckpt-000000005.h5.tmp-othernode-1"           # pid 1 exists here, so also 999999999
+    gone = tmp_path / ".ckpt-000000004.h5.tmp-othernode-999999999"
+    old = tmp_path / ".ckpt-000000003.h5.tmp-othernode-2"
+    for p in (live, gone, old):
+        p.write_bytes(b"partial")
+    os.utime(old, (time.time() - 7200, time.time() - 7200))
+    CheckpointStore(tmp_path)
+    assert live.exists() and gone.exists() and not old.exists()

@@ -8,7 +8,9 @@ import pytest
 import torch
 
 from parsl_bft.train.checkpoint import CheckpointStore, load_checkpoint
-from parsl_bft.train.fragment import FragmentConfig, FragmentFailed, run_fragment, run_gang_rank, train_rank
+from parsl_bft.train.fragment import FragmentConfig, FragmentFailed, train_rank
+from parsl_bft.train.launcher import run_fragment, run_gang_task, serve_store
+from parsl_bft.train.protocol import JobDir
 
 
 def cfg(d, **kw):
@@ -42,31 +44,64 @@ def test_two_fragments_equal_one_bit_for_bit_on_two_ranks(tmp_path):
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
-def test_a_gang_of_one_rank_tasks_trains_exactly_like_one_launcher(tmp_path, monkeypatch):
-    """Ranks placed one per node by an executor meet through the rendezvous file and train the same steps."""
+def test_a_gang_of_node_tasks_trains_exactly_like_one_launcher(tmp_path, monkeypatch):
+    """Shares of a fragment placed by an executor (2 ranks on each of 2 'nodes') meet through the caller's
+    TCPStore, say where they landed, and train the same steps as one launcher running all 4 ranks."""
     one, gang = tmp_path / "one", tmp_path / "gang"
-    run_fragment(cfg(one, steps=6, world_size=2))
+    run_fragment(cfg(one, steps=6, world_size=4))
     monkeypatch.setenv("PARSL_BFT_NODE", "n7")
-    rdzv = str(gang / ".rdzv-x")
-    gang.mkdir()
+    server = serve_store()
+    addr = f"127.0.0.1:{server.port}"
+    c = cfg(gang, steps=6, world_size=4, ranks_per_node=2, timeout_s=60)
     out = {}
 
-    def rank(r):
-        out[r] = run_gang_rank(cfg(gang, steps=6, world_size=2, timeout_s=30), r, rdzv)
-    ts = [threading.Thread(target=rank, args=(r,)) for r in (1, 0)]      # rank 1 first: it waits for rank 0
+    def share(i):
+        out[i] = run_gang_task(c, i, addr)
+    ts = [threading.Thread(target=share, args=(i,)) for i in (1, 0)]      # node 1 first: it waits for node 0
     for t in ts:
         t.start()
     for t in ts:
-        t.join(60)
-    assert out[1] is None and (out[0].world_size, out[0].end_step) == (2, 6)
-    assert (gang / ".rdzv-x.node0").read_text() == "n7"
+        t.join(120)
+    assert out[1] is None and (out[0].world_size, out[0].end_step) == (4, 6)
+    assert server.get(f"{c.fragment_id}/node/0") == b"n7"
     a, b = model_of(one), model_of(gang)
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
-def test_a_gang_rank_without_rank_zero_gives_up_with_a_clear_error(tmp_path):
-    with pytest.raises(FragmentFailed, match="rank 0 did not start within 1 s"):
-        run_gang_rank(cfg(tmp_path, steps=1, world_size=2, timeout_s=1), 1, str(tmp_path / ".rdzv-y"))
+def test_a_gang_share_without_its_peers_gives_up_with_a_clear_error(tmp_path):
+    server = serve_store()
+    with pytest.raises(FragmentFailed, match="rank 1 on .* failed first: .*(Timeout|timed out|timeout)"):
+        run_gang_task(cfg(tmp_path, steps=1, world_size=2, timeout_s=3), 1, f"127.0.0.1:{server.port}")
+
+
+def test_the_rank_that_failed_first_is_named_with_its_traceback(tmp_path):
+    """A rank raising (a user's bug) is reported with its exception and traceback, not a peer's lost connection."""
+    f = tmp_path / "bad.py"
+    f.write_text("import os\nfrom parsl_bft.train.workloads import SyntheticImages\n"
+                 "class Bad(SyntheticImages):\n"
+                 "    def loss(self, model, batch):\n"
+                 "        if os.environ['RANK'] == '1':\n"
+                 "            raise ValueError('broken loss on rank one')\n"
+                 "        return super().loss(model, batch)\n")
+    with pytest.raises(FragmentFailed) as e:
+        run_fragment(cfg(tmp_path / "d", steps=3, world_size=2, workload=f"{f}:Bad", timeout_s=20))
+    msg = str(e.value)
+    assert "rank 1 on" in msg and "ValueError: broken loss on rank one" in msg and "bad.py" in msg
+
+
+def test_periodic_checkpoints_bound_the_work_a_kill_without_notice_loses(tmp_path):
+    """Saves every checkpoint_every_s while training; a rank SIGKILLed mid-fragment (no notice) loses only the
+    steps since the newest periodic save, which the next fragment resumes from."""
+    d = tmp_path / "d"
+    with pytest.raises(FragmentFailed, match="exited with -9"):
+        run_fragment(cfg(d, steps=10_000, world_size=2, checkpoint_every_s=0.2, timeout_s=20, keep=1000),
+                     env={"PARSL_BFT_FAULT": "rank1:step1000"})
+    saved = [int(p.stem.split("-")[1]) for p in CheckpointStore(d).paths()]
+    assert len(saved) >= 2 and max(saved) < 1000, saved          # periodic saves, none after the kill
+    p = JobDir(d).progress()
+    assert p.saved_step == max(saved) and p.step >= p.saved_step
+    r = run_fragment(cfg(d, steps=5, world_size=2))
+    assert r.start_step == max(saved)
 
 
 def test_world_size_change_continues_the_same_training(tmp_path):
@@ -104,9 +139,9 @@ def test_sigusr1_notice_checkpoints_promptly(tmp_path):
     sent = {}
 
     def notice():
-        # wait until training runs (a checkpoint-free fragment writes its ready files first)
+        # wait until training runs
         deadline = time.time() + 60
-        while time.time() < deadline and len(list(tmp_path.glob(".result-*.ready*"))) < 2:
+        while time.time() < deadline and JobDir(tmp_path).progress() is None:
             time.sleep(0.1)
         time.sleep(4.0)
         sent["t"] = time.perf_counter()

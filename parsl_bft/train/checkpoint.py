@@ -22,6 +22,7 @@ import os
 import random
 import re
 import shutil
+import socket
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -183,10 +184,20 @@ def _fault(point: str) -> None:
 
 
 # --- files ---------------------------------------------------------------------------------------
+_HOST = socket.gethostname().replace("-", "_")
+_STALE_FOREIGN_S = 3600.0     # another host's temporary untouched this long: its writer is gone
+
+
+def _temporary(path: Path) -> Path:
+    """Where a save is written before it is renamed into place: named by host AND pid, because pids of other
+    nodes (a job directory on a shared file system) mean nothing here."""
+    return path.with_name(f".{path.name}.tmp-{_HOST}-{os.getpid()}")
+
+
 def save_checkpoint(path: str | Path, state: TrainingState, *, fsync: bool = True) -> Path:
     """Write ``state`` atomically to ``path``."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp = _temporary(path)
     manifest: list[str] = []
     try:
         with h5py.File(tmp, "w", libver="latest") as f:
@@ -262,14 +273,18 @@ class CheckpointStore:
         self._remove_stale_temporaries()
 
     def _remove_stale_temporaries(self) -> None:
-        """A writer killed mid-save leaves ``.ckpt-*.tmp-PID``; drop those whose writer is gone."""
+        """A writer killed mid-save leaves ``.ckpt-*.tmp-HOST-PID``. Ours: drop it when that pid is gone.
+        Another host's: it may be writing right now; drop it only when untouched for an hour."""
         for p in self.dir.glob(".ckpt-*.h5.tmp-*"):
-            pid = int(p.name.rsplit("-", 1)[1]) if p.name.rsplit("-", 1)[1].isdigit() else -1
+            host, _, pid = p.name.rsplit(".tmp-", 1)[1].rpartition("-")
             try:
-                os.kill(pid, 0)
+                if host == _HOST:
+                    os.kill(int(pid), 0)
+                elif time.time() - p.stat().st_mtime > _STALE_FOREIGN_S:
+                    p.unlink(missing_ok=True)
             except (ProcessLookupError, ValueError, OverflowError):
                 p.unlink(missing_ok=True)
-            except PermissionError:
+            except (PermissionError, FileNotFoundError):
                 pass
 
     def paths(self) -> list[Path]:
@@ -303,7 +318,7 @@ class CheckpointStore:
                 continue
             dst = CheckpointStore(directory, keep=self.keep).dir / p.name
             if not dst.exists():
-                tmp = dst.with_name(f".{p.name}.tmp-{os.getpid()}")
+                tmp = _temporary(dst)
                 shutil.copyfile(p, tmp)
                 with open(tmp, "rb+") as f:
                     os.fsync(f.fileno())

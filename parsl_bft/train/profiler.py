@@ -8,7 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..scaling import write_scaling_csv
-from .fragment import FragmentConfig, run_fragment
+from .fragment import FragmentConfig
+from .launcher import run_fragment
 
 
 @dataclass

@@ -1,0 +1,205 @@
+"""Starting a fragment's ranks: on this machine, or a node's share of a gang spread over nodes.
+
+Ranks fork from a per-process forkserver that has imported torch and the fragment code once (milliseconds
+instead of seconds per rank). They meet through a torch TCPStore: the one the caller names (an orchestrator
+serves one for all its fragments, reachable from every node), or one this launcher serves on 127.0.0.1. The
+store also carries what the launcher needs back: which ranks are ready for signals, the result, and (gangs)
+which node each share landed on.
+
+A failed rank writes an error record (``protocol.JobDir.record_error``); the launcher reports the rank that
+failed first, with its traceback, and kills its own remaining ranks. No checkpoint is written by a failed
+fragment, so the job resumes from the last good one.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from dataclasses import asdict
+from datetime import timedelta
+from pathlib import Path
+
+import torch.distributed as dist
+
+from .fragment import FragmentConfig, FragmentFailed, FragmentResult, main
+from .protocol import JobDir
+
+
+def node_name() -> str:
+    """This node, named as the scheduler names it (the pool's node ids)."""
+    return (os.environ.get("PARSL_BFT_NODE") or os.environ.get("SLURMD_NODENAME")
+            or socket.gethostname().split(".")[0])
+
+
+def serve_store(host: str = "127.0.0.1") -> dist.TCPStore:
+    """A TCPStore server on a free port (the kernel picks it: no guess, no race)."""
+    return dist.TCPStore(host, 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=60))
+
+
+def store_client(addr: str, fragment: str, timeout_s: float) -> dist.Store:
+    host, port = addr.rsplit(":", 1)
+    return dist.PrefixStore(fragment, dist.TCPStore(host, int(port), is_master=False,
+                                                          timeout=timedelta(seconds=timeout_s)))
+
+
+def run_fragment(cfg: FragmentConfig, *, env: dict | None = None, ranks: list[int] | None = None,
+                 store: str | None = None) -> FragmentResult | None:
+    """Start ranks of the fragment as local processes, wait, and return rank 0's result.
+
+    By default all ``cfg.world_size`` ranks run here; a gang's node runs ``ranks`` (its share) and returns None
+    unless it ran rank 0. ``store`` is host:port of the TCPStore every share of the fragment uses (default:
+    one served here). SIGTERM / SIGUSR1 sent to this process are passed to the ranks (the reclaim notice)."""
+    ranks = list(range(cfg.world_size)) if ranks is None else list(ranks)
+    jd = JobDir(cfg.checkpoint_dir).ensure()
+    server = None
+    if store is None:
+        server = serve_store()
+        store = f"127.0.0.1:{server.port}"
+    kv = store_client(store, cfg.fragment_id, cfg.timeout_s)
+    cfg_file = jd.path / f".cfg-{socket.gethostname()}-{cfg.fragment_id}-{ranks[0]}.json"
+    cfg_file.write_text(json.dumps(asdict(cfg)))
+    logs = [jd.path / f".log-{cfg.fragment_id}-rank{r}" for r in ranks]
+    procs = []
+    for i, r in enumerate(ranks):
+        e = {**os.environ, **(env or {}), "RANK": str(r), "WORLD_SIZE": str(cfg.world_size), "LOCAL_RANK": str(i),
+             "LOCAL_WORLD_SIZE": str(len(ranks)), "PARSL_BFT_STORE": store, "PARSL_BFT_FRAGMENT": cfg.fragment_id}
+        procs.append(_Rank(str(cfg_file), e, str(logs[i]), str(jd.path), cfg.fragment_id, r))
+    pids = jd.record_ranks(cfg.fragment_id, [p.pid for p in procs])
+
+    pending: list[int] = []
+
+    def forward(signum, frame):  # noqa: ARG001
+        pending.append(signum)
+    old = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGUSR1)} \
+        if threading.current_thread() is threading.main_thread() else {}
+    try:
+        while any(p.poll() is None for p in procs):
+            # a rank that has not installed its handlers yet would die of the signal: wait until all have
+            if pending and kv.check([f"ready/{r}" for r in ranks]):
+                for p in procs:
+                    if p.poll() is None:
+                        p.send_signal(pending[0])
+                pending.clear()
+            if any(p.poll() not in (None, 0) for p in procs):
+                break
+            time.sleep(0.05)
+        if any(p.poll() not in (None, 0) for p in procs):
+            _fail(cfg, jd, procs, ranks, logs)
+        if 0 not in ranks:
+            return None
+        if not kv.check(["result"]):
+            raise FragmentFailed(f"fragment of {cfg.job}: rank 0 wrote no result")
+        return FragmentResult(**json.loads(kv.get("result")))
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+        for f in [cfg_file, pids, *logs]:
+            f.unlink(missing_ok=True)
+        if len(ranks) == cfg.world_size:        # all ranks were ours: their error records are reported
+            jd.forget_fragment(cfg.fragment_id)
+        del server
+
+
+def _fail(cfg: FragmentConfig, jd: JobDir, procs: list, ranks: list[int], logs: list[Path]) -> None:
+    """The peers of a dead rank fail too (connection reset): give them a moment, then blame the rank that died
+    of a signal (killed, reclaimed), else the first error record, before the ones that merely lost a peer."""
+    deadline = time.monotonic() + 1.0
+    while time.monotonic() < deadline and any(p.poll() is None for p in procs):
+        time.sleep(0.05)
+    codes = [p.poll() for p in procs]          # before we kill the rest ourselves
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+    for p in procs:
+        p.wait()
+    signalled = [i for i, c in enumerate(codes) if c is not None and c < 0]
+    errors = jd.errors(cfg.fragment_id)
+    if signalled or not errors:
+        i = signalled[0] if signalled else next(i for i, c in enumerate(codes) if c not in (None, 0))
+        tail = logs[i].read_text(errors="replace").strip().splitlines()[-12:] if logs[i].exists() else []
+        detail = ("\n" + "\n".join(tail)) if tail else ""
+        raise FragmentFailed(f"fragment of {cfg.job}: rank {ranks[i]} exited with {codes[i]}{detail}")
+    raise FragmentFailed(f"fragment of {cfg.job}: {errors[0].summary()}")
+
+
+def run_gang_task(cfg: FragmentConfig, node_index: int, store: str) -> FragmentResult | None:
+    """One node's share of a fragment whose nodes were chosen by the executor: ranks
+    ``node_index * ranks_per_node ...`` on this node, bound to its accelerators by local rank. Says which node
+    it landed on (the orchestrator's books follow the executor's placement)."""
+    k = cfg.ranks_per_node
+    store_client(store, cfg.fragment_id, cfg.timeout_s).set(f"node/{node_index}", node_name())
+    return run_fragment(cfg, ranks=list(range(node_index * k, (node_index + 1) * k)), store=store)
+
+
+_CTX = None
+
+
+def _rank_context():
+    """A forkserver that has imported torch and this module once: ranks start in milliseconds instead of
+    paying Python + torch start-up (seconds) for every fragment. (A process forked - without exec - from one
+    that already started the forkserver cannot use it; Parsl's workers and launchers exec, so they can.)"""
+    global _CTX
+    if _CTX is None:
+        import multiprocessing as mp
+        _CTX = mp.get_context("forkserver")
+        # '__main__' too: otherwise every rank re-runs the parent's main script (for a Parsl worker that is
+        # process_worker_pool.py and all of Parsl) before it starts - about a second per rank here
+        _CTX.set_forkserver_preload(["__main__", "parsl_bft.train.rank_preload"])
+    return _CTX
+
+
+def _noop() -> None:
+    pass
+
+
+def start_rank_server() -> None:
+    """Start the forkserver now (and wait until it has imported everything), not at the first fragment."""
+    p = _rank_context().Process(target=_noop)
+    p.start()
+    p.join()
+
+
+def _rank_entry(cfg_file: str, env: dict, log_path: str, job_dir: str, fragment: str, rank: int) -> None:
+    os.environ.clear()
+    os.environ.update(env)
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.dup2(fd, 2)       # a file, not a pipe: a chatty rank must never block on stderr
+    os.close(fd)
+    sys.stderr = open(2, "w", buffering=1, closefd=False)
+    try:
+        main(["--config", cfg_file])
+    except BaseException as e:          # torch.distributed.elastic's @record: the launcher names who failed first
+        JobDir(job_dir).record_error(fragment, rank, e)
+        raise
+
+
+class _Rank:
+    """One rank process (from the forkserver), with the few Popen-like calls the launcher uses."""
+
+    def __init__(self, cfg_file: str, env: dict, log_path: str, job_dir: str, fragment: str, rank: int):
+        self.p = _rank_context().Process(target=_rank_entry, args=(cfg_file, env, log_path, job_dir, fragment, rank),
+                                         daemon=False)
+        self.p.start()
+        self.pid = self.p.pid
+
+    def poll(self):
+        return self.p.exitcode
+
+    def send_signal(self, sig: int) -> None:
+        try:
+            os.kill(self.pid, sig)
+        except ProcessLookupError:
+            pass
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def wait(self) -> None:
+        self.p.join()

@@ -1,0 +1,170 @@
+"""The fragment <-> orchestrator protocol: what they tell each other through a job's directory.
+
+Both sides import this module and nothing else of each other. A job directory (on the shared file system of a
+site) holds, besides the checkpoints:
+
+``STOP``            the orchestrator's "checkpoint and stop" request (a reclaim notice, a rescale, shutdown)
+``GENERATION``      the orchestrator life that owns the job; a fragment of an older life must not save
+``progress.json``   rank 0's live progress: step, samples, the last periodic save (work at risk)
+``.ranks-<host>-<frag>.pid``  the rank processes of a fragment on one host, with their start times, so a
+                    restarted orchestrator kills its predecessor's ranks and never a recycled pid
+``.errors/<frag>/rank<r>.json``  a failed rank's exception and traceback (torch.distributed.elastic's
+                    ``@record`` idea): the failure report names the rank that failed first, with its traceback
+
+Rank placement and the rendezvous itself go through a torch TCPStore, not files (see ``launcher``).
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import time
+import traceback
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+
+def hostname() -> str:
+    return socket.gethostname()
+
+
+def proc_start_time(pid: int) -> str | None:
+    """The kernel's start time of ``pid`` (clock ticks since boot), or None when there is no such process.
+    With the pid it identifies a process uniquely: pids are recycled, (pid, start) pairs are not."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError, PermissionError, OSError):
+        return None
+    # the command name (field 2) may hold spaces and ')': fields after the last ')' are plain
+    return stat.rsplit(")", 1)[1].split()[19]
+
+
+@dataclass
+class Progress:
+    step: int
+    samples_done: int
+    loss: float
+    world: int
+    saved_step: int          # the newest checkpoint this fragment has written (its start step before any)
+    saved_at: float          # unix time of that save (the fragment's start before any)
+    t: float                 # unix time of this report
+
+
+@dataclass
+class RankError:
+    rank: int
+    host: str
+    pid: int
+    t: float
+    kind: str
+    message: str
+    traceback: str
+
+    def summary(self, lines: int = 12) -> str:
+        tb = "\n".join(self.traceback.rstrip().splitlines()[-lines:])
+        return f"rank {self.rank} on {self.host} failed first: {self.kind}: {self.message}\n{tb}"
+
+
+class JobDir:
+    """One job's directory at one site, as both sides see it."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+
+    def ensure(self) -> "JobDir":
+        self.path.mkdir(parents=True, exist_ok=True)
+        return self
+
+    # --- stop requests -------------------------------------------------------------------------------
+    @property
+    def stop_file(self) -> Path:
+        return self.path / "STOP"
+
+    def request_stop(self) -> None:
+        self.stop_file.touch()
+
+    def clear_stop(self) -> None:
+        self.stop_file.unlink(missing_ok=True)
+
+    # --- fencing -------------------------------------------------------------------------------------
+    def own(self, generation: str) -> None:
+        """This orchestrator life owns the job from now on: older fragments may no longer save."""
+        self.ensure()
+        tmp = self.path / f".GENERATION.{hostname()}.{os.getpid()}"
+        tmp.write_text(generation)
+        os.replace(tmp, self.path / "GENERATION")
+
+    def owner(self) -> str | None:
+        try:
+            return (self.path / "GENERATION").read_text().strip()
+        except FileNotFoundError:
+            return None
+
+    # --- progress ------------------------------------------------------------------------------------
+    def write_progress(self, p: Progress) -> None:
+        tmp = self.path / f".progress.{hostname()}.{os.getpid()}"
+        tmp.write_text(json.dumps(asdict(p)))
+        os.replace(tmp, self.path / "progress.json")       # never a half-written file for the reader
+
+    def progress(self) -> Progress | None:
+        try:
+            return Progress(**json.loads((self.path / "progress.json").read_text()))
+        except (FileNotFoundError, ValueError, TypeError):
+            return None
+
+    # --- rank processes ------------------------------------------------------------------------------
+    def record_ranks(self, fragment: str, pids: list[int]) -> Path:
+        f = self.path / f".ranks-{hostname()}-{fragment}.pid"
+        f.write_text(json.dumps({"host": hostname(), "pids": {str(p): proc_start_time(p) for p in pids}}))
+        return f
+
+    def kill_ranks(self, fragment: str | None = None) -> int:
+        """SIGKILL the recorded rank processes on this host (of one fragment, or all) that are still the
+        processes recorded; returns how many were killed. Ranks on other hosts end with their pilot."""
+        killed = 0
+        for f in self.path.glob(f".ranks-{hostname()}-{fragment or '*'}.pid"):
+            try:
+                rec = json.loads(f.read_text())
+            except (FileNotFoundError, ValueError):
+                continue
+            for pid, start in rec.get("pids", {}).items():
+                if start is not None and proc_start_time(int(pid)) == start:
+                    try:
+                        os.kill(int(pid), signal.SIGKILL)
+                        killed += 1
+                    except ProcessLookupError:
+                        pass
+            if fragment is None:
+                f.unlink(missing_ok=True)
+        return killed
+
+    # --- failures ------------------------------------------------------------------------------------
+    def errors_dir(self, fragment: str) -> Path:
+        return self.path / ".errors" / fragment
+
+    def record_error(self, fragment: str, rank: int, exc: BaseException) -> None:
+        d = self.errors_dir(fragment)
+        d.mkdir(parents=True, exist_ok=True)
+        err = RankError(rank, hostname(), os.getpid(), time.time(), type(exc).__name__, str(exc)[:2000],
+                        "".join(traceback.format_exception(exc))[-20_000:])
+        tmp = d / f".rank{rank}.{os.getpid()}"
+        tmp.write_text(json.dumps(asdict(err)))
+        os.replace(tmp, d / f"rank{rank}.json")
+
+    def errors(self, fragment: str) -> list[RankError]:
+        """The fragment's rank errors, first failure first."""
+        out = []
+        for f in self.errors_dir(fragment).glob("rank*.json"):
+            try:
+                out.append(RankError(**json.loads(f.read_text())))
+            except (FileNotFoundError, ValueError, TypeError):
+                continue
+        return sorted(out, key=lambda e: (e.t, e.rank))
+
+    def forget_fragment(self, fragment: str) -> None:
+        d = self.errors_dir(fragment)
+        if d.exists():
+            for f in d.iterdir():
+                f.unlink(missing_ok=True)
+            d.rmdir()
