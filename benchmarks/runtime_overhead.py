@@ -13,13 +13,13 @@ import tempfile
 from rich.console import Console
 
 from parsl_bft.execution.demo import run_demo
-from parsl_bft.execution.state import StateDB
+from parsl_bft.execution.jobstore import JobStore
 
 
 def measure(warm_up: bool) -> dict:
     with tempfile.TemporaryDirectory() as d:
         summary = run_demo(d, console=Console(quiet=True), warm_up=warm_up)
-        db = StateDB(f"{d}/state/state.sqlite")
+        db = JobStore(f"{d}/state/state.sqlite")
         lat = [e["train_started"] - e["launched"] for _, _, e in db.events("fragment-done")]
     return {"fragments": len(lat), "launch_to_training_p50_s": statistics.median(lat) if lat else None,
             "launch_to_training_max_s": max(lat) if lat else None, "train_share": summary["train_share"],

@@ -201,21 +201,21 @@ def cmd_status(args) -> int:
     """Per-job progress, nodes held and efficiency so far, from an orchestrator's state directory."""
     from rich.table import Table
 
-    from .execution.state import StateDB
+    from .execution.jobstore import JobStore
 
     db_path = Path(args.state) / "state.sqlite"
     if not db_path.exists():
         print(f"parsl-bft status: error: no orchestrator state at {db_path}", file=sys.stderr)
         return 2
-    db = StateDB(db_path)
+    db = JobStore(db_path)
     t = Table(title=f"parsl-bft jobs in {args.state}")
     for c in ("job", "status", "progress", "nodes now", "fragments", "rescales", "node-s held", "training share"):
         t.add_column(c, justify="right")
     for name, r in db.jobs().items():
-        total = r["spec"]["samples"]
-        share = r["train_node_s"] / r["node_s"] if r["node_s"] else 0.0
-        t.add_row(name, r["status"], f"{r['samples_done'] / total:.1%} of {total:,}", str(r["size"]),
-                  str(r["fragments"]), str(r["rescales"]), f"{r['node_s']:.0f}", f"{share:.0%}")
+        total = r.spec["samples"]
+        share = r.train_node_s / r.node_s if r.node_s else 0.0
+        t.add_row(name, r.status, f"{r.samples_done / total:.1%} of {total:,}", str(r.size),
+                  str(r.fragments), str(r.rescales), f"{r.node_s:.0f}", f"{share:.0%}")
     _console().print(t)
     last = db.events()[-5:]
     for ts, kind, d in last:

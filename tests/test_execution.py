@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from parsl_bft.execution.pool import EmulatedPool
-from parsl_bft.execution.state import StateDB
+from parsl_bft.execution.jobstore import JobStore
 from parsl_bft.train.checkpoint import CheckpointStore
 
 HERE = Path(__file__).resolve().parent
@@ -60,16 +60,16 @@ def test_jobs_survive_reclaims_and_an_orchestrator_crash(tmp_path):
             time.sleep(0.5)
         time.sleep(2.0)
     run_orchestrator(state, kill_after=after_first_checkpoint)
-    db = StateDB(state / "state.sqlite")
-    before = {n: r["samples_done"] for n, r in db.jobs().items()}
+    db = JobStore(state / "state.sqlite")
+    before = {n: r.samples_done for n, r in db.jobs().items()}
     assert any(before.values()) or list((state / "jobs").glob("*/ckpt-*.h5"))
     db.close()
 
     out = run_orchestrator(state)                                 # restart: every job continues
-    db = StateDB(state / "state.sqlite")
+    db = JobStore(state / "state.sqlite")
     rows = db.jobs()
-    assert {n: r["status"] for n, r in rows.items()} == {"img": "done", "lm": "done"}
-    assert rows["img"]["samples_done"] == 32 * EMULATED_IMG_STEPS and rows["lm"]["samples_done"] == 16 * 200
+    assert {n: r.status for n, r in rows.items()} == {"img": "done", "lm": "done"}
+    assert rows["img"].samples_done == 32 * EMULATED_IMG_STEPS and rows["lm"].samples_done == 16 * 200
     starts = db.events("start")
     assert len(starts) == 2                                       # two orchestrator lives
     for name in ("img", "lm"):
@@ -98,8 +98,8 @@ def test_a_job_reclaimed_at_one_site_finishes_at_the_other_from_its_checkpoint(t
                        capture_output=True, text=True, timeout=400)
     assert p.returncode == 0, p.stderr[-3000:]
     out = json.loads(p.stdout.strip().splitlines()[-1])
-    db = StateDB(state / "state.sqlite")
-    assert db.jobs()["img"]["status"] == "done"
+    db = JobStore(state / "state.sqlite")
+    assert db.jobs()["img"].status == "done"
     sites = [d.get("site") for _, _, d in db.events("launch")]
     assert sites[0] == "a" and sites[-1] == "b", sites
     (_, _, stage), = db.events("stage")
@@ -128,7 +128,7 @@ def test_cli_runs_a_workflow_on_two_sites(tmp_path):
     assert "sites: local, local-b" in p.stdout
     final = tmp_path / p.stdout.strip().splitlines()[-1]
     assert final.exists() and CheckpointStore(final.parent).latest().samples_done >= 8_000
-    db = StateDB(tmp_path / "bft-state" / "language_model" / "state.sqlite")
+    db = JobStore(tmp_path / "bft-state" / "language_model" / "state.sqlite")
     assert {d["site"] for _, _, d in db.events("launch")} <= {"local", "local-b"}
     assert final.parent.parent.parent.parent.name == "sites"          # .../sites/<site>/jobs/my-lm/ckpt-*.h5
     bad = subprocess.run([sys.executable, "-m", "parsl_bft.cli", "run", str(root / "workflows" / "language_model.py"),

@@ -2,25 +2,27 @@
 from __future__ import annotations
 
 
-def fragment_task(cfg: dict, parsl_resource_specification: dict | None = None) -> dict:
+def fragment_task(cfg: dict, store: str, parsl_resource_specification: dict | None = None) -> dict:
     """Run all ``cfg["world_size"]`` ranks of a fragment on this node; returns its FragmentResult as a dict.
 
     ``parsl_resource_specification`` is read by Parsl's executors, not by us."""
     from dataclasses import asdict
 
-    from parsl_bft.train.fragment import FragmentConfig, run_fragment
+    from parsl_bft.train.fragment import FragmentConfig
+    from parsl_bft.train.launcher import run_fragment
 
-    return asdict(run_fragment(FragmentConfig(**cfg)))
+    return asdict(run_fragment(FragmentConfig(**cfg), store=store))
 
 
-def fragment_rank_task(cfg: dict, rank: int, rendezvous: str) -> dict | None:
-    """Run one rank of a fragment whose n ranks are n Parsl tasks on n nodes (see run_gang_rank);
-    rank 0 returns the FragmentResult as a dict, the others None."""
+def fragment_node_task(cfg: dict, node_index: int, store: str) -> dict | None:
+    """One node's share (``ranks_per_node`` ranks) of a fragment spread over nodes by the executor;
+    the share with rank 0 returns the FragmentResult as a dict, the others None."""
     from dataclasses import asdict
 
-    from parsl_bft.train.fragment import FragmentConfig, run_gang_rank
+    from parsl_bft.train.fragment import FragmentConfig
+    from parsl_bft.train.launcher import run_gang_task
 
-    res = run_gang_rank(FragmentConfig(**cfg), rank, rendezvous)
+    res = run_gang_task(FragmentConfig(**cfg), node_index, store)
     return asdict(res) if res is not None else None
 
 
@@ -33,7 +35,7 @@ def warm_up(barrier: str, n: int, timeout_s: float = 120.0) -> str:
     import time
     from pathlib import Path
 
-    from parsl_bft.train.fragment import start_rank_server
+    from parsl_bft.train.launcher import start_rank_server
 
     start_rank_server()
     d = Path(barrier)

@@ -11,11 +11,9 @@ good checkpoint along.
 """
 from __future__ import annotations
 
-import json
-import os
-import shutil
+import math
 import signal
-import socket
+import threading
 import time
 import uuid
 from concurrent.futures import Future
@@ -23,12 +21,17 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from ..control import Controller, Timeline
+from ..errors import ParslBftError
 from ..jobs import JobSpec
+from ..planner.problem import site_of
 from ..scaling import ScalingCurve
 from ..train.checkpoint import CheckpointStore
-from ..planner.problem import site_of
+from ..train.protocol import JobDir
+from .checkpoint_policy import CheckpointPolicy
+from .htex import FragmentHandle, SiteRunner, store_host
+from .jobstore import JobRow, JobStore
 from .pool import MultiPool, SitePool
-from .state import StateDB
+from .protocols import IdlePool, Planner
 
 
 @dataclass
@@ -52,52 +55,56 @@ class TrainingJob:
                        float(self.samples), 0.0, self.weight)
 
 
-class _Gang:
-    """The n one-rank tasks of a fragment as one future: done when all are, or as soon as one has failed."""
-
-    def __init__(self, futures: list[Future]):
-        self.futures = futures
-
-    def _failed(self) -> Future | None:
-        return next((f for f in self.futures if f.done() and f.exception() is not None), None)
-
-    def done(self) -> bool:
-        return self._failed() is not None or all(f.done() for f in self.futures)
-
-    def result(self) -> dict:
-        failed = self._failed()
-        if failed is not None:
-            raise failed.exception()
-        return self.futures[0].result()
-
-
 @dataclass
 class _Running:
-    future: Future | _Gang
-    size: int
-    wall_launched: float           # unix time
+    handle: FragmentHandle
+    nodes: int
+    fragment: str
+    site: str
+    launched: float                # unix time
+    resume_step: int               # the newest checkpoint when it was launched (what it restores)
+    interval_s: float              # its periodic checkpoint interval
     stop_requested: bool = False
     killed: bool = False           # we killed it (its node was reclaimed): a normal event, not a failure
-    rendezvous: Path | None = None  # a gang: where its ranks meet and say which node they run on
     placed: set[str] = field(default_factory=set)
     doomed: set[str] = field(default_factory=set)    # its nodes the facility is taking back
-    site: str = ""
+
+
+class JobFailed(ParslBftError):
+    """A job whose own fragments failed ``max_failures`` times in a row (not reclaims)."""
+
+
+class _Shutdown(BaseException):
+    """SIGTERM: leave the loop through the same stop-and-checkpoint path as Ctrl-C."""
+
+
+def _newest_step(d: Path) -> int:
+    paths = CheckpointStore(d).paths()
+    return int(paths[0].stem.split("-")[1]) if paths else 0
 
 
 class Orchestrator:
-    def __init__(self, state_dir: str | Path, pool, planner, *, executor: str = "bft_local",
+    def __init__(self, state_dir: str | Path, pool: IdlePool | MultiPool, planner: Planner, *,
+                 executor: str = "bft_local", checkpoint_dir: str | Path | None = None, ranks_per_node: int = 1,
                  max_concurrent: int = 10, poll_s: float = 0.2, max_failures: int = 3, settle_s: float = 1.5,
-                 warm_up: bool = True, weights: dict[str, float] | None = None):
+                 warm_up: bool = True, weights: dict[str, float] | None = None,
+                 checkpoint_policy: CheckpointPolicy | None = None):
         self.dir = Path(state_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
-        self.db = StateDB(self.dir / "state.sqlite")
+        self.db = JobStore(self.dir / "state.sqlite")
         self.pool, self.planner = pool, planner
         # one site, or several (a MultiPool: node ids 'site:node', one executor per site)
-        self.sites = pool.sites if isinstance(pool, MultiPool) else {"": SitePool(pool, executor)}
+        self.sites = pool.sites if isinstance(pool, MultiPool) else {
+            "": SitePool(pool, executor, Path(checkpoint_dir) if checkpoint_dir else None, ranks_per_node)}
+        bad = [n for n, s in self.sites.items() if s.ranks_per_node < 1]
+        if bad:
+            raise ValueError(f"ranks_per_node must be >= 1 (site {bad[0] or 'default'})")
         self.max_concurrent, self.poll_s, self.max_failures = max_concurrent, poll_s, max_failures
         self.settle_s = settle_s       # a rescale costs a fragment restart: wait this long for more joins
         self.warm_up = warm_up         # start every local worker's rank forkserver before the pool starts
         self.weights = dict(weights or {})   # the site admin's per-job weights (weighted objective), by name
+        stored = self.db.meta("checkpoint-policy")
+        self.policy = checkpoint_policy or (CheckpointPolicy(**stored) if stored else CheckpointPolicy())
         self.failures: dict[str, int] = {}     # consecutive failures that were not reclaims
         self.jobs: dict[str, TrainingJob] = {}
         self.curves: dict[str, ScalingCurve] = {}
@@ -107,10 +114,11 @@ class Orchestrator:
         self.timeline = Timeline()
         self.pool_node_s = 0.0
         self.warm_up_s = 0.0
-        self._apps: dict[str, object] = {}
+        self._runners: dict[str, SiteRunner] = {}
+        self._store = None
         self.job_site: dict[str, str] = {}     # where each job's checkpoints are (the site it last ran at)
         for name, row in self.db.jobs().items():        # a restart: everything the last orchestrator had
-            self._add(TrainingJob(**row["spec"]), row)
+            self._add(TrainingJob(**row.spec), row)
 
     # --- the scientist's API -------------------------------------------------------------------------
     def submit(self, job: TrainingJob) -> Future:
@@ -120,9 +128,13 @@ class Orchestrator:
                 raise ValueError(f"job {job.name!r} already exists with a different spec (state in {self.dir})")
             return self.futures[job.name]
         job.spec()                          # validates sizes etc. with a clear message
+        k = max(s.ranks_per_node for s in self.sites.values())
+        if job.global_batch < job.max_nodes * k:
+            raise ValueError(f"job {job.name!r}: global_batch {job.global_batch} < max_nodes {job.max_nodes} x "
+                             f"{k} ranks per node: every rank needs at least one sample per step")
         return self._add(job, None)
 
-    def _add(self, job: TrainingJob, row: dict | None) -> Future:
+    def _add(self, job: TrainingJob, row: JobRow | None) -> Future:
         """Track a job: a new one (``row`` None: persist it) or one found in the state database."""
         self.jobs[job.name] = job
         self.job_site[job.name] = self.db.meta(f"site:{job.name}") or next(iter(self.sites))
@@ -133,9 +145,9 @@ class Orchestrator:
         fut: Future = Future()
         self.futures[job.name] = fut
         if row is None:
-            self.db.upsert(job.name, asdict(job))
-        if row and row["status"] == "done":
-            fut.set_result(row["checkpoint"])
+            self.db.add(job.name, asdict(job))
+        if row and row.status == "done":
+            fut.set_result(row.checkpoint)
         return fut
 
     def pending_specs(self) -> list[JobSpec]:
@@ -144,33 +156,61 @@ class Orchestrator:
                 for n, f in self.futures.items() if not f.done()]
 
     def job_dir(self, name: str, site: str | None = None) -> Path:
-        """A job's checkpoints, STOP file and progress at a site (by default: the site it last ran at)."""
+        """A job's checkpoints and protocol files at a site (by default: the site it last ran at): under the
+        site's checkpoint_dir when it names one, else under the state directory."""
         site = self.job_site[name] if site is None else site
-        return self.dir / "jobs" / name if not site else self.dir / "sites" / site / "jobs" / name
-
-    def _gang(self, site: str) -> bool:
-        """One Parsl task per rank (placed by the executor, one per node), or all ranks in one task."""
-        return getattr(self.sites[site].pool, "gang", False)
+        root = self.sites[site].checkpoint_dir
+        if root is None:
+            root = self.dir / "jobs" if not site else self.dir / "sites" / site / "jobs"
+        return Path(root) / name
 
     # --- the loop ------------------------------------------------------------------------------------
     def run(self, *, progress=None, timeout_s: float | None = None) -> dict:
-        """Drive every job to completion (or until ``timeout_s``); returns the run's summary."""
-        from parsl import python_app
+        """Drive every job to completion (or until ``timeout_s``); returns the run's summary. However it is
+        left - done, timeout, an exception, Ctrl-C or SIGTERM - running fragments are asked to checkpoint and
+        collected, and every pilot is given back."""
+        from ..train.launcher import serve_store
 
-        from .apps import fragment_rank_task, fragment_task
-        self._apps = {name: python_app(fragment_rank_task if self._gang(name) else fragment_task,
-                                       executors=[site.executor]) for name, site in self.sites.items()}
+        self._store = serve_store()
+        self._runners = {name: SiteRunner(name, s, self._store, store_host(s.executor, getattr(s.pool, "gang", False)))
+                         for name, s in self.sites.items()}
         pending = self.pending_specs()
         ctl = Controller(pending, self.curves, self.planner, max_concurrent=self.max_concurrent, model_costs=False)
         for spec in pending:
             self._fence(spec.name)
-        self.db.event("start", generation=self.generation, jobs=[s.name for s in pending])
-        t_warm = time.monotonic()
-        if self.warm_up:
-            self._warm_up()
-        self.warm_up_s = time.monotonic() - t_warm
-        self.pool.start()
-        t_start = last = time.monotonic()
+        self.db.event("start", generation=self.generation, jobs=[s.name for s in pending],
+                      resume={s.name: _newest_step(self.job_dir(s.name)) for s in pending})
+        old = None
+        if threading.current_thread() is threading.main_thread():
+            old = signal.signal(signal.SIGTERM, self._on_sigterm)
+        t_start = time.monotonic()
+        why = "done"
+        try:
+            t_warm = time.monotonic()
+            if self.warm_up:
+                for name, runner in self._runners.items():
+                    runner.warm_up(self.dir / ".warm-up" / f"{self.generation}-{name or 'local'}", self.db.event)
+            self.warm_up_s = time.monotonic() - t_warm
+            self.pool.start()
+            t_start = time.monotonic()
+            if not self._loop(ctl, t_start, progress, timeout_s):
+                why = "timeout"
+        except BaseException as e:
+            why = {"KeyboardInterrupt": "interrupted", "_Shutdown": "SIGTERM"}.get(type(e).__name__,
+                                                                                   f"error: {e!r}"[:200])
+            raise
+        finally:
+            self._shutdown(ctl, why)
+            if old is not None:
+                signal.signal(signal.SIGTERM, old)
+        return self.summary(time.monotonic() - t_start)
+
+    def _on_sigterm(self, signum, frame):  # noqa: ARG002
+        raise _Shutdown()
+
+    def _loop(self, ctl: Controller, t_start: float, progress, timeout_s: float | None) -> bool:
+        """Returns True when every job is done, False on timeout."""
+        last = time.monotonic()
         changed, joined_at = True, None
         while ctl.active or ctl.waiting:
             now = time.monotonic()
@@ -208,68 +248,34 @@ class Orchestrator:
             if progress is not None:
                 progress(self)
             if timeout_s is not None and now - t_start > timeout_s:
-                break
+                return False
             time.sleep(self.poll_s)
+        return True
+
+    def _shutdown(self, ctl: Controller, why: str) -> None:
         for name in list(self.running):
             self._request_stop(name, "shutdown")
         deadline = time.monotonic() + 60
-        while self.running and time.monotonic() < deadline:
-            self._collect(ctl)
-            time.sleep(self.poll_s)
-        if hasattr(self.pool, "stop"):
+        try:
+            while self.running and time.monotonic() < deadline:
+                self._collect(ctl)
+                time.sleep(self.poll_s)
+        finally:
+            for name in list(self.running):        # did not stop in time: nothing may outlive us here
+                self._kill(name)
             self.pool.stop()
-        self.db.event("stop", generation=self.generation)
-        return self.summary(time.monotonic() - t_start)
-
-    def _warm_up(self) -> None:
-        """Executors whose workers stay (not pilots): start every worker's rank forkserver before the pool
-        does, so no planned node waits seconds for torch to import."""
-        from parsl import python_app
-        from parsl.dataflow.dflow import DataFlowKernelLoader
-
-        from .apps import warm_up
-        futs = []
-        for name, site in self.sites.items():
-            ex = DataFlowKernelLoader.dfk().executors[site.executor]
-            if self._gang(name) or not hasattr(ex, "connected_managers"):
-                continue
-            deadline = time.monotonic() + 60
-            while not ex.connected_managers() and time.monotonic() < deadline:
-                time.sleep(0.2)
-            n = sum(int(m.get("worker_count", 0)) for m in ex.connected_managers())
-            if n < 1:
-                continue
-            barrier = self.dir / ".warm-up" / f"{self.generation}-{name or 'local'}"
-            app = python_app(warm_up, executors=[site.executor])
-            futs += [app(str(barrier), n) for _ in range(n)]
-        for f in futs:
-            try:
-                f.result(timeout=180)
-            except Exception as e:          # only a slower first fragment; nothing is lost
-                self.db.event("warm-up-failed", error=str(e)[:200])
-        shutil.rmtree(self.dir / ".warm-up", ignore_errors=True)
+            self.db.set_meta("checkpoint-policy", self.policy.state())
+            self.db.event("stop", generation=self.generation, why=why, unfinished=sorted(self.running))
 
     # --- fragments -----------------------------------------------------------------------------------
     def _fence(self, name: str) -> None:
-        """Before (re)starting a job: kill ranks left by a dead orchestrator, and fence off their saves."""
-        d = self.job_dir(name)
-        d.mkdir(parents=True, exist_ok=True)
-        (d / "GENERATION").write_text(self.generation)
-        self._kill_pids(d)
-        (d / "STOP").unlink(missing_ok=True)
+        """Before (re)starting a job: fence off saves of a dead orchestrator's fragments, kill their ranks."""
+        jd = JobDir(self.job_dir(name))
+        jd.own(self.generation)
+        jd.kill_ranks()
+        jd.clear_stop()
 
-    def _kill_pids(self, d: Path) -> None:
-        for pids in d.glob(".ranks*.pid"):
-            host, *ids = pids.read_text().split() or [""]
-            if host != socket.gethostname():      # ranks on another node: its scheduler ends them with the pilot
-                continue
-            for pid in ids:
-                try:
-                    os.kill(int(pid), signal.SIGKILL)
-                except (ProcessLookupError, ValueError):
-                    pass
-
-    def _launch(self, name: str, size: int, site: str) -> None:
+    def _launch(self, ctl: Controller, name: str, nodes: tuple[str, ...], site: str) -> None:
         job = self.jobs[name]
         if site != self.job_site[name]:      # the job moves: its newest good checkpoint goes with it
             staged = CheckpointStore(self.job_dir(name)).stage_to(self.job_dir(name, site))
@@ -277,38 +283,45 @@ class Orchestrator:
             self.job_site[name] = site
             self.db.set_meta(f"site:{name}", site)
             self._fence(name)
-        d = self.job_dir(name)
-        (d / "STOP").unlink(missing_ok=True)
-        cfg = dict(job=name, workload=job.workload, checkpoint_dir=str(d), world_size=size,
+        jd = JobDir(self.job_dir(name))
+        jd.clear_stop()
+        k = self.sites[site].ranks_per_node
+        hole_left = min((ctl.pool.get(n, math.inf) for n in nodes), default=math.inf) - time.monotonic()
+        interval = self.policy.interval(len(nodes), hole_left)
+        fragment = f"{name}-{uuid.uuid4().hex[:10]}"
+        cfg = dict(job=name, workload=job.workload, checkpoint_dir=str(jd.path), world_size=len(nodes) * k,
                    global_batch=job.global_batch, total_samples=job.samples, workload_args=job.workload_args,
-                   stop_file=str(d / "STOP"), generation=self.generation, timeout_s=30.0)
-        app = self._apps[site]
-        rdzv = d / f".rdzv-{uuid.uuid4().hex[:8]}" if self._gang(site) else None
-        future = _Gang([app(cfg, r, str(rdzv)) for r in range(size)]) if rdzv else app(cfg)
-        self.running[name] = _Running(future, size, time.time(), rendezvous=rdzv, site=site)
-        self.db.event("launch", job=name, size=size, **({"site": site} if site else {}))
+                   generation=self.generation, timeout_s=30.0, checkpoint_every_s=interval, fragment_id=fragment,
+                   ranks_per_node=k)
+        resume = _newest_step(jd.path)
+        handle = self._runners[site].launch(cfg, len(nodes))
+        self.running[name] = _Running(handle, len(nodes), fragment, site, time.time(), resume, interval)
+        self.db.event("launch", job=name, size=len(nodes), ranks=len(nodes) * k, fragment=fragment,
+                      resume_step=resume, checkpoint_every_s=round(interval, 2), **({"site": site} if site else {}))
 
     def _request_stop(self, name: str, why: str) -> None:
         r = self.running.get(name)
         if r and not r.stop_requested:
             r.stop_requested = True
-            (self.job_dir(name) / "STOP").touch()
+            JobDir(self.job_dir(name)).request_stop()
             self.db.event("stop-request", job=name, why=why)
 
     def _kill(self, name: str) -> None:
-        """The node is gone: whatever did not stop in the notice period dies now."""
-        self.running[name].killed = True
-        self._kill_pids(self.job_dir(name))
+        """The node is gone: whatever did not stop in the notice period dies now (ranks on other hosts end
+        with their pilot)."""
+        r = self.running[name]
+        r.killed = True
+        JobDir(self.job_dir(name)).kill_ranks(r.fragment)
 
     def _follow_placement(self, ctl: Controller) -> None:
-        """A gang's ranks say which node they landed on: the books (who is hit by a reclaim) follow."""
+        """A gang's shares say which node they landed on: the books (who is hit by a reclaim) follow."""
         for name, r in self.running.items():
-            if r.rendezvous is None or len(r.placed) == r.size or name not in ctl.active:
+            runner = self._runners[r.site]
+            if not runner.gang or len(r.placed) == r.nodes or name not in ctl.active:
                 continue
-            for f in r.rendezvous.parent.glob(r.rendezvous.name + ".node*"):
-                node = f.read_text().strip()
-                node = f"{r.site}:{node}" if node and r.site else node
-                if node and node not in r.placed:
+            for node in runner.placed(r.fragment, r.nodes).values():
+                node = f"{r.site}:{node}" if r.site else node
+                if node not in r.placed:
                     ctl.bind(name, node, r.placed)
                     if node in ctl.active[name].state.nodes:
                         r.placed.add(node)
@@ -316,69 +329,83 @@ class Orchestrator:
     def _collect(self, ctl: Controller) -> bool:
         changed = False
         for name, r in list(self.running.items()):
-            if not r.future.done():
+            if not r.handle.done():
                 continue
             del self.running[name]
-            if r.rendezvous is not None:
-                self._kill_pids(self.job_dir(name))      # peers of a failed rank; nothing if all ended
-                for f in r.rendezvous.parent.glob(r.rendezvous.name + "*"):
-                    f.unlink(missing_ok=True)
             changed = True
-            row = self.db.jobs()[name]
+            jd = JobDir(self.job_dir(name))
+            row = self.db.job(name)
             a = ctl.active.get(name)
+            held_s = max(time.time() - r.launched, 0.0) * r.nodes
             try:
-                res = r.future.result()
-                done = int(res["samples_done"])
-                ckpt = res["checkpoint"]
+                res = r.handle.result()
+                done, ckpt = int(res["samples_done"]), res["checkpoint"]
                 self.failures[name] = 0
-                self.db.event("fragment-done", job=name, size=res["world_size"], launched=r.wall_launched,
-                              train_started=res["train_started"], train_s=res["train_s"],
-                              stopped_by=res["stopped_by"])
+                k = self.sites[r.site].ranks_per_node
+                self.db.event("fragment-done", job=name, fragment=r.fragment, size=r.nodes, ranks=res["world_size"],
+                              launched=r.launched, train_started=res["train_started"], train_s=res["train_s"],
+                              start_step=res["start_step"], end_step=res["end_step"], stopped_by=res["stopped_by"],
+                              periodic_saves=res["periodic_saves"], checkpoint_s=res["checkpoint_s"])
+                self.policy.observe_save(res["periodic_save_s"] or res["checkpoint_s"])
+                self.policy.observe_training(held_s, lost_without_notice=False)
                 if res["throughput"] > 0 and res["end_step"] > res["start_step"]:
                     measured = {int(k): v for k, v in (self.db.meta(f"curve:{name}") or {}).items()}
-                    measured[res["world_size"]] = res["throughput"]
+                    measured[res["world_size"] // k] = res["throughput"]      # the planner counts nodes
                     self.curves[name] = ScalingCurve(name, measured)
                     self.db.set_meta(f"curve:{name}", measured)
                     if a is not None:
                         a.state.curve = self.curves[name]
-                self.db.upsert(name, asdict(self.jobs[name]), fragments=row["fragments"] + 1,
-                               train_node_s=row["train_node_s"] + res["train_s"] * res["world_size"])
+                self.db.update(name, fragments=row.fragments + 1,
+                               train_node_s=row.train_node_s + res["train_s"] * r.nodes)
             except Exception as e:   # a killed or failed fragment: resume from the last good checkpoint
                 r.killed |= type(e).__name__ == "ManagerLost"     # its node's worker pool died with the node
-                st = CheckpointStore(self.job_dir(name)).latest()
+                errors = jd.errors(r.fragment)
+                err = errors[0].summary() if errors else str(e)
+                st = CheckpointStore(jd.path).latest()
                 done, ckpt = (st.samples_done, None) if st else (0, None)
-                self.db.event("fragment-failed", job=name, error=str(e)[:300], reclaimed=r.killed)
-                self.db.upsert(name, asdict(self.jobs[name]), fragments=row["fragments"] + 1)
+                without_notice = not r.stop_requested
+                p = jd.progress()
+                lost = {}
+                if p is not None and p.t >= r.launched and p.step >= r.resume_step:
+                    lost = {"lost_steps": p.step - p.saved_step, "lost_s": round(p.t - p.saved_at, 3)}
+                self.db.event("fragment-failed", job=name, fragment=r.fragment, error=err[:2000], reclaimed=r.killed,
+                              without_notice=without_notice, resume_step=r.resume_step,
+                              saved_step=st.step if st else 0, checkpoint_every_s=round(r.interval_s, 2), **lost)
+                self.policy.observe_training(held_s, lost_without_notice=without_notice)
+                self.db.update(name, fragments=row.fragments + 1)
                 if not r.killed:
                     self.failures[name] = self.failures.get(name, 0) + 1
                     if self.failures[name] >= self.max_failures:
-                        self._give_up(ctl, name, e)
+                        self._give_up(ctl, name, err)
                         continue
+            finally:
+                jd.kill_ranks(r.fragment)                # stragglers of a failed share, on this host
+                jd.forget_fragment(r.fragment)
             if ckpt is None:
-                paths = CheckpointStore(self.job_dir(name)).paths()
+                paths = CheckpointStore(jd.path).paths()
                 ckpt = str(paths[0]) if paths else None
-            self.db.upsert(name, asdict(self.jobs[name]), samples_done=done, checkpoint=ckpt,
+            self.db.update(name, samples_done=done, checkpoint=ckpt,
                            **({"node_s": a.node_seconds} if a is not None else {}))
             if a is not None:
                 a.state.samples_done = done
             if done >= self.jobs[name].samples:
                 if a is not None:
                     ctl.job_finished(name, time.monotonic())
-                self.db.upsert(name, asdict(self.jobs[name]), status="done", size=0)
+                self.db.update(name, status="done", size=0)
                 self.db.event("done", job=name, checkpoint=ckpt)
                 if not self.futures[name].done():
                     self.futures[name].set_result(ckpt)
         return changed
 
-    def _give_up(self, ctl: Controller, name: str, err: Exception) -> None:
+    def _give_up(self, ctl: Controller, name: str, err: str) -> None:
         """A job whose fragments fail on their own (not by reclaims) max_failures times in a row stops; its
         checkpoints stay, the error reaches the scientist through the future."""
         if name in ctl.active:
             ctl.job_finished(name, time.monotonic())
-        self.db.upsert(name, asdict(self.jobs[name]), status="failed", size=0)
-        self.db.event("failed", job=name, error=str(err)[:300])
+        self.db.update(name, status="failed", size=0)
+        self.db.event("failed", job=name, error=err[:2000])
         if not self.futures[name].done():
-            self.futures[name].set_exception(RuntimeError(
+            self.futures[name].set_exception(JobFailed(
                 f"job {name}: {self.max_failures} fragments failed in a row; last: {err} "
                 f"(checkpoints kept in {self.job_dir(name)})"))
 
@@ -388,43 +415,37 @@ class Orchestrator:
         for a in ctl.active.values():
             want = a.state.size
             r = self.running.get(a.name)
-            row = rows[a.name]
-            if r is not None and r.size != want and not r.stop_requested:
-                self._request_stop(a.name, f"rescale {r.size} -> {want}")
-                self.db.upsert(a.name, asdict(self.jobs[a.name]), rescales=row["rescales"] + 1)
+            if r is not None and r.nodes != want and not r.stop_requested:
+                self._request_stop(a.name, f"rescale {r.nodes} -> {want}")
+                self.db.update(a.name, rescales=rows[a.name].rescales + 1)
             elif r is None and want > 0:
-                self._launch(a.name, want, site_of(a.state.nodes[0]))
-            self.db.upsert(a.name, asdict(self.jobs[a.name]), status="running" if want else "waiting", size=want,
-                           node_s=a.node_seconds)
+                self._launch(ctl, a.name, a.state.nodes, site_of(a.state.nodes[0]))
+            self.db.update(a.name, status="running" if want else "waiting", size=want, node_s=a.node_seconds)
 
     # --- reporting -----------------------------------------------------------------------------------
     def live_progress(self) -> dict[str, float]:
         out = {}
         rows = self.db.jobs()
         for name, job in self.jobs.items():
-            p = self.job_dir(name) / "progress.json"
-            row = rows.get(name, {})
-            done = row.get("samples_done", 0)
-            if p.exists():
-                try:
-                    done = max(done, json.loads(p.read_text())["samples_done"])
-                except (ValueError, KeyError):
-                    pass
+            done = rows[name].samples_done if name in rows else 0
+            p = JobDir(self.job_dir(name)).progress()
+            if p is not None:
+                done = max(done, p.samples_done)
             out[name] = min(done, job.samples)
         return out
 
     def summary(self, wall_s: float) -> dict:
         rows = []
         held = trained = work = 0.0
+        reclaims = [d["job"] for _, _, d in self.db.events("reclaim")]
         for name, r in self.db.jobs().items():
             c = self.curves[name]
-            reclaims = sum(1 for _, _, d in self.db.events("reclaim") if d["job"] == name)
-            rows.append({"job": name, "status": r["status"], "samples": r["samples_done"], "node_s": r["node_s"],
-                         "train_node_s": r["train_node_s"], "fragments": r["fragments"],
-                         "rescales": r["rescales"], "reclaims": reclaims, "checkpoint": r["checkpoint"],
-                         "e_used": (r["samples_done"] / c.rate(1)) / r["node_s"] if r["node_s"] else 0.0})
-            held += r["node_s"]
-            trained += r["train_node_s"]
-            work += r["samples_done"] / c.rate(1)
+            rows.append({"job": name, "status": r.status, "samples": r.samples_done, "node_s": r.node_s,
+                         "train_node_s": r.train_node_s, "fragments": r.fragments, "rescales": r.rescales,
+                         "reclaims": reclaims.count(name), "checkpoint": r.checkpoint,
+                         "e_used": (r.samples_done / c.rate(1)) / r.node_s if r.node_s else 0.0})
+            held += r.node_s
+            trained += r.train_node_s
+            work += r.samples_done / c.rate(1)
         return {"wall_s": wall_s, "warm_up_s": self.warm_up_s, "jobs": rows, "pool_node_s": self.pool_node_s,
                 "held_node_s": held, "train_share": trained / held if held else 0.0, "e_used": work / held if held else 0.0}

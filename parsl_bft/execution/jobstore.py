@@ -1,9 +1,11 @@
-"""The orchestrator's persistent state (SQLite): a restarted orchestrator picks every job up again."""
+"""The orchestrator's persistent state (SQLite): typed job rows, the event log and a few measured values.
+A restarted orchestrator picks every job up again from here."""
 from __future__ import annotations
 
 import json
 import sqlite3
 import time
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 SCHEMA = """
@@ -17,7 +19,26 @@ CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
 
 
-class StateDB:
+@dataclass
+class JobRow:
+    name: str
+    spec: dict
+    status: str = "waiting"        # waiting | running | done | failed
+    samples_done: int = 0
+    checkpoint: str | None = None
+    rescales: int = 0
+    reclaims: int = 0
+    fragments: int = 0
+    node_s: float = 0.0            # node-seconds held
+    train_node_s: float = 0.0      # node-seconds spent training
+    size: int = 0
+    updated: float = 0.0
+
+
+_COLUMNS = [f.name for f in fields(JobRow)]
+
+
+class JobStore:
     def __init__(self, path: str | Path):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -25,25 +46,30 @@ class StateDB:
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.executescript(SCHEMA)
 
-    def jobs(self) -> dict[str, dict]:
-        cur = self.db.execute("SELECT name, spec, status, samples_done, checkpoint, rescales, reclaims, fragments, "
-                              "node_s, train_node_s, size, updated FROM jobs ORDER BY rowid")
-        cols = [c[0] for c in cur.description]
+    def jobs(self) -> dict[str, JobRow]:
+        cur = self.db.execute(f"SELECT {', '.join(_COLUMNS)} FROM jobs ORDER BY rowid")
         out = {}
         for row in cur:
-            d = dict(zip(cols, row))
+            d = dict(zip(_COLUMNS, row))
             d["spec"] = json.loads(d["spec"])
-            out[d["name"]] = d
+            out[d["name"]] = JobRow(**d)
         return out
 
-    def upsert(self, name: str, spec: dict, **fields) -> None:
-        with self.db:
-            self.db.execute("INSERT INTO jobs (name, spec, status, samples_done, updated) VALUES (?, ?, 'waiting', 0, ?)"
-                            " ON CONFLICT(name) DO NOTHING", (name, json.dumps(spec), time.time()))
-            if fields:
-                sets = ", ".join(f"{k} = ?" for k in fields)
-                self.db.execute(f"UPDATE jobs SET {sets}, updated = ? WHERE name = ?",
-                                (*fields.values(), time.time(), name))
+    def job(self, name: str) -> JobRow:
+        return self.jobs()[name]
+
+    def add(self, name: str, spec: dict) -> None:
+        self.db.execute("INSERT INTO jobs (name, spec, status, samples_done, updated) VALUES (?, ?, 'waiting', 0, ?)"
+                        " ON CONFLICT(name) DO NOTHING", (name, json.dumps(spec), time.time()))
+
+    def update(self, name: str, **values) -> None:
+        bad = [k for k in values if k not in _COLUMNS or k in ("name", "spec", "updated")]
+        if bad:
+            raise KeyError(f"not a job field: {', '.join(bad)}")
+        if values:
+            sets = ", ".join(f"{k} = ?" for k in values)
+            self.db.execute(f"UPDATE jobs SET {sets}, updated = ? WHERE name = ?",
+                            (*values.values(), time.time(), name))
 
     def event(self, kind: str, **detail) -> None:
         self.db.execute("INSERT INTO events VALUES (?, ?, ?)", (time.time(), kind, json.dumps(detail)))

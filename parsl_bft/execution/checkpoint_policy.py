@@ -1,0 +1,48 @@
+"""How often a fragment saves without being asked: Young's interval sqrt(2 C M) from what the orchestrator
+has seen. C is the measured save time; M the mean time between losses WITHOUT notice (a pilot killed, a node
+crash, a lost worker pool) of a fragment on n nodes, estimated from the node-seconds held and the losses
+counted so far, starting from a prior of one loss per ``prior_mtbf_node_s``. A known hole end caps the interval
+at half the time left, so a hole that ends without its notice still keeps half of its work."""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+
+@dataclass
+class CheckpointPolicy:
+    prior_mtbf_node_s: float = 6 * 3600.0
+    prior_save_s: float = 1.0
+    min_interval_s: float = 5.0      # never spend more than C / min_interval of the time saving
+    max_interval_s: float = 900.0
+    exposure_node_s: float = 0.0     # node-seconds fragments have trained
+    losses: int = 0                  # fragments lost without notice
+    save_s: float | None = None      # running mean of measured saves
+    saves: int = 0
+
+    def __post_init__(self) -> None:
+        if not 0 < self.min_interval_s <= self.max_interval_s:
+            raise ValueError(f"need 0 < min_interval_s <= max_interval_s, got {self.min_interval_s}, "
+                             f"{self.max_interval_s}")
+
+    def observe_save(self, seconds: float) -> None:
+        if seconds > 0:
+            self.saves += 1
+            self.save_s = seconds if self.save_s is None else self.save_s + (seconds - self.save_s) / self.saves
+
+    def observe_training(self, node_seconds: float, lost_without_notice: bool) -> None:
+        self.exposure_node_s += max(node_seconds, 0.0)
+        self.losses += int(lost_without_notice)
+
+    def mtbf_node_s(self) -> float:
+        return (self.prior_mtbf_node_s + self.exposure_node_s) / (1 + self.losses)
+
+    def interval(self, nodes: int, hole_left_s: float = math.inf) -> float:
+        c = self.save_s if self.save_s is not None else self.prior_save_s
+        tau = math.sqrt(2.0 * c * self.mtbf_node_s() / max(nodes, 1))
+        if math.isfinite(hole_left_s):
+            tau = min(tau, hole_left_s / 2)
+        return min(self.max_interval_s, max(self.min_interval_s, tau))
+
+    def state(self) -> dict:
+        return asdict(self)

@@ -1,0 +1,82 @@
+"""The Parsl side of running fragments at one site: its apps, gangs of node shares, placement read back from
+the rendezvous store, and warming local workers up. The orchestrator talks to sites only through this."""
+from __future__ import annotations
+
+import shutil
+import socket
+import time
+from concurrent.futures import Future
+from pathlib import Path
+
+from .pool import SitePool
+
+
+class FragmentHandle:
+    """A launched fragment: one Parsl future per node share (or one for all ranks). Done only when EVERY
+    share has ended - a failed share's peers may still be saving or holding the rendezvous."""
+
+    def __init__(self, futures: list[Future]):
+        self.futures = futures
+
+    def done(self) -> bool:
+        return all(f.done() for f in self.futures)
+
+    def result(self) -> dict:
+        for f in self.futures:
+            if f.exception() is not None:
+                raise f.exception()
+        return self.futures[0].result()
+
+
+class SiteRunner:
+    def __init__(self, name: str, site: SitePool, store, store_host: str):
+        from parsl import python_app
+
+        from .apps import fragment_node_task, fragment_task
+        self.name, self.site, self.store = name, site, store
+        self.gang = bool(getattr(site.pool, "gang", False))
+        self.addr = f"{store_host}:{store.port}"
+        self._app = python_app(fragment_node_task if self.gang else fragment_task, executors=[site.executor])
+
+    def launch(self, cfg: dict, nodes: int) -> FragmentHandle:
+        if self.gang:
+            return FragmentHandle([self._app(cfg, i, self.addr) for i in range(nodes)])
+        return FragmentHandle([self._app(cfg, self.addr)])
+
+    def placed(self, fragment: str, nodes: int) -> dict[int, str]:
+        """node index -> the node its share landed on, for the shares that have said so."""
+        keys = {i: f"{fragment}/node/{i}" for i in range(nodes)}
+        return {i: self.store.get(k).decode() for i, k in keys.items() if self.store.check([k])}
+
+    def warm_up(self, barrier_dir: Path, log) -> None:
+        """Executors whose workers stay (not pilots): start every worker's rank forkserver before the pool
+        does, so no planned node waits seconds for torch to import."""
+        from parsl import python_app
+        from parsl.dataflow.dflow import DataFlowKernelLoader
+
+        from .apps import warm_up
+        ex = DataFlowKernelLoader.dfk().executors[self.site.executor]
+        if self.gang or not hasattr(ex, "connected_managers"):
+            return
+        deadline = time.monotonic() + 60
+        while not ex.connected_managers() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        n = sum(int(m.get("worker_count", 0)) for m in ex.connected_managers())
+        app = python_app(warm_up, executors=[self.site.executor])
+        futs = [app(str(barrier_dir), n) for _ in range(n)]
+        for f in futs:
+            try:
+                f.result(timeout=180)
+            except Exception as e:          # only a slower first fragment; nothing is lost
+                log("warm-up-failed", error=str(e)[:200])
+        shutil.rmtree(barrier_dir, ignore_errors=True)
+
+
+def store_host(executor_label: str, gang: bool) -> str:
+    """The address ranks reach the orchestrator's store on: local workers use loopback; pilots the address
+    their worker pools reach the interchange on (the site's interchange_address), else this host's name."""
+    if not gang:
+        return "127.0.0.1"
+    from parsl.dataflow.dflow import DataFlowKernelLoader
+    ex = DataFlowKernelLoader.dfk().executors[executor_label]
+    return getattr(ex, "address", None) or socket.getfqdn()

@@ -1,0 +1,21 @@
+"""What the orchestrator needs of an idle pool and of a planner (the planner package knows nothing of Parsl;
+the runtime knows nothing of the MILP: it only calls ``plan``)."""
+from __future__ import annotations
+
+from typing import Protocol
+
+from ..planner.problem import JobState, Plan
+
+
+class IdlePool(Protocol):
+    gang: bool                       # True: one Parsl task per node (pilots); False: all ranks in one task
+
+    def start(self) -> None: ...
+
+    def poll(self) -> list: ...      # PoolEvents due now: join | notice | leave
+
+    def stop(self) -> None: ...
+
+
+class Planner(Protocol):
+    def plan(self, jobs: list[JobState], pool: list[str], now: float = 0.0, remaining=None) -> Plan: ...
