@@ -33,6 +33,8 @@ class PoolEvent:
 
 
 class EmulatedPool:
+    gang = False             # a fragment's ranks all run in one task on this machine
+
     def __init__(self, intervals: IdleIntervals, *, speedup: float = 30.0, notice_s: float = 3.0,
                  repeat: bool = False, clock=time.monotonic):
         if speedup <= 0:
@@ -103,6 +105,9 @@ class EmulatedPool:
         while self._heap and self._heap[0][0] <= now:
             out.append(heapq.heappop(self._heap)[3])
         return out
+
+    def stop(self) -> None:
+        """Nothing to give back: the emulated nodes are this machine."""
 
     @property
     def finished(self) -> bool:
