@@ -1,8 +1,9 @@
 """A small orchestrated run, started as a separate process by the tests (so it can be killed and restarted).
 
-usage: python tests/orchestrate.py STATE_DIR [TIMEOUT_S [SITE.yaml | two-sites [IMG_STEPS]]]
+usage: python tests/orchestrate.py STATE_DIR [TIMEOUT_S [SITE.yaml | two-sites | steady [IMG_STEPS]]]
 Without a site file: the embedded default on a fast emulated pattern; with one: that site's pilots;
-"two-sites": two local sites, the first reclaimed for good early on.
+"two-sites": two local sites, the first reclaimed for good early on; "steady": img alone on one node that
+stays idle (losses only come from outside). Periodic checkpoints every 1-2 s (FAST_SAVES).
 """
 import json
 import sys
@@ -10,6 +11,7 @@ import sys
 import parsl
 
 from parsl_bft.execution import EmulatedPool, Orchestrator, TrainingJob, local_config
+from parsl_bft.execution.checkpoint_policy import CheckpointPolicy
 from parsl_bft.execution.config import ensure_venv_on_path
 from parsl_bft.planner import Planner
 from parsl_bft.train.checkpoint import CheckpointStore
@@ -22,6 +24,7 @@ LM_STEPS = 200
 
 
 EMULATED_IMG_STEPS = 6000
+FAST_SAVES = dict(min_interval_s=1.0, max_interval_s=2.0)    # tests: many periodic saves in a short run
 
 
 def jobs(img_steps: int = 600, img_max_nodes: int = 2) -> list[TrainingJob]:
@@ -74,17 +77,28 @@ def main(state_dir: str, timeout_s: float = 300.0, site: str | None = None, img_
     if site == "two-sites":
         ensure_venv_on_path()
         return two_sites(state_dir, timeout_s, img_steps)
+    if site == "steady":
+        pool = EmulatedPool.pattern(nodes=1, period_s=100_000.0, cycles=1, notice_s=2.0)
+        with parsl.load(local_config(workers=2, run_dir=f"{state_dir}/runinfo")):
+            orch = Orchestrator(state_dir, pool, Planner(method="dp", objective="throughput", t_fwd=20.0),
+                                checkpoint_policy=CheckpointPolicy(**FAST_SAVES))
+            fut = orch.submit(jobs(img_steps, 1)[0])
+            summary = orch.run(timeout_s=timeout_s)
+            print(json.dumps({"summary": summary, "results": {"img": fut.result() if fut.done() else None}}),
+                  flush=True)
+        return
     if site:
         from parsl_bft.execution.session import training_session
-        with training_session(state_dir, site) as orch:
+        with training_session(state_dir, site, checkpoint_policy=CheckpointPolicy(**FAST_SAVES)) as orch:
             _run(orch, timeout_s, img_steps)
         return
     # two nodes, every 12 s: node0 idle for 4 s, node1 for 8 s; each leaves after a 2 s notice. img runs on one
     # node (so its model must equal uninterrupted training bit for bit), long enough to be reclaimed several times
     pool = EmulatedPool.pattern(nodes=2, period_s=12.0, cycles=1000, notice_s=2.0)
     with parsl.load(local_config(workers=3, run_dir=f"{state_dir}/runinfo")):
-        _run(Orchestrator(state_dir, pool, Planner(method="dp", objective="proportional", t_fwd=20.0)), timeout_s,
-             EMULATED_IMG_STEPS, img_max_nodes=1)
+        _run(Orchestrator(state_dir, pool, Planner(method="dp", objective="proportional", t_fwd=20.0),
+                          checkpoint_policy=CheckpointPolicy(**FAST_SAVES)), timeout_s, EMULATED_IMG_STEPS,
+             img_max_nodes=1)
 
 
 if __name__ == "__main__":

@@ -178,8 +178,19 @@ def _read_item(path: str, g: h5py.Group, name: str) -> Any:
 
 
 def _fault(point: str) -> None:
-    """Fault injection for tests: PARSL_BFT_FAULT=<point> kills this process (SIGKILL) at that point."""
-    if os.environ.get("PARSL_BFT_FAULT") == point:
+    """Fault injection for tests: PARSL_BFT_FAULT=<point> kills this process (SIGKILL) at that point;
+    PARSL_BFT_CHAOS=<point>=<probability>[,...] does so at random (a chaos test), noting each kill in the
+    directory PARSL_BFT_CHAOS_LOG so the test can count them."""
+    kill = os.environ.get("PARSL_BFT_FAULT") == point
+    for item in filter(None, os.environ.get("PARSL_BFT_CHAOS", "").split(",")):
+        name, _, p = item.rpartition("=")
+        if name == point and random.SystemRandom().random() < float(p):   # not the training RNG
+            kill = True
+            if os.environ.get("PARSL_BFT_CHAOS_LOG"):
+                log = Path(os.environ["PARSL_BFT_CHAOS_LOG"])
+                log.mkdir(parents=True, exist_ok=True)
+                (log / f"{point.replace(':', '_')}-{_HOST}-{os.getpid()}").touch()
+    if kill:
         os.kill(os.getpid(), 9)
 
 
