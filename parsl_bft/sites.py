@@ -25,7 +25,16 @@ class _Strict(BaseModel):
 class NodeShape(_Strict):
     cores: int = Field(ge=1)
     gpus: int = Field(default=0, ge=0)
-    memory_gb: float = Field(gt=0)
+    ranks_per_node: int | None = Field(default=None, ge=1, description="training ranks a fragment runs on each "
+                                       "node; default: one per GPU (CPU-only nodes: 1)")
+
+    @model_validator(mode="after")
+    def _ranks(self):
+        if self.ranks_per_node is None:
+            self.ranks_per_node = self.gpus or 1
+        elif self.gpus and self.ranks_per_node > self.gpus:
+            raise ValueError(f"ranks_per_node {self.ranks_per_node} > gpus {self.gpus}: one rank per accelerator")
+        return self
 
 
 class PilotWalltime(_Strict):
@@ -72,10 +81,11 @@ class Site(_Strict):
     pilot_walltime: PilotWalltime = Field(default_factory=PilotWalltime)
     worker_init: str = ""
     scheduler_options: list[str] = Field(default_factory=list, description="extra #SBATCH / #PBS options")
-    launcher: Literal["simple", "srun", "mpiexec", "aprun"] = "simple"
     interchange_address: str | None = Field(default=None, description="the address compute nodes reach this "
                                             "host on; unset: workers probe every address (slow to connect)")
-    checkpoint_dir: str
+    checkpoint_dir: str | None = Field(default=None, description="where jobs' checkpoints go (one folder per "
+                                       "job; a relative path is taken from the directory parsl-bft runs in); "
+                                       "unset: under the run's state directory")
     holes: HoleDiscovery = Field(default_factory=HoleDiscovery)
     objective: ObjectiveSpec = Field(default_factory=ObjectiveSpec)
     globus_compute_endpoint: UUID | None = None
@@ -109,6 +119,18 @@ class SiteError(ParslBftError):
     pass
 
 
+_REMOVED = {"launcher": "pilots are one node each and start their worker pool themselves",
+            "node.memory_gb": "nothing used it (pilots take whole nodes: --exclusive)"}
+
+
+def _present(doc: dict, dotted: str) -> bool:
+    for part in dotted.split("."):
+        if not isinstance(doc, dict) or part not in doc:
+            return False
+        doc = doc[part]
+    return True
+
+
 def load_site(path: str | Path) -> Site:
     """Read and validate a site file; errors name the file, the field and what is allowed."""
     p = Path(path)
@@ -120,6 +142,9 @@ def load_site(path: str | Path) -> Site:
         raise SiteError(f"{p}: not valid YAML: {e}") from None
     if not isinstance(doc, dict):
         raise SiteError(f"{p}: a site file is a mapping of fields (name, scheduler, node, ...)")
+    removed = [k for k in _REMOVED if _present(doc, k)]
+    if removed:
+        raise SiteError("\n".join(f"{p}: field '{k}' was removed: {_REMOVED[k]}; delete it" for k in removed))
     try:
         return Site(**doc)
     except ValidationError as e:
@@ -177,11 +202,13 @@ def config_code(site: Site) -> str:
     return (
         "from parsl.config import Config\n"
         "from parsl.executors import HighThroughputExecutor\n"
+        "from parsl_bft.execution.block_errors import pilot_block_error_handler\n"
         + imports + "\n"
         f"config = Config(\n    executors=[HighThroughputExecutor(\n        label={label!r},\n"
         "        max_workers_per_node=1,\n"
         + (f"        address={site.interchange_address!r},\n" if site.interchange_address else "") +
         "        heartbeat_period=5,\n        heartbeat_threshold=20,     # pilots come and go: notice lost ones soon\n"
+        "        block_error_handler=pilot_block_error_handler,   # a pilot that ends is normal\n"
         f"        provider={provider},\n    )],\n"
         "    retries=0,\n    strategy='none',\n)\n")
 

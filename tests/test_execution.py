@@ -105,7 +105,6 @@ def check_chain(db, job: str, total_steps: int) -> None:
 
 
 CHAOS_SEED = 20261122
-CHAOS_S = 80.0
 
 
 @pytest.mark.timeout(900)
@@ -118,27 +117,31 @@ def test_chaos_embedded_default_kills_ranks_the_orchestrator_and_checkpoint_writ
     state, chaos_log = tmp_path / "state", tmp_path / "chaos"
     env = {"PARSL_BFT_CHAOS": "save:optimizer=0.03", "PARSL_BFT_CHAOS_LOG": str(chaos_log)}
     faults = {"rank": 0, "orchestrator": 0}
-    end = time.monotonic() + CHAOS_S
+    schedule = ["rank"] * 6 + ["orchestrator"] * 2
+    rng.shuffle(schedule)
     p = start_orchestrator(state, env=env)
-    while time.monotonic() < end and p.poll() is None:
-        time.sleep(rng.uniform(2.0, 6.0))            # the chaos schedule itself, not a wait for a condition
-        kind = rng.choice(["rank", "rank", "rank", "orchestrator"])
-        if kind == "rank":
-            pids = live_ranks(state)
-            if pids:
-                try:
-                    os.kill(rng.choice(sorted(pids)), signal.SIGKILL)
-                    faults["rank"] += 1
-                except ProcessLookupError:
-                    pass
-        elif p.poll() is None:
+    for kind in schedule:
+        # a random moment while something trains (the schedule is seeded; the wait is for a condition)
+        try:
+            wait_for(lambda: live_ranks(state) or p.poll() is not None, timeout=300)
+        except AssertionError:
+            break
+        if p.poll() is not None:
+            break                                    # everything finished before the schedule did
+        time.sleep(rng.uniform(0.5, 4.0))
+        pids = live_ranks(state)
+        if kind == "rank" and pids:
+            try:
+                os.kill(rng.choice(sorted(pids)), signal.SIGKILL)
+                faults["rank"] += 1
+            except ProcessLookupError:
+                pass
+        elif kind == "orchestrator" and p.poll() is None:
             os.killpg(p.pid, signal.SIGKILL)
             p.wait()
             faults["orchestrator"] += 1
             p = start_orchestrator(state, env=env)
     out = finish(p)
-    if out["summary"]["jobs"] and any(j["status"] != "done" for j in out["summary"]["jobs"]):
-        out = finish(start_orchestrator(state, env=env))
     faults["checkpoint write"] = len(list(chaos_log.glob("*"))) if chaos_log.exists() else 0
     print(f"faults injected: {faults}")
     assert faults["rank"] >= 3 and faults["orchestrator"] >= 1, faults

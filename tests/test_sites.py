@@ -27,7 +27,7 @@ GOOD = """
 name: x
 scheduler: slurm
 partition: debug
-node: {cores: 4, memory_gb: 8}
+node: {cores: 4}
 checkpoint_dir: /tmp/ck
 """
 
@@ -35,8 +35,8 @@ checkpoint_dir: /tmp/ck
 @pytest.mark.parametrize("edit,field,words", [
     ("scheduler: lsf", "scheduler", "'local', 'slurm' or 'pbs'"),
     ("partition: null", "(site)", "needs 'partition'"),
-    ("node: {cores: 0, memory_gb: 8}", "node.cores", "greater than or equal to 1"),
-    ("node: {cores: 4, memory_gb: 8, tpus: 2}", "node.tpus", "unknown field; allowed here: cores, gpus, memory_gb"),
+    ("node: {cores: 0}", "node.cores", "greater than or equal to 1"),
+    ("node: {cores: 4, tpus: 2}", "node.tpus", "unknown field; allowed here: cores, gpus, ranks_per_node"),
     ("pilot_walltime: {min_minutes: 10, max_minutes: 5}", "pilot_walltime", "max_minutes 5 < min_minutes 10"),
     ("worker_init: 'export GLOBUS_COMPUTE_CLIENT_SECRET=abc'", "worker_init", "looks like a secret"),
     ("globus_compute_endpoint: not-a-uuid", "globus_compute_endpoint", "UUID"),
@@ -103,3 +103,42 @@ def test_a_globus_compute_site_cannot_be_orchestrated_from_outside(tmp_path):
     p.write_text(GOOD + "globus_compute_endpoint: 2a7e6a1c-3e3b-4b8a-9a66-0a3b0c5d9f11\n")
     with pytest.raises(SiteError, match="reached through Globus Compute"):
         make_pool(load_site(p), executor=None)
+
+
+def test_every_accelerator_and_the_checkpoint_dir_reach_the_runtime(tmp_path, monkeypatch):
+    """ranks_per_node defaults to the GPUs of a node (4 on Polaris/Perlmutter), checkpoint_dir is where
+    checkpoints go; removed fields fail naming the field."""
+    from parsl_bft.execution.session import _checkpoints
+    root = Path(__file__).resolve().parent.parent / "site_configs"
+    assert load_site(root / "polaris.yaml").node.ranks_per_node == 4
+    assert load_site(root / "perlmutter.yaml").node.ranks_per_node == 4
+    assert load_site(root / "local-slurm.yaml").node.ranks_per_node == 2
+    polaris = load_site(root / "polaris.yaml")
+    assert _checkpoints(polaris) == Path(polaris.checkpoint_dir)
+    monkeypatch.chdir(tmp_path)
+    p = tmp_path / "s.yaml"
+    p.write_text(GOOD.replace("/tmp/ck", "ck"))
+    assert _checkpoints(load_site(p)) == tmp_path / "ck"          # relative: from where parsl-bft runs
+    p.write_text(GOOD.replace("node: {cores: 4}", "node: {cores: 4, gpus: 2, ranks_per_node: 3}"))
+    with pytest.raises(SiteError, match="ranks_per_node 3 > gpus 2"):
+        load_site(p)
+    p.write_text(GOOD.replace("node: {cores: 4}", "node: {cores: 4, memory_gb: 8}") + "launcher: srun\n")
+    with pytest.raises(SiteError) as e:
+        load_site(p)
+    assert "field 'launcher' was removed" in str(e.value) and "field 'node.memory_gb' was removed" in str(e.value)
+
+
+def test_the_embedded_default_ships_inside_the_package():
+    from importlib.resources import files
+
+    from parsl_bft.execution.session import DEFAULT_SITE, current_site
+    assert DEFAULT_SITE == Path(str(files("parsl_bft") / "data" / "sites" / "local.yaml"))
+    assert "data/sites/*.yaml" in (Path(__file__).resolve().parent.parent / "pyproject.toml").read_text()
+    assert current_site().name == "local" and current_site().checkpoint_dir is None
+
+
+def test_pilot_configs_use_the_pilot_block_error_policy():
+    from parsl_bft.execution.block_errors import pilot_block_error_handler
+    root = Path(__file__).resolve().parent.parent / "site_configs"
+    ex = build_config(load_site(root / "local-slurm.yaml")).executors[0]
+    assert ex.block_error_handler is pilot_block_error_handler

@@ -163,7 +163,7 @@ def test_pilots_soak_a_real_backfill_hole(slurm, tmp_path):
 SITE = """name: ci-slurm
 scheduler: slurm
 partition: backfill          # tools/local-slurm.sh's preemptable partition
-node: {{cores: 4, gpus: 0, memory_gb: 1}}
+node: {{cores: 4, gpus: 0, ranks_per_node: 2}}
 pilot_walltime: {{min_minutes: 1, max_minutes: 1}}
 interchange_address: 127.0.0.1
 worker_init: "export SLURM_CONF={conf}"

@@ -2,8 +2,9 @@
 from __future__ import annotations
 
 
-def fragment_task(cfg: dict, store: str, parsl_resource_specification: dict | None = None) -> dict:
+def fragment_task(cfg: dict, store: str | None = None, parsl_resource_specification: dict | None = None) -> dict:
     """Run all ``cfg["world_size"]`` ranks of a fragment on this node; returns its FragmentResult as a dict.
+    ``store``: the orchestrator's rendezvous store (host:port); None: one served here (a lone fragment).
 
     ``parsl_resource_specification`` is read by Parsl's executors, not by us."""
     from dataclasses import asdict

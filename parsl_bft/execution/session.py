@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import os
 from contextlib import contextmanager
+from importlib.resources import files
 from pathlib import Path
 
 from ..sites import Emulation, Site, SiteError, build_config, load_site
 
-DEFAULT_SITE = Path(__file__).resolve().parent.parent.parent / "site_configs" / "local.yaml"
+DEFAULT_SITE = Path(str(files("parsl_bft") / "data" / "sites" / "local.yaml"))   # ships inside the package
 
 
 def current_site(site: Site | str | Path | None = None) -> Site:
@@ -41,6 +42,11 @@ def make_pool(site: Site, executor):
         return EmulatedPool(read_idle_intervals(emu.trace), **kw)
     return PilotPool(executor, max_nodes=site.holes.max_pilots, probe_s=site.holes.poll_seconds,
                      notice_s=site.holes.notice_seconds)
+
+
+def _checkpoints(site: Site) -> Path | None:
+    """The site's checkpoint_dir (relative: from where parsl-bft runs), or None: under the state directory."""
+    return Path(site.checkpoint_dir).resolve() if site.checkpoint_dir else None
 
 
 def make_planner(site: Site):
@@ -76,8 +82,11 @@ def training_session(state_dir: str | Path, site=None, **orchestrator_kw):
         pools = [make_pool(s, dfk.executors[label]) for s, label in zip(sites, labels)]
         orchestrator_kw.setdefault("weights", sites[0].objective.weights)
         if len(sites) == 1:
-            yield Orchestrator(state_dir, pools[0], make_planner(sites[0]), executor=labels[0], **orchestrator_kw)
+            yield Orchestrator(state_dir, pools[0], make_planner(sites[0]), executor=labels[0],
+                               checkpoint_dir=_checkpoints(sites[0]), ranks_per_node=sites[0].node.ranks_per_node,
+                               **orchestrator_kw)
             return
         from ..planner.multisite import MultiSitePlanner
-        multi = MultiPool({s.name: SitePool(p, label) for s, p, label in zip(sites, pools, labels)})
+        multi = MultiPool({s.name: SitePool(p, label, _checkpoints(s), s.node.ranks_per_node)
+                           for s, p, label in zip(sites, pools, labels)})
         yield Orchestrator(state_dir, multi, MultiSitePlanner(make_planner(sites[0])), **orchestrator_kw)

@@ -68,7 +68,7 @@ def run_fragment(cfg: FragmentConfig, *, env: dict | None = None, ranks: list[in
         e = {**os.environ, **(env or {}), "RANK": str(r), "WORLD_SIZE": str(cfg.world_size), "LOCAL_RANK": str(i),
              "LOCAL_WORLD_SIZE": str(len(ranks)), "PARSL_BFT_STORE": store, "PARSL_BFT_FRAGMENT": cfg.fragment_id}
         procs.append(_Rank(str(cfg_file), e, str(logs[i]), str(jd.path), cfg.fragment_id, r))
-    pids = jd.record_ranks(cfg.fragment_id, [p.pid for p in procs])
+    pids = jd.record_ranks(cfg.fragment_id, [p.pid for p in procs], node_name())
 
     pending: list[int] = []
 

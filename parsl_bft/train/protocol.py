@@ -6,7 +6,7 @@ site) holds, besides the checkpoints:
 ``STOP``            the orchestrator's "checkpoint and stop" request (a reclaim notice, a rescale, shutdown)
 ``GENERATION``      the orchestrator life that owns the job; a fragment of an older life must not save
 ``progress.json``   rank 0's live progress: step, samples, the last periodic save (work at risk)
-``.ranks-<host>-<frag>.pid``  the rank processes of a fragment on one host, with their start times, so a
+``.ranks-<host>-<frag>-<pid>.pid``  the rank processes of a fragment on one host, with their start times, so a
                     restarted orchestrator kills its predecessor's ranks and never a recycled pid
 ``.errors/<frag>/rank<r>.json``  a failed rank's exception and traceback (torch.distributed.elastic's
                     ``@record`` idea): the failure report names the rank that failed first, with its traceback
@@ -114,16 +114,18 @@ class JobDir:
             return None
 
     # --- rank processes ------------------------------------------------------------------------------
-    def record_ranks(self, fragment: str, pids: list[int]) -> Path:
-        f = self.path / f".ranks-{hostname()}-{fragment}.pid"
-        f.write_text(json.dumps({"host": hostname(), "pids": {str(p): proc_start_time(p) for p in pids}}))
+    def record_ranks(self, fragment: str, pids: list[int], node: str = "") -> Path:
+        """``node``: the scheduler's name of the node (several may share a host, as on a local Slurm)."""
+        f = self.path / f".ranks-{hostname()}-{fragment}-{os.getpid()}.pid"
+        f.write_text(json.dumps({"host": hostname(), "node": node,
+                                 "pids": {str(p): proc_start_time(p) for p in pids}}))
         return f
 
     def kill_ranks(self, fragment: str | None = None) -> int:
         """SIGKILL the recorded rank processes on this host (of one fragment, or all) that are still the
         processes recorded; returns how many were killed. Ranks on other hosts end with their pilot."""
         killed = 0
-        for f in self.path.glob(f".ranks-{hostname()}-{fragment or '*'}.pid"):
+        for f in self.path.glob(f".ranks-{hostname()}-{fragment or '*'}-*.pid"):
             try:
                 rec = json.loads(f.read_text())
             except (FileNotFoundError, ValueError):
