@@ -109,15 +109,16 @@ CHAOS_SEED = 20261122
 
 @pytest.mark.timeout(900)
 def test_chaos_embedded_default_kills_ranks_the_orchestrator_and_checkpoint_writes(tmp_path):
-    """A seeded schedule kills, at random moments, a training rank (SIGKILL, no notice) or the orchestrator
-    (SIGKILL of its process group; then restarted), while checkpoint writes die at random (3 %), on top of the
+    """A seeded schedule kills, at random moments, a training rank (SIGKILL, no notice), the orchestrator
+    (SIGKILL of its process group; then restarted) or the next checkpoint write half-way, on top of the
     emulated pool's own reclaims. Every job finishes with the model of an uninterrupted run, the event log
     shows one unbroken chain of committed steps, and nothing is left running."""
     rng = random.Random(CHAOS_SEED)
     state, chaos_log = tmp_path / "state", tmp_path / "chaos"
-    env = {"PARSL_BFT_CHAOS": "save:optimizer=0.03", "PARSL_BFT_CHAOS_LOG": str(chaos_log)}
+    chaos_log.mkdir()
+    env = {"PARSL_BFT_CHAOS_ARM": str(chaos_log)}
     faults = {"rank": 0, "orchestrator": 0}
-    schedule = ["rank"] * 6 + ["orchestrator"] * 2
+    schedule = ["rank"] * 5 + ["orchestrator"] * 2 + ["checkpoint write"] * 2
     rng.shuffle(schedule)
     p = start_orchestrator(state, env=env)
     for kind in schedule:
@@ -136,15 +137,18 @@ def test_chaos_embedded_default_kills_ranks_the_orchestrator_and_checkpoint_writ
                 faults["rank"] += 1
             except ProcessLookupError:
                 pass
+        elif kind == "checkpoint write":
+            (chaos_log / "save_optimizer").touch()      # the next save, periodic or final, dies half-way
+            wait_for(lambda: not (chaos_log / "save_optimizer").exists() or p.poll() is not None, timeout=300)
         elif kind == "orchestrator" and p.poll() is None:
             os.killpg(p.pid, signal.SIGKILL)
             p.wait()
             faults["orchestrator"] += 1
             p = start_orchestrator(state, env=env)
     out = finish(p)
-    faults["checkpoint write"] = len(list(chaos_log.glob("*"))) if chaos_log.exists() else 0
+    faults["checkpoint write"] = len(list(chaos_log.glob("save_optimizer.fired-*")))
     print(f"faults injected: {faults}")
-    assert faults["rank"] >= 3 and faults["orchestrator"] >= 1, faults
+    assert faults["rank"] >= 3 and faults["orchestrator"] >= 1 and faults["checkpoint write"] >= 1, faults
 
     db = JobStore(state / "state.sqlite")
     rows = db.jobs()

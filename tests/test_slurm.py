@@ -14,7 +14,7 @@ from parsl.jobs.states import JobState, JobStatus
 from parsl_bft.execution.pilot import Hole
 from parsl_bft.execution.pool import PilotPool
 from parsl_bft.execution.slurm import SlurmCommands, SlurmPilotProvider, find_holes
-from parsl_bft.execution.state import StateDB
+from parsl_bft.execution.jobstore import JobStore
 from parsl_bft.train.checkpoint import CheckpointStore
 from parsl_bft.execution.slurm.commands import (parse_reservations, parse_sacct_c, parse_sbatch, parse_sinfo_nodes,
                                                 parse_squeue_pending, parse_test_only)
@@ -228,9 +228,12 @@ def _facility_and_faults(slurm, state, orch, big, head):
     head_start = wait_for(lambda: started(slurm, head), 60, 0.5)
     assert head_start is not None and head_start - big_end <= 10, (head_start - big_end)
     # later pilots: kill the one under a training rank outright (no notice), mid-fragment
-    def pilot_under_a_rank():
-        for f in (state / "jobs" / "img").glob(".rdzv-*.node0"):
-            node = f.read_text().strip()
+    def pilot_under_a_rank():        # the rank pid files name the node their ranks run on
+        for f in (state / "checkpoints" / "img").glob(".ranks-*.pid"):
+            try:
+                node = json.loads(f.read_text())["node"]
+            except (FileNotFoundError, ValueError):
+                continue
             out = subprocess.run(["squeue", "-h", "-p", "backfill", "-t", "R", "-w", node, "-o", "%i"],
                                  capture_output=True, text=True).stdout.split()
             if node and out:
@@ -244,10 +247,10 @@ def _facility_and_faults(slurm, state, orch, big, head):
 
 def _check_outcome(slurm, state, tmp_path, res, ref, after_id):
     from orchestrate import reference_model
-    db = StateDB(state / "state.sqlite")
+    db = JobStore(state / "state.sqlite")
     rows = db.jobs()
-    assert {n: r["status"] for n, r in rows.items()} == {"img": "done", "lm": "done"}
-    assert rows["img"]["samples_done"] == 32 * IMG_STEPS
+    assert {n: r.status for n, r in rows.items()} == {"img": "done", "lm": "done"}
+    assert rows["img"].samples_done == 32 * IMG_STEPS
     kinds = {d.get("by") for _, _, d in db.events("reclaim")}
     assert {"notice", "leave"} <= kinds, kinds                      # claimed with notice, and killed without
     assert not db.events("failed")

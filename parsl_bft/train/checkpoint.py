@@ -178,18 +178,18 @@ def _read_item(path: str, g: h5py.Group, name: str) -> Any:
 
 
 def _fault(point: str) -> None:
-    """Fault injection for tests: PARSL_BFT_FAULT=<point> kills this process (SIGKILL) at that point;
-    PARSL_BFT_CHAOS=<point>=<probability>[,...] does so at random (a chaos test), noting each kill in the
-    directory PARSL_BFT_CHAOS_LOG so the test can count them."""
+    """Fault injection for tests: PARSL_BFT_FAULT=<point> kills this process (SIGKILL) at that point. A chaos
+    test arms one-shot kills instead: a file named <point> in the directory PARSL_BFT_CHAOS_ARM is claimed
+    (renamed, so exactly one process fires it) by the next process that reaches the point."""
     kill = os.environ.get("PARSL_BFT_FAULT") == point
-    for item in filter(None, os.environ.get("PARSL_BFT_CHAOS", "").split(",")):
-        name, _, p = item.rpartition("=")
-        if name == point and random.SystemRandom().random() < float(p):   # not the training RNG
+    arm = os.environ.get("PARSL_BFT_CHAOS_ARM")
+    if arm and not kill:
+        trigger = Path(arm) / point.replace(":", "_")
+        try:
+            os.rename(trigger, trigger.with_name(f"{trigger.name}.fired-{_HOST}-{os.getpid()}"))
             kill = True
-            if os.environ.get("PARSL_BFT_CHAOS_LOG"):
-                log = Path(os.environ["PARSL_BFT_CHAOS_LOG"])
-                log.mkdir(parents=True, exist_ok=True)
-                (log / f"{point.replace(':', '_')}-{_HOST}-{os.getpid()}").touch()
+        except OSError:
+            pass
     if kill:
         os.kill(os.getpid(), 9)
 
