@@ -16,7 +16,7 @@ from parsl_bft.execution.pool import PilotPool
 from parsl_bft.execution.slurm import SlurmCommands, SlurmPilotProvider, find_holes
 from parsl_bft.execution.jobstore import JobStore
 from parsl_bft.train.checkpoint import CheckpointStore
-from parsl_bft.execution.slurm.commands import (parse_reservations, parse_sacct_c, parse_sbatch, parse_sinfo_nodes,
+from parsl_bft.execution.slurm.commands import (parse_reservations, parse_sacct, parse_sbatch, parse_sinfo_nodes,
                                                 parse_squeue_pending, parse_test_only)
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -30,9 +30,7 @@ RESV = ("ReservationName=maint StartTime=2026-11-21T20:37:48 EndTime=2026-11-21T
         "Nodes=n[1-2] NodeCnt=2 CoreCnt=8 Features=(null) PartitionName=(null) Flags=SPEC_NODES TRES=cpu=8 "
         "Users=root Groups=(null) Accounts=(null) Licenses=(null) State=INACTIVE BurstBuffer=(null) Watts=n/a "
         "MaxStartDelay=(null)\n")
-SACCT_C = ("JobId=7 UserId=root(0) GroupId=root(0) Name=pilot JobState=TIMEOUT Partition=debug TimeLimit=1 "
-           "StartTime=2026-11-21T18:20:00 EndTime=2026-11-21T18:21:03 NodeList=n7 NodeCnt=1\n"
-           "JobId=8 UserId=root(0) GroupId=root(0) Name=pilot JobState=CANCELLED Partition=debug TimeLimit=1\n")
+SACCT = "7|TIMEOUT\n8|CANCELLED by 0\n"     # sacct -X -P -n -o JobID,State (or with -c: no slurmdbd)
 
 
 def test_parsers_on_recorded_output():
@@ -49,7 +47,12 @@ def test_parsers_on_recorded_output():
         parse_sbatch("sbatch: error: invalid partition\n")
     start, where = parse_test_only(TEST_ONLY)
     assert where == "n7" and start == datetime.fromisoformat("2026-11-21T18:18:57").timestamp()
-    assert [(r.job_id, r.state) for r in parse_sacct_c(SACCT_C)] == [("7", "TIMEOUT"), ("8", "CANCELLED")]
+    assert [(r.job_id, r.state) for r in parse_sacct(SACCT)] == [("7", "TIMEOUT"), ("8", "CANCELLED")]
+    # host lists: text after a bracket, several brackets, zero padding
+    from parsl_bft.execution.slurm.commands import expand_hostlist
+    assert expand_hostlist("n[1-2]-ib") == ("n1-ib", "n2-ib")
+    assert expand_hostlist("r[1-2]n[09-10],gpu07") == ("r1n09", "r1n10", "r2n09", "r2n10", "gpu07")
+    assert expand_hostlist("a01n[01,03],(null)") == ("a01n01", "a01n03")
     (r,) = parse_reservations(RESV)
     assert r.nodes == ("n1", "n2") and r.start == datetime.fromisoformat("2026-11-21T20:37:48").timestamp()
     assert parse_reservations("No reservations in the system\n") == []
@@ -83,6 +86,10 @@ def test_holes_and_pilot_scripts_on_canned_slurm(tmp_path):
     assert prov.claimed(60, now=start - 300) == set()
     jid = prov.submit("process_worker_pool.py --foo", 1, "pilot")
     assert jid == "11"
+    before = cmd.per_minute().get("sinfo", 0)
+    for i in range(4):                         # one scale-out of 4 pilots: one hole survey, not one per pilot
+        prov.submit("process_worker_pool.py --foo", 1, f"more{i}")
+    assert cmd.per_minute().get("sinfo", 0) - before <= 1 and cmd.per_minute()["sbatch"] >= 5
     script = next(tmp_path.glob("pilot.*.sh")).read_text()
     for opt in ("--nodes=1", "--time-min=1", "--signal=B:USR1@45", "--qos=standby", "--partition=debug"):
         assert f"#SBATCH {opt}" in script
@@ -91,7 +98,8 @@ def test_holes_and_pilot_scripts_on_canned_slurm(tmp_path):
 
 def test_pilot_states_never_failed_for_reclaims(tmp_path):
     run = Canned({"squeue -h -t all": (0, "11|RUNNING|n7\n12|PENDING|(Resources)\n", ""),
-                  "sacct -c": (0, SACCT_C, "")})
+                  "sacct -X": (0, "Slurm accounting storage is disabled\n", ""),   # no slurmdbd ...
+                  "sacct -c -X": (0, SACCT, "")})                                  # ... the completion log
     prov = SlurmPilotProvider("debug", commands=SlurmCommands(run), script_dir=str(tmp_path), max_pending_s=60)
     prov.submitted.update({"11": time.time(), "12": time.time(), "7": time.time(), "8": time.time()})
     st = {j: s.state for j, s in zip(["11", "12", "7", "8", "99"], prov.status(["11", "12", "7", "8", "99"]))}
@@ -282,6 +290,8 @@ class FakePilots:
     # provider
     def holes(self):
         return [Hole(f"h{i}", math.inf) for i in range(self.holes_n)]
+
+    current_holes = holes
 
     def where(self, ids):
         if self.busy:

@@ -3,6 +3,8 @@ Tests pass a runner that answers from recorded output."""
 from __future__ import annotations
 
 import subprocess
+import time
+from collections import deque
 from typing import Callable
 
 Runner = Callable[[list[str]], tuple[int, str, str]]
@@ -25,7 +27,21 @@ class SchedulerCommands:
     error: type[SchedulerError] = SchedulerError
 
     def __init__(self, runner: Runner = run_local):
-        self.runner = runner
+        self._runner = runner
+        self.calls: deque[tuple[float, str]] = deque(maxlen=10_000)   # (monotonic time, command): what admins count
+
+    def runner(self, argv: list[str]) -> tuple[int, str, str]:
+        self.calls.append((time.monotonic(), argv[0]))
+        return self._runner(argv)
+
+    def per_minute(self, window_s: float = 60.0) -> dict[str, float]:
+        """Commands per minute by name over the last ``window_s`` seconds."""
+        t = time.monotonic() - window_s
+        out: dict[str, float] = {}
+        for ts, name in self.calls:
+            if ts >= t:
+                out[name] = out.get(name, 0.0) + 60.0 / window_s
+        return out
 
     def _run(self, argv: list[str], ok_codes=(0,)) -> tuple[str, str]:
         rc, out, err = self.runner(argv)

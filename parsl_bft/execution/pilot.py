@@ -41,6 +41,7 @@ class PilotProvider(ExecutionProvider):
         self.nodes_per_block = nodes_per_block
         self.scheduler_options = list(scheduler_options or [])
         self._poll_s = poll_s
+        self._holes: tuple[float, list[Hole]] | None = None    # one hole survey per poll cycle, not per pilot
         self.submitted: dict[str, float] = {}
         self.withdrawn: set[str] = set()
         # what Parsl's block bookkeeping reads
@@ -73,10 +74,18 @@ class PilotProvider(ExecutionProvider):
     def status_polling_interval(self) -> int:
         return self._poll_s                     # seconds, not Parsl's 60: holes last minutes
 
+    def current_holes(self) -> list[Hole]:
+        """``holes()``, asked of the scheduler at most once per ``status_polling_interval``: one scale-out's
+        pilots (and the pool's count of holes before it) share one survey (3 whole-cluster queries on Slurm)."""
+        t = time.monotonic()
+        if self._holes is None or t - self._holes[0] >= self._poll_s:
+            self._holes = (t, self.holes())
+        return self._holes[1]
+
     def walltime_minutes(self, now: float | None = None) -> int:
         """The pilot's walltime: the current hole's length in whole minutes, within the configured bounds."""
         now = time.time() if now is None else now
-        left = min((h.until for h in self.holes()), default=math.inf) - now
+        left = min((h.until for h in self.current_holes()), default=math.inf) - now
         minutes = self.walltime_max_min if math.isinf(left) else int(left // 60)
         return max(self.walltime_min_min, min(self.walltime_max_min, minutes))
 

@@ -238,7 +238,7 @@ class PilotPool:
             else:
                 live += 1
                 queued += st.state == JobState.PENDING
-        n = min(len(self.provider.holes()) - queued, self.max_nodes - live)
+        n = min(len(self.provider.current_holes()) - queued, self.max_nodes - live)
         if n > 0:
             self.executor.scale_out_facade(n)
 

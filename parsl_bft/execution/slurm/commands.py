@@ -50,10 +50,13 @@ class ReservationRecord:
 
 
 def parse_time(text: str) -> float | None:
-    """Slurm's ISO local time ('2026-11-21T18:19:55'); N/A, Unknown or empty -> None."""
+    """Slurm's ISO local time ('2026-11-21T18:19:55') or epoch seconds (SLURM_TIME_FORMAT=%s); N/A, Unknown or
+    empty -> None."""
     text = text.strip()
     if not text or text in ("N/A", "Unknown", "None", "(null)"):
         return None
+    if text.isdigit():
+        return float(text)
     try:
         return datetime.fromisoformat(text).timestamp()
     except ValueError:
@@ -74,17 +77,37 @@ def parse_sinfo_nodes(text: str) -> list[NodeRecord]:
 
 
 def expand_hostlist(text: str) -> tuple[str, ...]:
-    """Slurm's compressed host lists: 'n[1-3,5],gpu07' -> ('n1', 'n2', 'n3', 'n5', 'gpu07')."""
+    """Slurm's compressed host lists: 'n[1-3,5],gpu07' -> ('n1', 'n2', 'n3', 'n5', 'gpu07'); text after a bracket
+    and several brackets are kept ('n[1-2]-ib' -> ('n1-ib', 'n2-ib'); 'r[1-2]n[01-02]' -> 4 names);
+    zero padding follows the lower bound."""
     out: list[str] = []
-    for prefix, ranges, plain in re.findall(r"([^,\[\]]+)\[([^\]]*)\]|([^,\[\]]+)", text.strip()):
-        if plain:
-            out.append(plain)
-            continue
-        for part in ranges.split(","):
-            lo, _, hi = part.partition("-")
-            width = len(lo)
-            out += [f"{prefix}{i:0{width}d}" for i in range(int(lo), int(hi or lo) + 1)]
+    for item in _split_outside_brackets(text.strip()):
+        out += _expand_one(item)
     return tuple(n for n in out if n and n not in ("(null)", "N/A"))
+
+
+def _split_outside_brackets(text: str) -> list[str]:
+    parts, depth, cur = [], 0, []
+    for ch in text:
+        depth += (ch == "[") - (ch == "]")
+        if ch == "," and depth == 0:
+            parts.append("".join(cur))
+            cur = []
+        else:
+            cur.append(ch)
+    parts.append("".join(cur))
+    return [p for p in parts if p]
+
+
+def _expand_one(item: str) -> list[str]:
+    m = re.search(r"\[([^\]]*)\]", item)
+    if not m:
+        return [item]
+    head, tail, out = item[:m.start()], item[m.end():], []
+    for part in m.group(1).split(","):
+        lo, _, hi = part.partition("-")
+        out += [n for i in range(int(lo), int(hi or lo) + 1) for n in _expand_one(f"{head}{i:0{len(lo)}d}{tail}")]
+    return out
 
 
 def parse_squeue_pending(text: str) -> list[PendingRecord]:
@@ -114,14 +137,13 @@ def parse_squeue_jobs(text: str) -> list[JobRecord]:
     return out
 
 
-def parse_sacct_c(text: str) -> list[JobRecord]:
-    """``sacct -c`` (the job-completion file without slurmdbd): 'JobId=3 ... JobState=TIMEOUT ...' lines."""
+def parse_sacct(text: str) -> list[JobRecord]:
+    """``sacct -X -P -n -j IDS -o JobID,State``: 'JobID|State' lines (allocations only: -X)."""
     out = []
     for line in text.splitlines():
-        jid = re.search(r"\bJobId=(\S+)", line)
-        st = re.search(r"\bJobState=(\S+)", line)
-        if jid and st:
-            out.append(JobRecord(jid.group(1), st.group(1), ""))
+        parts = line.strip().split("|")
+        if len(parts) >= 2 and parts[0]:
+            out.append(JobRecord(parts[0], parts[1].split()[0], ""))
     return out
 
 
@@ -179,10 +201,16 @@ class SlurmCommands(SchedulerCommands):
     def reservations(self) -> list[ReservationRecord]:
         return parse_reservations(self._run(["scontrol", "show", "reservation", "-o"])[0])
 
-    def finished(self) -> list[JobRecord]:
-        """Jobs that left squeue: from the completion log (works without slurmdbd)."""
-        rc, out, _ = self.runner(["sacct", "-c"])
-        return parse_sacct_c(out) if rc == 0 else []
+    def finished(self, job_ids: list[str]) -> list[JobRecord]:
+        """Jobs that left squeue, from the accounting database, or from the job-completion log where a site
+        has no slurmdbd (``sacct -c``). A failing sacct says nothing: those jobs stay unknown."""
+        if not job_ids:
+            return []
+        argv = ["sacct", "-X", "-P", "-n", "-j", ",".join(job_ids), "-o", "JobID,State"]
+        rc, out, _ = self.runner(argv)
+        if rc == 0 and "accounting storage is disabled" in out:     # no slurmdbd: the completion log
+            rc, out, _ = self.runner(argv[:1] + ["-c"] + argv[1:])
+        return parse_sacct(out) if rc == 0 else []
 
     def submit(self, script_path: str) -> str:
         out, err = self._run(["sbatch", script_path])

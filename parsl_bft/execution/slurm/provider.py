@@ -82,6 +82,6 @@ class SlurmPilotProvider(PilotProvider):
     def _states(self, job_ids: list[str]) -> dict[str, tuple[str, str]]:
         seen = {r.job_id: (r.state.split()[0].rstrip("+"), r.reason) for r in self.cmd.jobs(job_ids)}
         if any(j not in seen for j in job_ids):
-            seen.update({r.job_id: (r.state, "") for r in self.cmd.finished() if r.job_id in job_ids
-                         and r.job_id not in seen})
+            gone = [j for j in job_ids if j not in seen]
+            seen.update({r.job_id: (r.state, "") for r in self.cmd.finished(gone) if r.job_id in gone})
         return seen
