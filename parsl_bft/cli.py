@@ -224,10 +224,14 @@ def cmd_status(args) -> int:
 
 
 def cmd_sites(args) -> int:
-    from .sites import SiteError, config_code, load_site
+    from .sites import SiteError, load_site, show_config
 
     if args.action == "show":
-        print(config_code(load_site(args.files[0])), end="")
+        try:
+            print(show_config(load_site(args.files[0])), end="")
+        except SiteError as e:
+            print(str(e), file=sys.stderr)
+            return 1
         return 0
     bad = 0
     for f in args.files:

@@ -1,5 +1,9 @@
 """Site files: a facility described once (YAML, validated with pydantic) -> the Parsl Config parsl-bft runs.
 
+Every field is used (one the site's scheduler would ignore is an error): ``build_config`` turns the site into
+Parsl objects (Config, HighThroughputExecutor, the pilot provider), ``parsl_bft.execution.session`` takes the
+pool, planner, checkpoint_dir and ranks_per_node from it. ``parsl-bft sites show`` prints the Config's own repr, which is code that builds it again.
+
 Secrets never belong in a site file: Globus Compute credentials come from the environment
 (GLOBUS_COMPUTE_CLIENT_ID / GLOBUS_COMPUTE_CLIENT_SECRET); a value that looks like a secret is rejected.
 """
@@ -7,7 +11,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Literal
+from typing import Any, Callable, Literal
 from uuid import UUID
 
 import yaml
@@ -23,7 +27,8 @@ class _Strict(BaseModel):
 
 
 class NodeShape(_Strict):
-    cores: int = Field(ge=1)
+    cores: int = Field(ge=1, description="CPU cores of a node: the fragment slots of a local site, ncpus of "
+                       "a PBS pilot's select; Slurm pilots take whole nodes (--exclusive)")
     gpus: int = Field(default=0, ge=0)
     ranks_per_node: int | None = Field(default=None, ge=1, description="training ranks a fragment runs on each "
                                        "node; default: one per GPU (CPU-only nodes: 1)")
@@ -70,6 +75,11 @@ class Emulation(_Strict):
     notice_seconds: float = Field(default=2.0, ge=0)
 
 
+_PILOTS_ONLY = {"partition", "queue", "account", "preemptable_qos", "pilot_walltime", "worker_init",
+                "scheduler_options", "interchange_address", "holes"}
+_UNUSED_BY = {"local": _PILOTS_ONLY, "slurm": {"queue"}, "pbs": {"partition"}}
+
+
 class Site(_Strict):
     name: str = Field(min_length=1)
     scheduler: Literal["local", "slurm", "pbs"]
@@ -108,6 +118,11 @@ class Site(_Strict):
             raise ValueError("scheduler 'pbs' needs 'queue'")
         if self.scheduler != "local" and self.emulation is not None:
             raise ValueError("'emulation' is only for scheduler 'local'")
+        # a field the scheduler would ignore is an error: a site file means what it says
+        unused = sorted(_UNUSED_BY[self.scheduler] & self.model_fields_set)
+        if unused:
+            raise ValueError(f"scheduler '{self.scheduler}' does not use {', '.join(unused)}: delete "
+                             f"{'it' if len(unused) == 1 else 'them'}")
         fields = set(type(self).model_fields)
         bad = [u for u in self.unverified if u.split(".")[0] not in fields]
         if bad:
@@ -169,52 +184,86 @@ def _allowed(loc) -> list[str]:
     return list(model.model_fields)
 
 
-def config_code(site: Site) -> str:
-    """The Parsl Config this site builds, as Python code (what ``parsl-bft sites show`` prints)."""
-    label = f"bft_{re.sub(r'[^A-Za-z0-9_]', '_', site.name)}"
+def _label(site: Site) -> str:
+    return f"bft_{re.sub(r'[^A-Za-z0-9_]', '_', site.name)}"
+
+
+def _sdk_executor(endpoint_id: str):
+    """The real Globus Compute SDK Executor (it logs in: credentials from the environment)."""
+    from globus_compute_sdk import Executor
+
+    return Executor(endpoint_id=endpoint_id)
+
+
+def _unconnected(endpoint_id: str):
+    """Stands in for the SDK Executor where only the Config's code is wanted (``sites show``): constructing the
+    real one logs in to the cloud service."""
+    from globus_compute_sdk import Executor
+
+    from .execution.config import constructed
+
+    class Unconnected(Executor):
+        resource_specification = None        # what GlobusComputeExecutor reads from it
+        user_endpoint_config = None
+        __repr__ = object.__repr__           # config_source writes Executor(endpoint_id=...) in its place
+
+        def __init__(self):                  # deliberately not Executor.__init__: no login, no thread
+            pass
+
+    return constructed(Unconnected(), Executor, endpoint_id=endpoint_id)
+
+
+def build_config(site: Site, *, endpoint: Callable[[str], Any] = _sdk_executor):
+    """The Parsl Config this site runs, built from its fields (``endpoint`` makes the Globus Compute SDK
+    Executor from the endpoint id)."""
+    from parsl.config import Config
+
+    from .execution.config import constructed, local_config
+
+    label = _label(site)
     if site.globus_compute_endpoint:
-        return (
-            "from globus_compute_sdk import Executor\n"
-            "from parsl.config import Config\n"
-            "from parsl.executors import GlobusComputeExecutor\n\n"
-            "# credentials: GLOBUS_COMPUTE_CLIENT_ID / GLOBUS_COMPUTE_CLIENT_SECRET in the environment\n"
-            f"config = Config(executors=[GlobusComputeExecutor(label={label!r}, executor=Executor("
-            f"endpoint_id={str(site.globus_compute_endpoint)!r}))], retries=0)\n")
+        from parsl.executors import GlobusComputeExecutor
+
+        return Config(executors=[GlobusComputeExecutor(executor=endpoint(str(site.globus_compute_endpoint)),
+                                                       label=label)], retries=0)
     if site.scheduler == "local":
-        return ("from parsl_bft.execution.config import local_config\n\n"
-                f"config = local_config(workers={max(site.node.cores, 1)}, label={label!r})\n")
-    w = site.pilot_walltime
+        return local_config(workers=site.node.cores, label=label)
+    from parsl.executors import HighThroughputExecutor
+
+    from .execution.block_errors import pilot_block_error_handler
+
+    w, h = site.pilot_walltime, site.holes
+    common = dict(walltime_min_min=w.min_minutes, walltime_max_min=w.max_minutes, notice_s=h.notice_seconds,
+                  max_pending_s=h.max_pending_seconds, worker_init=site.worker_init,
+                  poll_s=max(1, round(h.poll_seconds)), scheduler_options=list(site.scheduler_options))
     if site.scheduler == "slurm":
-        provider = (f"SlurmPilotProvider(partition={site.partition!r}, qos={site.preemptable_qos!r}, "
-                    f"account={site.account!r}, walltime_min_min={w.min_minutes}, walltime_max_min={w.max_minutes}, "
-                    f"notice_s={site.holes.notice_seconds}, max_pending_s={site.holes.max_pending_seconds}, "
-                    f"worker_init={site.worker_init!r}, poll_s={int(site.holes.poll_seconds)}, "
-                    f"scheduler_options={site.scheduler_options!r})")
-        imports = "from parsl_bft.execution.slurm import SlurmPilotProvider\n"
+        from .execution.slurm import SlurmPilotProvider
+
+        cls, kw = SlurmPilotProvider, dict(partition=site.partition, qos=site.preemptable_qos,
+                                           account=site.account, **common)
     else:
+        from .execution.pbs import PBSPilotProvider
+
         select = f"1:ncpus={site.node.cores}" + (f":ngpus={site.node.gpus}" if site.node.gpus else "")
-        provider = (f"PBSPilotProvider(queue={(site.preemptable_qos or site.queue)!r}, account={site.account!r}, "
-                    f"select={select!r}, walltime_min_min={w.min_minutes}, walltime_max_min={w.max_minutes}, "
-                    f"notice_s={site.holes.notice_seconds}, max_pending_s={site.holes.max_pending_seconds}, "
-                    f"worker_init={site.worker_init!r}, poll_s={int(site.holes.poll_seconds)}, "
-                    f"scheduler_options={site.scheduler_options!r})")
-        imports = "from parsl_bft.execution.pbs import PBSPilotProvider\n"
-    return (
-        "from parsl.config import Config\n"
-        "from parsl.executors import HighThroughputExecutor\n"
-        "from parsl_bft.execution.block_errors import pilot_block_error_handler\n"
-        + imports + "\n"
-        f"config = Config(\n    executors=[HighThroughputExecutor(\n        label={label!r},\n"
-        "        max_workers_per_node=1,\n"
-        + (f"        address={site.interchange_address!r},\n" if site.interchange_address else "") +
-        "        heartbeat_period=5,\n        heartbeat_threshold=20,     # pilots come and go: notice lost ones soon\n"
-        "        block_error_handler=pilot_block_error_handler,   # a pilot that ends is normal\n"
-        f"        provider={provider},\n    )],\n"
-        "    retries=0,\n    strategy='none',\n)\n")
+        cls, kw = PBSPilotProvider, dict(queue=site.preemptable_qos or site.queue, account=site.account,
+                                         select=select, **common)
+    # recorded so `sites show` can print it while the pilot providers have no code repr of their own
+    provider = constructed(cls(**kw), **kw)
+    htex = HighThroughputExecutor(
+        label=label,
+        max_workers_per_node=1,                   # one fragment slot per pilot node: its ranks use the node
+        heartbeat_period=5, heartbeat_threshold=20,   # pilots come and go: notice lost ones soon
+        block_error_handler=pilot_block_error_handler,  # a pilot that ends is normal
+        provider=provider,
+        **({"address": site.interchange_address} if site.interchange_address else {}),
+    )
+    return Config(executors=[htex], retries=0, strategy="none")
 
 
-def build_config(site: Site):
-    """Execute ``config_code`` and return the Config (so what is printed is exactly what runs)."""
-    ns: dict = {}
-    exec(compile(config_code(site), f"<site {site.name}>", "exec"), ns)  # noqa: S102 - our own generated code
-    return ns["config"]
+def show_config(site: Site) -> str:
+    """The site's Config as Python code: its own repr plus imports (what ``parsl-bft sites show`` prints)."""
+    from .execution.config import config_source
+
+    comment = ("# credentials: GLOBUS_COMPUTE_CLIENT_ID / GLOBUS_COMPUTE_CLIENT_SECRET in the environment\n"
+               if site.globus_compute_endpoint else "")
+    return config_source(build_config(site, endpoint=_unconnected), comment)

@@ -2,7 +2,7 @@ from pathlib import Path
 
 import pytest
 
-from parsl_bft.sites import SiteError, build_config, config_code, load_site
+from parsl_bft.sites import SiteError, build_config, load_site, show_config
 
 ROOT = Path(__file__).resolve().parent.parent
 SITES = sorted((ROOT / "site_configs").glob("*.yaml"))
@@ -11,10 +11,10 @@ SITES = sorted((ROOT / "site_configs").glob("*.yaml"))
 @pytest.mark.parametrize("path", SITES, ids=lambda p: p.name)
 def test_every_shipped_site_file_validates_and_builds(path):
     site = load_site(path)
-    code = config_code(site)
+    code = show_config(site)
     cfg = build_config(site)
     assert cfg.executors and cfg.retries == 0
-    assert f"bft_{site.name.replace('-', '_')}" in code or site.scheduler == "local"
+    assert f"label='bft_{site.name.replace('-', '_')}'" in code and "object at 0x" not in code
 
 
 def test_shipped_sites_cover_the_facilities():
@@ -65,15 +65,25 @@ def test_cli_validate_exit_codes(tmp_path):
     r = subprocess.run([sys.executable, "-m", "parsl_bft.cli", "sites", "show", str(ROOT / "site_configs" /
                                                                                    "local-slurm.yaml")],
                        capture_output=True, text=True)
-    assert r.returncode == 0 and "SlurmPilotProvider(partition='backfill'" in r.stdout
+    assert r.returncode == 0 and "provider=SlurmPilotProvider(" in r.stdout and "partition='backfill'" in r.stdout
 
 
 def test_globus_compute_site_builds_the_executor_code(tmp_path):
     p = tmp_path / "gc.yaml"
     p.write_text(GOOD + "globus_compute_endpoint: 2a7e6a1c-3e3b-4b8a-9a66-0a3b0c5d9f11\n")
-    code = config_code(load_site(p))
-    assert "GlobusComputeExecutor" in code and "2a7e6a1c-3e3b-4b8a-9a66-0a3b0c5d9f11" in code
-    assert "SECRET" not in code.split("#")[0]
+    code = show_config(load_site(p))            # no login: the SDK Executor is not constructed to show it
+    assert "GlobusComputeExecutor(" in code and "Executor(endpoint_id='2a7e6a1c-3e3b-4b8a-9a66-0a3b0c5d9f11')" in code
+    assert "from globus_compute_sdk import Executor" in code
+    assert all(line.startswith("#") for line in code.splitlines() if "SECRET" in line)   # only named, in a comment
+    # the run builds it through the real SDK Executor (here a factory standing in for it)
+    from parsl.executors import GlobusComputeExecutor
+
+    from parsl_bft.execution.globus import LocalEndpointExecutor
+    made = []
+    cfg = build_config(load_site(p), endpoint=lambda eid: made.append(eid) or LocalEndpointExecutor(eid))
+    assert made == ["2a7e6a1c-3e3b-4b8a-9a66-0a3b0c5d9f11"]
+    assert isinstance(cfg.executors[0], GlobusComputeExecutor) and cfg.retries == 0
+    cfg.executors[0].executor.shutdown()
 
 
 def test_fragment_through_globus_compute_executor(tmp_path):
@@ -108,7 +118,7 @@ def test_a_globus_compute_site_cannot_be_orchestrated_from_outside(tmp_path):
 def test_every_accelerator_and_the_checkpoint_dir_reach_the_runtime(tmp_path, monkeypatch):
     """ranks_per_node defaults to the GPUs of a node (4 on Polaris/Perlmutter), checkpoint_dir is where
     checkpoints go; removed fields fail naming the field."""
-    from parsl_bft.execution.session import _checkpoints
+    from parsl_bft.execution.session import checkpoint_dir as _checkpoints
     root = Path(__file__).resolve().parent.parent / "site_configs"
     assert load_site(root / "polaris.yaml").node.ranks_per_node == 4
     assert load_site(root / "perlmutter.yaml").node.ranks_per_node == 4

@@ -1,9 +1,16 @@
-"""Parsl configurations parsl-bft builds. The embedded default runs everything on the local machine."""
+"""Parsl configurations parsl-bft builds, and their source code. The embedded default runs everything on the
+local machine."""
 from __future__ import annotations
 
+import importlib
+import inspect
 import os
+import re
 import sys
+import types
+import weakref
 from pathlib import Path
+from typing import Any
 
 LOCAL_LABEL = "bft_local"
 
@@ -32,3 +39,117 @@ def local_config(workers: int = 8, run_dir: str = "runinfo", label: str = LOCAL_
                                           provider=LocalProvider(init_blocks=1, min_blocks=1, max_blocks=1))],
         run_dir=run_dir, retries=0, strategy="none", initialize_logging=False,
     )
+
+
+# --- a Config as source code ------------------------------------------------------------------------------
+# Parsl's Config, executors and providers are RepresentationMixin: their repr is the constructor call. What
+# repr cannot write as code is filled in here: functions (block_error_handler), stateless helper objects
+# (manager_selector) and objects whose construction the builder recorded because their class has no code
+# repr of its own.
+
+_CONSTRUCTED: weakref.WeakKeyDictionary[Any, tuple[type, dict[str, Any]]] = weakref.WeakKeyDictionary()
+_ADDRESS = re.compile(r"<[^<>]* at 0x[0-9a-f]+>")
+
+
+def constructed(obj, cls: type | None = None, **kwargs):
+    """Remember that ``obj`` is ``cls(**kwargs)`` (default: its own class), for ``config_source``. Returns obj."""
+    _CONSTRUCTED[obj] = (cls or type(obj), kwargs)
+    return obj
+
+
+def config_source(config, comment: str = "") -> str:
+    """Python code (imports, then ``config = ...``) that builds an equivalent Config: the Config's own repr."""
+    imports: set[tuple[str, str]] = set()
+    subst: dict[str, str] = {}
+    _collect(config, imports, subst, set())
+    text = repr(config)
+    for old, new in subst.items():
+        text = _replace_indented(text, old, new)
+    if left := _ADDRESS.findall(text):
+        raise ValueError(f"no code for {', '.join(sorted(set(left)))}: make its class RepresentationMixin")
+    by_module: dict[str, list[str]] = {}
+    for m, n in sorted(imports):
+        by_module.setdefault(m, []).append(n)
+    head = "\n".join(f"from {m} import {', '.join(ns)}" for m, ns in by_module.items())
+    return f"{head}\n\n{comment}config = {text}\n"
+
+
+def _collect(obj, imports: set, subst: dict, seen: set) -> None:
+    from parsl.utils import RepresentationMixin
+
+    if isinstance(obj, (str, bytes, int, float, bool, type(None), Path)) or id(obj) in seen:
+        return
+    seen.add(id(obj))
+    if isinstance(obj, (list, tuple, set, frozenset)):
+        for x in obj:
+            _collect(x, imports, subst, seen)
+    elif isinstance(obj, dict):
+        for x in obj.values():
+            _collect(x, imports, subst, seen)
+    elif isinstance(obj, (types.FunctionType, types.BuiltinFunctionType, type)):
+        imports.add(_importable(obj))
+        subst[repr(obj)] = obj.__name__
+    elif _is_constructed(obj):
+        cls, kwargs = _CONSTRUCTED[obj]
+        imports.add(_importable(cls))
+        for v in kwargs.values():
+            _collect(v, imports, subst, seen)
+        subst[repr(obj)] = _call(cls.__name__, kwargs)
+    elif _has_own_repr(obj):
+        imports.add(_importable(type(obj)))
+        if isinstance(obj, RepresentationMixin):
+            for name in _init_args(type(obj)):
+                _collect(getattr(obj, name, None), imports, subst, seen)
+    elif not vars(obj):                      # no state: a fresh instance is the same thing
+        imports.add(_importable(type(obj)))
+        subst[repr(obj)] = f"{type(obj).__name__}()"
+
+
+def _has_own_repr(obj) -> bool:
+    return type(obj).__repr__ is not object.__repr__
+
+
+def _is_constructed(obj) -> bool:
+    try:
+        return obj in _CONSTRUCTED
+    except TypeError:                        # unhashable or not weak-referenceable
+        return False
+
+
+def _init_args(cls: type) -> list[str]:
+    """The constructor arguments RepresentationMixin prints (it reads them back as attributes)."""
+    init = cls.__init__
+    init = getattr(init, "__wrapped__", init)
+    spec = inspect.getfullargspec(init)
+    return spec.args[1:] + spec.kwonlyargs
+
+
+def _importable(obj) -> tuple[str, str]:
+    """(module, name) to import obj from: the shortest public parent package that exports it."""
+    mod, name = obj.__module__, obj.__name__
+    parts = mod.split(".")
+    for i in range(1, len(parts)):
+        parent = ".".join(parts[:i])
+        try:
+            if getattr(importlib.import_module(parent), name, None) is obj:
+                return parent, name
+        except ImportError:
+            continue
+    return mod, name
+
+
+def _call(name: str, kwargs: dict[str, Any]) -> str:
+    """``name(k=v, ...)`` as RepresentationMixin writes it: one line if short, else one argument a line."""
+    line = f"{name}({', '.join(f'{k}={v!r}' for k, v in sorted(kwargs.items()))})"
+    if len(line) <= 80:
+        return line
+    return name + "(" + ", ".join(f"\n    {k}={v!r}" for k, v in sorted(kwargs.items())) + "\n)"
+
+
+def _replace_indented(text: str, old: str, new: str) -> str:
+    """Replace old by new, indenting new's later lines like the line old stands on."""
+    def sub(m: re.Match) -> str:
+        line_start = text.rfind("\n", 0, m.start()) + 1
+        indent = re.match(r" *", text[line_start:]).group(0)
+        return new.replace("\n", "\n" + indent)
+    return re.sub(re.escape(old), sub, text)

@@ -44,9 +44,16 @@ def make_pool(site: Site, executor):
                      notice_s=site.holes.notice_seconds)
 
 
-def _checkpoints(site: Site) -> Path | None:
-    """The site's checkpoint_dir (relative: from where parsl-bft runs), or None: under the state directory."""
+def checkpoint_dir(site: Site) -> Path | None:
+    """The site's checkpoint_dir (relative: from the directory parsl-bft runs in), or None: under the state
+    directory."""
     return Path(site.checkpoint_dir).resolve() if site.checkpoint_dir else None
+
+
+def site_runtime(site: Site) -> dict:
+    """What the orchestrator needs from a site file beyond its pool and planner: the keyword arguments of
+    ``Orchestrator`` for one site, the fields of ``SitePool`` for several."""
+    return {"checkpoint_dir": checkpoint_dir(site), "ranks_per_node": site.node.ranks_per_node}
 
 
 def make_planner(site: Site):
@@ -83,10 +90,8 @@ def training_session(state_dir: str | Path, site=None, **orchestrator_kw):
         orchestrator_kw.setdefault("weights", sites[0].objective.weights)
         if len(sites) == 1:
             yield Orchestrator(state_dir, pools[0], make_planner(sites[0]), executor=labels[0],
-                               checkpoint_dir=_checkpoints(sites[0]), ranks_per_node=sites[0].node.ranks_per_node,
-                               **orchestrator_kw)
+                               **site_runtime(sites[0]), **orchestrator_kw)
             return
         from ..planner.multisite import MultiSitePlanner
-        multi = MultiPool({s.name: SitePool(p, label, _checkpoints(s), s.node.ranks_per_node)
-                           for s, p, label in zip(sites, pools, labels)})
+        multi = MultiPool({s.name: SitePool(p, label, **site_runtime(s)) for s, p, label in zip(sites, pools, labels)})
         yield Orchestrator(state_dir, multi, MultiSitePlanner(make_planner(sites[0])), **orchestrator_kw)
