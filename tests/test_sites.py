@@ -152,3 +152,156 @@ def test_pilot_configs_use_the_pilot_block_error_policy():
     root = Path(__file__).resolve().parent.parent / "site_configs"
     ex = build_config(load_site(root / "local-slurm.yaml")).executors[0]
     assert ex.block_error_handler is pilot_block_error_handler
+
+
+# --- every field a shipped site file sets reaches the runtime ----------------------------------------------
+
+def _runtime(site):
+    """What a run builds from a site: the Config's executor and provider, the pool, the planner, and what the
+    orchestrator is given (checkpoint_dir, ranks_per_node)."""
+    from types import SimpleNamespace
+
+    from parsl_bft.execution.session import make_planner, make_pool, site_runtime
+    ex = build_config(site).executors[0]
+    return SimpleNamespace(site=site, ex=ex, prov=ex.provider, pool=make_pool(site, ex),
+                           planner=make_planner(site), rt=site_runtime(site))
+
+
+_PROVIDER = {"local": "LocalProvider", "slurm": "SlurmPilotProvider", "pbs": "PBSPilotProvider"}
+CONSUMED = {
+    "name": lambda r: r.ex.label == "bft_" + r.site.name.replace("-", "_"),
+    "scheduler": lambda r: type(r.prov).__name__ == _PROVIDER[r.site.scheduler],
+    "partition": lambda r: r.prov.partition == r.site.partition,
+    "queue": lambda r: r.prov.queue == (r.site.preemptable_qos or r.site.queue),
+    "account": lambda r: r.prov.account == r.site.account,
+    "preemptable_qos": lambda r: r.site.preemptable_qos in (getattr(r.prov, "qos", None), getattr(r.prov, "queue", None)),
+    "node.cores": lambda r: {"local": r.ex.max_workers_per_node == r.site.node.cores,
+                             "pbs": f"ncpus={r.site.node.cores}" in getattr(r.prov, "select", ""),
+                             # Slurm pilots take whole nodes (--exclusive): cores only describes the node there
+                             "slurm": True}[r.site.scheduler],
+    "node.gpus": lambda r: (f"ngpus={r.site.node.gpus}" in r.prov.select if r.site.scheduler == "pbs"
+                            else r.site.node.gpus == 0 or r.rt["ranks_per_node"] <= r.site.node.gpus),
+    "node.ranks_per_node": lambda r: r.rt["ranks_per_node"] == r.site.node.ranks_per_node,
+    "pilot_walltime.min_minutes": lambda r: r.prov.walltime_min_min == r.site.pilot_walltime.min_minutes,
+    "pilot_walltime.max_minutes": lambda r: r.prov.walltime_max_min == r.site.pilot_walltime.max_minutes,
+    "worker_init": lambda r: r.prov.worker_init == r.site.worker_init,
+    "scheduler_options": lambda r: r.prov.scheduler_options == r.site.scheduler_options,
+    "interchange_address": lambda r: r.ex.address == r.site.interchange_address,
+    "checkpoint_dir": lambda r: r.rt["checkpoint_dir"] == Path(r.site.checkpoint_dir).resolve(),
+    "holes.poll_seconds": lambda r: (r.pool.probe_s == r.site.holes.poll_seconds
+                                     and r.prov.status_polling_interval == round(r.site.holes.poll_seconds)),
+    "holes.max_pending_seconds": lambda r: r.prov.max_pending_s == r.site.holes.max_pending_seconds,
+    "holes.notice_seconds": lambda r: r.prov.notice_s == r.pool.notice_s == r.site.holes.notice_seconds,
+    "holes.max_pilots": lambda r: r.pool.max_nodes == r.site.holes.max_pilots,
+    "objective.name": lambda r: r.planner.objective.name == r.site.objective.name,
+    "objective.t_fwd_seconds": lambda r: r.planner.t_fwd == r.site.objective.t_fwd_seconds,
+    "emulation.trace": lambda r: r.site.emulation.trace == "demo" and r.pool.duration > 0,
+    "emulation.speedup": lambda r: r.pool.speedup == r.site.emulation.speedup,
+    "emulation.notice_seconds": lambda r: r.pool.notice_s == r.site.emulation.notice_seconds,
+    "unverified": lambda r: True,                 # read by `parsl-bft sites validate`, checked against the fields
+}
+
+
+def _leaves(doc: dict, prefix: str = "") -> list[str]:
+    subs = {"node", "pilot_walltime", "holes", "objective", "emulation"}
+    out = []
+    for k, v in doc.items():
+        if isinstance(v, dict) and not prefix and k in subs:
+            out += _leaves(v, k + ".")
+        else:
+            out.append(prefix + k)
+    return out
+
+
+@pytest.mark.parametrize("path", SITES, ids=lambda p: p.name)
+def test_every_field_of_every_shipped_site_file_is_consumed(path):
+    import yaml
+    site, fields = load_site(path), _leaves(yaml.safe_load(path.read_text()))
+    r = _runtime(site)
+    unknown = [f for f in fields if f not in CONSUMED]
+    assert not unknown, f"{path.name}: no consumer known for {unknown}: use the field or remove it"
+    assert [f for f in fields if not CONSUMED[f](r)] == []
+
+
+def test_checkpoint_dir_and_ranks_per_node_reach_the_orchestrator():
+    """The multi-accelerator sites run a rank per GPU; the local Slurm site two CPU ranks per node; the
+    embedded default keeps checkpoints under the state directory."""
+    want = {"polaris": 4, "perlmutter": 4, "frontier": 8, "local-slurm": 2, "local": 1}
+    for p in SITES:
+        site = load_site(p)
+        rt = _runtime(site).rt
+        assert rt["ranks_per_node"] == want[site.name]
+        assert rt["checkpoint_dir"] == (Path(site.checkpoint_dir) if site.checkpoint_dir else None)
+
+
+@pytest.mark.parametrize("edit,words", [
+    ("worker_init: 'module load x'", "scheduler 'local' does not use worker_init: delete it"),
+    ("holes: {poll_seconds: 1}\npartition: debug", "does not use holes, partition: delete them"),
+])
+def test_a_field_the_scheduler_would_ignore_is_an_error(tmp_path, edit, words):
+    p = tmp_path / "s.yaml"
+    p.write_text("name: l\nscheduler: local\nnode: {cores: 2}\n" + edit + "\n")
+    with pytest.raises(SiteError, match=words):
+        load_site(p)
+    p.write_text(GOOD + "queue: debug\n")
+    with pytest.raises(SiteError, match="scheduler 'slurm' does not use queue"):
+        load_site(p)
+
+
+# --- `sites show` is the Config's own repr, and it is code ----------------------------------------------------
+
+def _state(obj, depth=0):
+    """A comparable picture of a Config: constructor arguments of RepresentationMixin objects, the attributes
+    of others (the pilot providers until they are RepresentationMixin), functions by name."""
+    import inspect
+
+    from parsl.utils import RepresentationMixin
+    assert depth < 8
+    if isinstance(obj, (list, tuple)):
+        return [_state(x, depth + 1) for x in obj]
+    if isinstance(obj, dict):
+        return {k: _state(v, depth + 1) for k, v in obj.items()}
+    if callable(obj) and hasattr(obj, "__qualname__"):
+        return obj.__module__ + "." + obj.__qualname__
+    if isinstance(obj, RepresentationMixin):
+        spec = inspect.getfullargspec(type(obj).__init__)
+        return type(obj), {a: _state(getattr(obj, a, None), depth + 1) for a in spec.args[1:] + spec.kwonlyargs}
+    if hasattr(obj, "__dict__"):
+        return type(obj), {k: (type(v) if k == "cmd" else _state(v, depth + 1)) for k, v in vars(obj).items()}
+    return obj
+
+
+def test_sites_show_evaluates_back_to_an_equivalent_config():
+    site = load_site(ROOT / "site_configs" / "local-slurm.yaml")
+    code = show_config(site)
+    assert code.splitlines()[0].startswith("from ") and "\nconfig = Config(" in code
+    ns: dict = {}
+    exec(compile(code, "<sites show>", "exec"), ns)                 # the printed imports are all it needs
+    again, built = ns["config"], build_config(site)
+    assert _state(again) == _state(built)
+    ex = again.executors[0]
+    from parsl_bft.execution.block_errors import pilot_block_error_handler
+    assert (ex.block_error_handler is pilot_block_error_handler and ex.max_workers_per_node == 1
+            and (ex.heartbeat_period, ex.heartbeat_threshold) == (5, 20) and ex.address == "127.0.0.1"
+            and again.retries == 0 and again.strategy == "none")
+    from parsl.utils import RepresentationMixin
+    if isinstance(ex.provider, RepresentationMixin):                # then the text itself round-trips
+        from parsl_bft.execution.config import config_source
+        assert config_source(again) == code
+
+
+def test_the_embedded_default_loads_from_the_package_data():
+    """No install needed: the file is in pyproject's package-data and importlib.resources reads it."""
+    import tomllib
+    from importlib.resources import files
+
+    import yaml
+
+    from parsl_bft.sites import Site
+    data = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["parsl_bft"]
+    assert "data/sites/*.yaml" in data
+    res = files("parsl_bft").joinpath("data", "sites", "local.yaml")
+    site = Site(**yaml.safe_load(res.read_text()))
+    assert site.name == "local" and site.scheduler == "local"
+    # the user-facing copy is the same file, not a second one to keep in step
+    assert (ROOT / "site_configs" / "local.yaml").resolve() == Path(str(res)).resolve()
