@@ -113,6 +113,10 @@ def test_a_globus_compute_site_cannot_be_orchestrated_from_outside(tmp_path):
     p.write_text(GOOD + "globus_compute_endpoint: 2a7e6a1c-3e3b-4b8a-9a66-0a3b0c5d9f11\n")
     with pytest.raises(SiteError, match="reached through Globus Compute"):
         make_pool(load_site(p), executor=None)
+    from parsl_bft.execution.session import training_session
+    with pytest.raises(SiteError, match="reached through Globus Compute"):   # before any login is tried
+        with training_session(tmp_path / "state", site=p):
+            pass
 
 
 def test_every_accelerator_and_the_checkpoint_dir_reach_the_runtime(tmp_path, monkeypatch):

@@ -24,15 +24,19 @@ def current_site(site: Site | str | Path | None = None) -> Site:
     return load_site(site or os.environ.get("PARSL_BFT_SITE") or DEFAULT_SITE)
 
 
-def make_pool(site: Site, executor):
-    """The site's live idle capacity: pilots through its executor, or (local) the emulated pool."""
-    from .pool import EmulatedPool, PilotPool
-
+def _refuse_remote(site: Site) -> None:
     if site.globus_compute_endpoint:
         raise SiteError(f"site '{site.name}' is reached through Globus Compute: this process cannot see that "
                         "machine's idle nodes or files, so it cannot orchestrate training there. Run parsl-bft at "
                         "the facility with the site file minus globus_compute_endpoint, or send single fragments "
                         "through the endpoint (docs/globus-compute.md)")
+
+
+def make_pool(site: Site, executor):
+    """The site's live idle capacity: pilots through its executor, or (local) the emulated pool."""
+    from .pool import EmulatedPool, PilotPool
+
+    _refuse_remote(site)
     if site.scheduler == "local":
         emu = site.emulation or Emulation()
         kw = dict(speedup=emu.speedup, notice_s=emu.notice_seconds, repeat=True)
@@ -78,6 +82,8 @@ def training_session(state_dir: str | Path, site=None, **orchestrator_kw):
     sites = [current_site(s) for s in (site if isinstance(site, (list, tuple)) else [site])]
     if len({s.name for s in sites}) < len(sites):
         raise ValueError(f"site names must differ within a run: {[s.name for s in sites]}")
+    for s in sites:
+        _refuse_remote(s)          # before building its Config: that would log in to Globus Compute for nothing
     ensure_venv_on_path()          # pilots inherit PATH: their worker pools start from this environment
     configs = [build_config(s) for s in sites]
     first = configs[0]
