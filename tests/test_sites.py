@@ -230,12 +230,19 @@ def test_every_field_of_every_shipped_site_file_is_consumed(path):
 def test_checkpoint_dir_and_ranks_per_node_reach_the_orchestrator():
     """The multi-accelerator sites run a rank per GPU; the local Slurm site two CPU ranks per node; the
     embedded default keeps checkpoints under the state directory."""
+    import inspect
+
+    from parsl_bft.execution.orchestrator import Orchestrator
+    from parsl_bft.execution.pool import SitePool
     want = {"polaris": 4, "perlmutter": 4, "frontier": 8, "local-slurm": 2, "local": 1}
+    keywords = inspect.signature(Orchestrator).parameters
     for p in SITES:
         site = load_site(p)
         rt = _runtime(site).rt
         assert rt["ranks_per_node"] == want[site.name]
         assert rt["checkpoint_dir"] == (Path(site.checkpoint_dir) if site.checkpoint_dir else None)
+        assert all(keywords[k].kind is inspect.Parameter.KEYWORD_ONLY for k in rt)   # one site
+        assert SitePool(None, "label", **rt).ranks_per_node == want[site.name]       # several sites
 
 
 @pytest.mark.parametrize("edit,words", [
