@@ -89,17 +89,17 @@ def _collect(obj, imports: set, subst: dict, seen: set) -> None:
     elif isinstance(obj, (types.FunctionType, types.BuiltinFunctionType, type)):
         imports.add(_importable(obj))
         subst[repr(obj)] = obj.__name__
+    elif _has_own_repr(obj):                 # its own repr wins over a recorded construction
+        imports.add(_importable(type(obj)))
+        if isinstance(obj, RepresentationMixin):
+            for name in _init_args(type(obj)):
+                _collect(getattr(obj, name, None), imports, subst, seen)
     elif _is_constructed(obj):
         cls, kwargs = _CONSTRUCTED[obj]
         imports.add(_importable(cls))
         for v in kwargs.values():
             _collect(v, imports, subst, seen)
         subst[repr(obj)] = _call(cls.__name__, kwargs)
-    elif _has_own_repr(obj):
-        imports.add(_importable(type(obj)))
-        if isinstance(obj, RepresentationMixin):
-            for name in _init_args(type(obj)):
-                _collect(getattr(obj, name, None), imports, subst, seen)
     elif not vars(obj):                      # no state: a fresh instance is the same thing
         imports.add(_importable(type(obj)))
         subst[repr(obj)] = f"{type(obj).__name__}()"
