@@ -29,13 +29,13 @@ class FragmentHandle:
 
 
 class SiteRunner:
-    def __init__(self, name: str, site: SitePool, store, store_host: str):
+    def __init__(self, name: str, site: SitePool, store):
         from parsl import python_app
 
         from .apps import fragment_node_task, fragment_task
         self.name, self.site, self.store = name, site, store
         self.gang = bool(getattr(site.pool, "gang", False))
-        self.addr = f"{store_host}:{store.port}"
+        self.addr = f"{store_host(site.executor, self.gang)}:{store.port}"
         self._app = python_app(fragment_node_task if self.gang else fragment_task, executors=[site.executor])
 
     def launch(self, cfg: dict, nodes: int) -> FragmentHandle:

@@ -28,7 +28,7 @@ from ..scaling import ScalingCurve
 from ..train.checkpoint import CheckpointStore
 from ..train.protocol import JobDir
 from .checkpoint_policy import CheckpointPolicy
-from .htex import FragmentHandle, SiteRunner, store_host
+from .htex import FragmentHandle, SiteRunner
 from .jobstore import JobRow, JobStore
 from .pool import MultiPool, SitePool
 from .protocols import IdlePool, Planner
@@ -172,8 +172,7 @@ class Orchestrator:
         from ..train.launcher import serve_store
 
         self._store = serve_store()
-        self._runners = {name: SiteRunner(name, s, self._store, store_host(s.executor, getattr(s.pool, "gang", False)))
-                         for name, s in self.sites.items()}
+        self._runners = {name: SiteRunner(name, s, self._store) for name, s in self.sites.items()}
         pending = self.pending_specs()
         ctl = Controller(pending, self.curves, self.planner, max_concurrent=self.max_concurrent, model_costs=False)
         for spec in pending:
