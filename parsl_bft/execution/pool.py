@@ -157,6 +157,7 @@ class PilotPool:
         self._last_poll = now
         pilots = self._pilots()
         probe = now - self._last_probe >= self.probe_s
+        claimed: set[str] = set()
         if probe:
             self._last_probe = now
             try:
@@ -181,6 +182,17 @@ class PilotPool:
         except Exception as e:      # a busy scheduler or interchange: no news is not "every node left"
             logger.warning("pilot poll skipped: %s", e)
             return []
+        # a pilot that has not joined yet runs nothing to checkpoint: give a claimed node back at once
+        early = [j for j in pilots if j not in self._nodes and j in where and where[j][0] in claimed]
+        if early:
+            try:
+                self.provider.cancel(early)
+                self._gone.update(early)
+                for j in early:
+                    self._hold(pilots[j])
+                    del pilots[j]
+            except Exception as e:                   # tried again at the next probe
+                logger.warning("pilot cancel failed: %s", e)
         joined, noticed, left = [], [], []
         for jid, block in pilots.items():
             running = jid in where and block in up
