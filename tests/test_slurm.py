@@ -366,6 +366,12 @@ def test_pilot_pool_joins_notices_claims_and_replaces_pilots():
     fake.managers.add("2")
     assert step() == [("join", ("n1",))]
     assert step() == [("notice", ("n1",))] and "2" in fake.held
+    # a pilot starting on a node a facility job is planned onto, before its worker pool joined: it holds
+    # nothing to checkpoint, so it is cancelled at once (no notice, no leave, no waiting facility job)
+    fake.claims = {"n5"}
+    queued = [j for j in fake.blocks_to_job_id.values() if j not in fake.running and j not in fake.cancelled]
+    fake.running[queued[0]] = ("n5", None)
+    assert step() == [] and queued[0] in fake.cancelled
     pool.stop()
     assert set(fake.cancelled) >= {"101", "102"}
 
