@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 from parsl.jobs.states import JobState
 
-from parsl_bft.execution.pbs import PBSCommands, PBSPilotProvider, find_holes
-from parsl_bft.execution.pbs.commands import parse_pbsnodes, parse_qstat, parse_qsub
+from parsl_bft.execution.pbs import PBSCommands, PBSPilotProvider
+from parsl_bft.execution.pbs.commands import parse_pbsnodes, parse_qstat, parse_qsub, parse_user_caps
 
 DATA = Path(__file__).resolve().parent / "data" / "pbs"
 NODES = (DATA / "pbsnodes.json").read_text()
@@ -35,7 +35,7 @@ def test_parsers():
     assert jobs["1002.polaris-pbs-01"].estimated_start == 1795291800 and jobs["1002.polaris-pbs-01"].nodes == 3
     assert jobs["1004.polaris-pbs-01"].exit_status == 271
     run = jobs["1001.polaris-pbs-01"]                           # where a running job is, and until when
-    assert run.node == "x3001c0s1b0n0"
+    assert run.hosts == ("x3001c0s1b0n0",)
     assert run.end == datetime(2026, 11, 21, 17, 40).timestamp() + 3600
     assert parse_qsub("1010.polaris-pbs-01\n") == "1010.polaris-pbs-01"
     with pytest.raises(ValueError, match="no job id"):
@@ -45,10 +45,10 @@ def test_parsers():
 def test_holes_and_pilot_script(tmp_path):
     calls = []
     cmd = PBSCommands(canned(calls))
-    holes = find_holes(cmd)
-    assert [h.node for h in holes] == ["x3001c0s1b1n0", "x3001c0s7b0n0"] and holes[0].until == 1795291800
     prov = PBSPilotProvider("preemptable", account="proj", select="1:ncpus=64:ngpus=4", commands=cmd,
                             script_dir=str(tmp_path), scheduler_options=["-l filesystems=home:eagle"])
+    holes = prov.current_holes()
+    assert [h.node for h in holes] == ["x3001c0s1b1n0", "x3001c0s7b0n0"] and holes[0].until == 1795291800
     assert prov.walltime_minutes(now=1795291800 - 25 * 60) == 25
     m = prov.walltime_minutes()
     assert prov.submit("process_worker_pool.py", 1, "pilot") == "1010.polaris-pbs-01"
@@ -77,3 +77,14 @@ def test_finished_pilots_are_timeout_or_scaled_in_never_failed_for_reclaims(tmp_
                   JobState.MISSING]
     prov.submitted["1007.polaris-pbs-01"] = time.time() - 300    # queued too long: withdrawn
     assert prov.status(["1007.polaris-pbs-01"])[0].state == JobState.SCALED_IN
+
+
+def test_per_user_job_caps_from_queue_and_server():
+    queue = '{"Queue": {"preemptable": {"max_queued": "[u:PBS_GENERIC=20]", "max_run": "[u:PBS_GENERIC=10]"}}}'
+    server = '{"Server": {"polaris-pbs-01": {"max_queued": "[o:PBS_ALL=5000]"}}}'
+    assert parse_user_caps(queue) == [20, 10] and parse_user_caps(server) == [] and parse_user_caps("oops") == []
+
+    def run(argv):
+        return (0, queue, "") if "-Q" in argv else (0, server, "") if "-B" in argv else (1, "", "")
+    assert PBSCommands(run).job_limit("preemptable") == 10
+    assert PBSCommands(lambda argv: (1, "", "qstat: Unknown queue")).job_limit("x") is None

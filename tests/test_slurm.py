@@ -13,18 +13,20 @@ from parsl.jobs.states import JobState, JobStatus
 
 from parsl_bft.execution.pilot import Hole
 from parsl_bft.execution.pool import PilotPool
-from parsl_bft.execution.slurm import SlurmCommands, SlurmPilotProvider, find_holes
+from parsl_bft.execution.slurm import SlurmCommands, SlurmPilotProvider
 from parsl_bft.execution.jobstore import JobStore
 from parsl_bft.train.checkpoint import CheckpointStore
-from parsl_bft.execution.slurm.commands import (parse_reservations, parse_sacct, parse_sbatch, parse_sinfo_nodes,
-                                                parse_squeue_pending, parse_test_only)
+from parsl_bft.execution.slurm.commands import (parse_job_limit, parse_reservations, parse_sacct, parse_sbatch,
+                                                parse_sinfo_nodes, parse_squeue, parse_test_only)
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
 # recorded on the local 8-node cluster (tools/local-slurm.sh): a 6-node job running, an 8-node job waiting
 SINFO = "n1|alloc\nn2|alloc\nn3|alloc\nn4|alloc\nn5|alloc\nn6|alloc\nn7|plnd\nn8|plnd\n"
-SQUEUE_PD = "2|2026-11-21T18:19:55|8|debug|n[1-8]\n"
+SQUEUE = ("3|COMPLETED|2026-11-21T18:17:55|2026-11-21T18:17:55|(null)|n7|None\n"      # squeue -h -t all -o
+          "2|PENDING|2026-11-21T18:19:55|2026-11-21T18:22:55|n[1-8]||Resources\n"    # %i|%T|%S|%e|%Y|%N|%r
+          "1|RUNNING|2026-11-21T18:17:55|2026-11-21T18:19:55|(null)|n[1-6]|None\n")
 TEST_ONLY = "sbatch: Job 3 to start at 2026-11-21T18:18:57 using 4 processors on nodes n7 in partition debug\n"
 RESV = ("ReservationName=maint StartTime=2026-11-21T20:37:48 EndTime=2026-11-21T20:47:48 Duration=00:10:00 "
         "Nodes=n[1-2] NodeCnt=2 CoreCnt=8 Features=(null) PartitionName=(null) Flags=SPEC_NODES TRES=cpu=8 "
@@ -37,11 +39,15 @@ def test_parsers_on_recorded_output():
     nodes = parse_sinfo_nodes(SINFO)
     assert [n.name for n in nodes if n.usable] == ["n7", "n8"]
     assert not parse_sinfo_nodes("n1|idle*\n")[0].usable          # not responding
-    pend = parse_squeue_pending(SQUEUE_PD)
-    assert pend[0].job_id == "2" and pend[0].nodes == 8
-    assert pend[0].planned_start == datetime.fromisoformat("2026-11-21T18:19:55").timestamp()
-    assert pend[0].sched_nodes == tuple(f"n{i}" for i in range(1, 9))
-    assert parse_squeue_pending("5|N/A|2|debug\n")[0].planned_start is None
+    done, pend, run = parse_squeue(SQUEUE)
+    assert pend.job_id == "2" and pend.state == "PENDING" and pend.end is None
+    assert pend.start == datetime.fromisoformat("2026-11-21T18:19:55").timestamp()
+    assert pend.nodes == tuple(f"n{i}" for i in range(1, 9))           # where backfill plans to start it
+    assert run.nodes == tuple(f"n{i}" for i in range(1, 7)) and run.end == pend.start
+    assert done.state == "COMPLETED" and done.nodes == ("n7",)
+    assert parse_squeue("5|PENDING|N/A|N/A|||Priority\n")[0].start is None
+    assert parse_squeue("5|PENDING|1795417921|N/A|||Priority\n")[0].start == 1795417921   # SLURM_TIME_FORMAT=%s
+    assert parse_job_limit("|\n") is None and parse_job_limit("20|\n|8\n") == 8      # sacctmgr assoc caps
     assert parse_sbatch("Submitted batch job 42\n") == "42"
     with pytest.raises(ValueError, match="no job id"):
         parse_sbatch("sbatch: error: invalid partition\n")
@@ -74,22 +80,24 @@ class Canned:
 
 def test_holes_and_pilot_scripts_on_canned_slurm(tmp_path):
     start = datetime.fromisoformat("2026-11-21T18:19:55").timestamp()
-    run = Canned({"sinfo": (0, SINFO, ""), "squeue -h -t PD": (0, SQUEUE_PD, ""),
+    run = Canned({"sinfo": (0, SINFO, ""), "squeue -h -t all": (0, SQUEUE, ""),
                   "sbatch": (0, "Submitted batch job 11\n", "")})
     cmd = SlurmCommands(run)
-    holes = find_holes(cmd, "debug")
-    assert [h.node for h in holes] == ["n7", "n8"] and all(h.until == start for h in holes)
     prov = SlurmPilotProvider("debug", qos="standby", commands=cmd, script_dir=str(tmp_path), notice_s=45)
+    holes = prov.current_holes()
+    assert [h.node for h in holes] == ["n7", "n8"] and all(h.until == start for h in holes)
     assert prov.walltime_minutes(now=start - 10 * 60 - 5) == 10        # the hole: 10 whole minutes
     assert prov.walltime_minutes(now=start - 30) == 1                  # never below --time-min
     assert prov.claimed(60, now=start - 30) == {f"n{i}" for i in range(1, 9)}   # the head job wants them soon
     assert prov.claimed(60, now=start - 300) == set()
     jid = prov.submit("process_worker_pool.py --foo", 1, "pilot")
     assert jid == "11"
-    before = cmd.per_minute().get("sinfo", 0)
-    for i in range(4):                         # one scale-out of 4 pilots: one hole survey, not one per pilot
+    before = dict(cmd.per_minute())
+    for i in range(4):                         # one scale-out of 4 pilots: one survey, one walltime check
         prov.submit("process_worker_pool.py --foo", 1, f"more{i}")
-    assert cmd.per_minute().get("sinfo", 0) - before <= 1 and cmd.per_minute()["sbatch"] >= 5
+    after = cmd.per_minute()
+    assert after.get("sinfo", 0) - before.get("sinfo", 0) <= 1 and after.get("squeue", 0) - before.get("squeue", 0) <= 1
+    assert sum(c[:2] == ["sbatch", "--test-only"] for c in run.calls) <= 2 and after["sbatch"] >= 5
     script = next(tmp_path.glob("pilot.*.sh")).read_text()
     for opt in ("--nodes=1", "--time-min=1", "--signal=B:USR1@45", "--qos=standby", "--partition=debug"):
         assert f"#SBATCH {opt}" in script
@@ -97,7 +105,7 @@ def test_holes_and_pilot_scripts_on_canned_slurm(tmp_path):
 
 
 def test_pilot_states_never_failed_for_reclaims(tmp_path):
-    run = Canned({"squeue -h -t all": (0, "11|RUNNING|n7\n12|PENDING|(Resources)\n", ""),
+    run = Canned({"squeue -h -t all": (0, "11|RUNNING|1|2|(null)|n7|None\n12|PENDING|N/A|N/A|||Resources\n", ""),
                   "sacct -X": (0, "Slurm accounting storage is disabled\n", ""),   # no slurmdbd ...
                   "sacct -c -X": (0, SACCT, "")})                                  # ... the completion log
     prov = SlurmPilotProvider("debug", commands=SlurmCommands(run), script_dir=str(tmp_path), max_pending_s=60)
@@ -129,6 +137,11 @@ def slurm():
     subprocess.run(["scancel", "--user", "root"], capture_output=True)
 
 
+def state_of(slurm, job_id):
+    """The job's state in squeue (None once slurmctld forgot it)."""
+    return next((j.state for j in slurm.queue() if j.job_id == job_id), None)
+
+
 def wait_for(pred, timeout, step=1.0):
     t = time.time()
     while time.time() - t < timeout:
@@ -147,14 +160,13 @@ def test_pilots_soak_a_real_backfill_hole(slurm, tmp_path):
                               text=True, check=True).stdout.strip().split(";")[0]
     big = sbatch("-N", "6", "-t", "3", "--wrap", "sleep 150")       # the facility's workload ...
     head = sbatch("-N", "8", "-t", "1", "--wrap", "sleep 5")        # ... and a job waiting behind it
-    assert wait_for(lambda: slurm.jobs([big])[0].state == "RUNNING", 60)
-    planned = wait_for(lambda: next((p.planned_start for p in slurm.pending("debug") if p.job_id == head), None), 60)
+    assert wait_for(lambda: state_of(slurm, big) == "RUNNING", 60)
+    planned = wait_for(lambda: next((j.start for j in slurm.queue() if j.job_id == head), None), 60)
     assert planned is not None
-    holes = wait_for(lambda: find_holes(slurm, "debug"), 30)
-    assert sorted(h.node for h in holes) == ["n7", "n8"] and holes[0].until == planned
-
     prov = SlurmPilotProvider("backfill", commands=slurm, script_dir=str(tmp_path), walltime_max_min=30,
                               notice_s=30, poll_s=1)
+    holes = wait_for(lambda: prov.snapshot(max_age_s=0).holes(), 30)
+    assert sorted(h.node for h in holes) == ["n7", "n8"] and holes[0].until == planned
     assert prov.walltime_minutes() <= 3                              # sized to the hole, not to walltime_max
     pilots = [prov.submit("sleep 600", 1, f"pilot{i}") for i in range(2)]
     running = wait_for(lambda: all(s.state == JobState.RUNNING for s in prov.status(pilots)), 60)
@@ -164,7 +176,7 @@ def test_pilots_soak_a_real_backfill_hole(slurm, tmp_path):
     prov.cancel([pilots[0]])                                         # parsl-bft gives a node back
     assert prov.status([pilots[0]])[0].state == JobState.SCALED_IN
     prov.cancel(pilots)
-    assert wait_for(lambda: not [j for j in slurm.jobs(pilots) if j.state in ("RUNNING", "PENDING")], 30)
+    assert wait_for(lambda: not [j for j in pilots if state_of(slurm, j) in ("RUNNING", "PENDING")], 30)
     subprocess.run(["scancel", big, head], check=True)
 
 
@@ -212,7 +224,7 @@ def test_training_end_to_end_on_real_slurm_pilots(slurm, tmp_path):
                               capture_output=True, text=True, check=True).stdout.strip().split(";")[0]
     big = sbatch("-N", "6", "-t", "2", "--wrap", "sleep 40")        # the facility's workload ...
     head = sbatch("-N", "8", "-t", "1", "--wrap", "sleep 5")        # ... and a job waiting for all 8 nodes
-    assert wait_for(lambda: slurm.jobs([big])[0].state == "RUNNING", 60)
+    assert wait_for(lambda: state_of(slurm, big) == "RUNNING", 60)
     orch = subprocess.Popen([sys.executable, str(ROOT / "tests" / "orchestrate.py"), str(state), "400", str(site),
                              str(IMG_STEPS)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -231,8 +243,7 @@ def test_training_end_to_end_on_real_slurm_pilots(slurm, tmp_path):
 
 def _facility_and_faults(slurm, state, orch, big, head):
     # the big job ends early: the head job may start at once; the pilots on n7, n8 must give way
-    big_end = wait_for(lambda: time.time() if not slurm.jobs([big]) or slurm.jobs([big])[0].state != "RUNNING"
-                       else None, 120, 0.5)
+    big_end = wait_for(lambda: time.time() if state_of(slurm, big) != "RUNNING" else None, 120, 0.5)
     head_start = wait_for(lambda: started(slurm, head), 60, 0.5)
     assert head_start is not None and head_start - big_end <= 10, (head_start - big_end)
     # later pilots: kill the one under a training rank outright (no notice), mid-fragment
@@ -267,7 +278,7 @@ def _check_outcome(slurm, state, tmp_path, res, ref, after_id):
             text=True).stdout.splitlines() if "parsl.bft" in line and int(line.split()[0]) > after_id}
     assert ends and set(ends.values()) <= {"CANCELLED", "TIMEOUT", "COMPLETED"}, ends
     assert "TIMEOUT" in ends.values() or "COMPLETED" in ends.values(), ends   # some ran into their time limit
-    assert not [j for j in slurm.jobs(list(ends)) if j.state in ("RUNNING", "PENDING")]
+    assert not [j for j in ends if state_of(slurm, j) in ("RUNNING", "PENDING")]
     # the models: exact step counts; equal to uninterrupted training up to float summation order (1e-3)
     assert ref.wait(timeout=300) == 0
     final = CheckpointStore(Path(res["results"]["img"]).parent).latest()
@@ -292,7 +303,7 @@ class FakePilots:
     def __init__(self):
         self.notice_s, self.holes_n, self.running, self.claims, self.marks = 20, 0, {}, set(), set()
         self.blocks_to_job_id, self.managers, self.cancelled, self.held = {}, set(), [], []
-        self.provider, self.busy = self, False
+        self.provider, self.busy, self.surveys, self.slots = self, False, 0, None
 
     # provider
     def holes(self):
@@ -310,6 +321,12 @@ class FakePilots:
 
     def claimed(self, within_s, now=None):
         return self.claims
+
+    def snapshot(self, max_age_s=None):
+        self.surveys += 1
+
+    def job_slots(self):
+        return self.slots
 
     def noticed(self, jid):
         return jid in self.marks
@@ -380,24 +397,114 @@ def test_reservations_end_holes_and_test_only_confirms_pilot_walltime(tmp_path):
     soon = datetime.fromtimestamp(time.time() + 600).strftime("%Y-%m-%dT%H:%M:%S")
     later = datetime.fromtimestamp(time.time() + 3600).strftime("%Y-%m-%dT%H:%M:%S")
     resv = RESV.replace("2026-11-21T20:37:48", soon).replace("Nodes=n[1-2]", "Nodes=n7")
-    answers = {"sinfo": (0, SINFO, ""), "squeue -h -t PD": (0, "", ""),
+    answers = {"sinfo": (0, SINFO, ""), "squeue -h -t all": (0, "", ""),
                "scontrol show reservation": (0, resv, ""),
                "sbatch --test-only": (0, "", f"sbatch: Job 3 to start at {later} using 4 processors on nodes n7 "
                                              "in partition debug\n")}
     cmd = SlurmCommands(Canned(answers))
-    holes = {h.node: h.until for h in find_holes(cmd, "debug")}
-    assert holes["n8"] == math.inf and holes["n7"] == datetime.fromisoformat(soon).timestamp()
     prov = SlurmPilotProvider("debug", commands=cmd, script_dir=str(tmp_path), walltime_min_min=2,
                               walltime_max_min=30)
+    holes = {h.node: h.until for h in prov.current_holes()}
+    assert holes["n8"] == math.inf and holes["n7"] == datetime.fromisoformat(soon).timestamp()
     assert prov.walltime_minutes() == 2          # --test-only says a 9-minute pilot would wait an hour: shortest
     answers["sbatch --test-only"] = (0, "", "")
-    assert prov.walltime_minutes() == 9
+    assert prov.walltime_minutes() == 2          # asked once per survey ...
+    prov.snapshot(max_age_s=0)
+    assert prov.walltime_minutes() == 9          # ... and again at the next
 
 
-def test_a_failing_squeue_is_an_error_not_an_empty_cluster():
+def test_a_failing_squeue_is_an_error_not_an_empty_cluster(tmp_path):
     from parsl_bft.execution.slurm.commands import SlurmError
-    gone = SlurmCommands(lambda argv: (1, "", "slurm_load_jobs error: Invalid job id specified\n"))
-    assert gone.jobs(["7"]) == []                    # none known any more: really gone
     busy = SlurmCommands(lambda argv: (1, "", "slurm_load_jobs error: Socket timed out on send/recv operation\n"))
+    prov = SlurmPilotProvider("debug", commands=busy, script_dir=str(tmp_path))
+    prov.submitted["7"] = 0.0
     with pytest.raises(SlurmError, match="Socket timed out"):
-        busy.jobs(["7"])
+        prov.status(["7"])                       # not "pilot 7 is missing"
+
+
+class CannedCluster:
+    """A 16-node Slurm answering sinfo/squeue/sbatch/scancel/... from its own state, on a test clock: pilots
+    start at once on free nodes. Logs (time, command) for what an admin would count."""
+
+    def __init__(self, clock, job_limit=None):
+        self.clock, self.jobs, self.log, self.next_id, self.job_limit = clock, {}, [], 100, job_limit
+
+    def __call__(self, argv):
+        self.log.append((self.clock(), argv[0] if argv[:2] != ["sbatch", "--test-only"] else "sbatch --test-only"))
+        busy = {j["node"] for j in self.jobs.values() if j["state"] == "RUNNING"}
+        if argv[0] == "sinfo":
+            return 0, "".join(f"n{i}|{'alloc' if f'n{i}' in busy else 'idle'}\n" for i in range(1, 17)), ""
+        if argv[0] == "squeue":
+            return 0, "".join(f"{j}|{r['state']}|{r['start']:.0f}|{r['start'] + 3600:.0f}|(null)|{r['node']}|None\n"
+                              for j, r in self.jobs.items()), ""
+        if argv[0] == "sacctmgr":
+            return (0, f"{self.job_limit}|\n", "") if self.job_limit else (1, "", "not a supported plugin")
+        if argv[:2] == ["sbatch", "--test-only"]:
+            return 0, "", ""
+        if argv[0] == "sbatch":
+            free = sorted(set(f"n{i}" for i in range(1, 17)) - busy)
+            self.next_id += 1
+            self.jobs[str(self.next_id)] = {"state": "RUNNING", "node": free[0], "start": self.clock()}
+            return 0, f"Submitted batch job {self.next_id}\n", ""
+        if argv[0] == "scancel":
+            for j in argv[1:]:
+                self.jobs.get(j, {})["state"] = "CANCELLED"
+        return 0, "", ""
+
+
+class CannedExecutor:
+    """What PilotPool uses of an HTEX: blocks, scale-out through the provider, connected worker pools."""
+
+    def __init__(self, provider, cluster):
+        self.provider, self.cluster, self.blocks_to_job_id = provider, cluster, {}
+
+    def scale_out_facade(self, n):
+        for _ in range(n):
+            self.blocks_to_job_id[str(len(self.blocks_to_job_id))] = self.provider.submit("pool", 1, "pilot")
+
+    def connected_managers(self):
+        return [{"block_id": b} for b, j in self.blocks_to_job_id.items()
+                if self.cluster.jobs[j]["state"] == "RUNNING"]
+
+    def _hold_block(self, b):
+        pass
+
+
+def test_scheduler_commands_per_minute_do_not_grow_with_the_number_of_pilots(tmp_path):
+    """One survey per poll cycle serves hole discovery, claims, placement and Parsl's status poller: 1 pilot or
+    8, the same whole-cluster queries a minute, within the stated budget (2 per poll_s + reservations once a
+    minute)."""
+    per_minute = {}
+    for n in (1, 8):
+        clock = {"t": 1_800_000_000.0}
+        cluster = CannedCluster(lambda: clock["t"])
+        prov = SlurmPilotProvider("debug", commands=SlurmCommands(cluster), script_dir=str(tmp_path / str(n)),
+                                  poll_s=5)
+        prov.clock = lambda: clock["t"]
+        executor = CannedExecutor(prov, cluster)
+        pool = PilotPool(executor, max_nodes=n, probe_s=5.0, poll_s=1.0, clock=lambda: clock["t"])
+        pool.start()
+        for second in range(600):                # ten minutes: the pool every second, Parsl's poller every 5 s
+            clock["t"] += 1.0
+            pool.poll()
+            if second % prov.status_polling_interval == 0 and executor.blocks_to_job_id:
+                prov.status(list(executor.blocks_to_job_id.values()))
+        assert sum(j["state"] == "RUNNING" for j in cluster.jobs.values()) == n
+        steady = [name for t, name in cluster.log if t > clock["t"] - 300]     # the last five minutes
+        per_minute[n] = {name: steady.count(name) / 5 for name in set(steady)}
+    assert per_minute[1] == per_minute[8], per_minute
+    budget = 2 * 60 / 5 + 1
+    assert sum(per_minute[8].values()) <= budget, per_minute[8]
+
+
+def test_pilots_respect_the_facility_cap_on_jobs_per_user(tmp_path):
+    clock = {"t": 1_800_000_000.0}
+    cluster = CannedCluster(lambda: clock["t"], job_limit=3)
+    prov = SlurmPilotProvider("debug", commands=SlurmCommands(cluster), script_dir=str(tmp_path))
+    prov.clock = lambda: clock["t"]
+    pool = PilotPool(CannedExecutor(prov, cluster), max_nodes=8, probe_s=1.0, poll_s=1.0, clock=lambda: clock["t"])
+    pool.start()
+    for _ in range(30):
+        clock["t"] += 1.0
+        pool.poll()
+    assert len(cluster.jobs) == 3 and sum(name == "sacctmgr" for _, name in cluster.log) == 1

@@ -10,8 +10,8 @@ from typing import Callable
 Runner = Callable[[list[str]], tuple[int, str, str]]
 
 
-def run_local(argv: list[str], timeout: float = 30.0) -> tuple[int, str, str]:
-    p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+def run_local(argv: list[str], timeout: float = 30.0, env: dict[str, str] | None = None) -> tuple[int, str, str]:
+    p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env)
     return p.returncode, p.stdout, p.stderr
 
 

@@ -12,11 +12,15 @@ import math
 import os
 import time
 from abc import abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Mapping
 
 from parsl.jobs.states import JobState, JobStatus
 from parsl.providers.base import ExecutionProvider
+
+
+_JUST_SUBMITTED = ""
 
 
 @dataclass(frozen=True)
@@ -25,7 +29,46 @@ class Hole:
     until: float          # unix time the node is expected to be taken back (inf: no queued job needs it)
 
 
+@dataclass(frozen=True)
+class QueueJob:
+    """One job the scheduler holds, anyone's."""
+
+    job_id: str
+    state: str                      # the scheduler's own word: PENDING / RUNNING / ... (Slurm), Q / R / ... (PBS)
+    reason: str = ""
+    start: float | None = None      # waiting: when the scheduler plans to start it; running: when it started
+    end: float | None = None        # running: when its time limit ends
+    nodes: tuple[str, ...] = ()     # running: where it runs; waiting: where the scheduler plans to run it
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """What the scheduler said in one survey (2 queries, plus reservations now and then): hole discovery,
+    claims, pilot placement and pilot states - the pool's and Parsl's status poller's - are all read from it."""
+
+    taken: float                              # unix time of the survey
+    idle: tuple[str, ...]                     # usable idle nodes of the pilots' partition / queue
+    jobs: Mapping[str, QueueJob]              # every job the scheduler holds, by id
+    reserved: Mapping[str, float] = field(default_factory=dict)   # node -> start of a reservation not begun
+    waiting_states: frozenset[str] = frozenset({"PENDING"})
+
+    def waiting(self) -> list[QueueJob]:
+        return [j for j in self.jobs.values() if j.state in self.waiting_states]
+
+    def holes(self, mine=()) -> list[Hole]:
+        """Idle nodes, held until the earliest planned start of a waiting job that is not one of ours
+        (conservative: all idle nodes are assumed needed then) or the start of a reservation on the node."""
+        until = min((j.start for j in self.waiting() if j.start is not None and j.job_id not in mine),
+                    default=math.inf)
+        return [Hole(n, min(until, self.reserved.get(n, math.inf))) for n in self.idle]
+
+
 class PilotProvider(ExecutionProvider):
+    """Parsl provider whose blocks are pilots. Scheduler load is fixed per poll cycle, whatever the number of
+    pilots: one survey (``snapshot``) every ``poll_s`` seconds serves everything; besides it, one ``ended`` query
+    per pilot that left the scheduler's memory, one sbatch/qsub per pilot, one walltime check per scale-out and
+    one cancel per batch of pilots given back."""
+
     STATES: dict[str, JobState] = {}
 
     def __init__(self, *, walltime_min_min: int = 1, walltime_max_min: int = 30, notice_s: int = 60,
@@ -34,6 +77,8 @@ class PilotProvider(ExecutionProvider):
         if walltime_min_min < 1 or walltime_max_min < walltime_min_min:
             raise ValueError(f"pilot walltime bounds must satisfy 1 <= min <= max, got {walltime_min_min}, "
                              f"{walltime_max_min}")
+        if poll_s < 1:
+            raise ValueError(f"poll_s must be >= 1 second, got {poll_s}")
         self.walltime_min_min, self.walltime_max_min, self.notice_s = walltime_min_min, walltime_max_min, notice_s
         # absolute: pilot scripts run in whatever directory the scheduler starts them in
         self.max_pending_s, self.worker_init = max_pending_s, worker_init
@@ -41,7 +86,10 @@ class PilotProvider(ExecutionProvider):
         self.nodes_per_block = nodes_per_block
         self.scheduler_options = list(scheduler_options or [])
         self._poll_s = poll_s
-        self._holes: tuple[float, list[Hole]] | None = None    # one hole survey per poll cycle, not per pilot
+        self.clock = time.time
+        self._snapshot: Snapshot | None = None
+        self._job_limit: tuple[int | None] | None = None
+        self._ended: dict[str, tuple[str, str]] = {}    # final states: asked of the scheduler once per pilot
         self.submitted: dict[str, float] = {}
         self.withdrawn: set[str] = set()
         # what Parsl's block bookkeeping reads
@@ -52,39 +100,66 @@ class PilotProvider(ExecutionProvider):
 
     # --- hooks ------------------------------------------------------------------------------------------
     @abstractmethod
-    def holes(self) -> list[Hole]: ...
+    def survey(self) -> Snapshot:
+        """Ask the scheduler for its idle nodes and its whole queue (a fixed number of commands)."""
+
+    @abstractmethod
+    def ended(self, job_ids: list[str]) -> dict[str, tuple[str, str]]:
+        """Final (state, reason) of jobs the scheduler no longer lists in its queue."""
 
     @abstractmethod
     def script(self, command: str, job_name: str, minutes: int) -> str: ...
 
-    @abstractmethod
-    def waiting(self) -> list[tuple[str, float | None, tuple[str, ...]]]:
-        """The scheduler's waiting jobs: (job id, planned start or None, nodes it is planned on)."""
+    def job_limit(self) -> int | None:
+        """The facility's cap on this user's jobs in the queue; None: none known."""
+        return None
 
-    @abstractmethod
-    def where(self, job_ids: list[str]) -> dict[str, tuple[str, float | None]]:
-        """job id -> (its node, unix time its walltime ends) for the pilots that run now."""
-
-    @abstractmethod
-    def _states(self, job_ids: list[str]) -> dict[str, tuple[str, str]]:
-        """job id -> (scheduler state, reason) for the jobs the scheduler still knows."""
-
-    # --- Parsl's provider interface ---------------------------------------------------------------------
+    # --- one survey per poll cycle ------------------------------------------------------------------------
     @property
     def status_polling_interval(self) -> int:
         return self._poll_s                     # seconds, not Parsl's 60: holes last minutes
 
+    def snapshot(self, max_age_s: float | None = None) -> Snapshot:
+        """The latest survey, taken anew only when older than ``max_age_s`` (default: ``poll_s``)."""
+        age = self._poll_s if max_age_s is None else max_age_s
+        now = self.clock()
+        if self._snapshot is None or now - self._snapshot.taken >= age:
+            self._snapshot = self.survey()
+        return self._snapshot
+
+    def job_slots(self) -> int | None:
+        """``job_limit()``, asked once."""
+        if self._job_limit is None:
+            self._job_limit = (self.job_limit(),)
+        return self._job_limit[0]
+
     def current_holes(self) -> list[Hole]:
-        """``holes()``, asked of the scheduler at most once per ``status_polling_interval``: one scale-out's
-        pilots (and the pool's count of holes before it) share one survey (3 whole-cluster queries on Slurm)."""
-        t = time.monotonic()
-        if self._holes is None or t - self._holes[0] >= self._poll_s:
-            self._holes = (t, self.holes())
-        return self._holes[1]
+        return self.snapshot().holes(self.submitted)
+
+    def waiting(self) -> list[QueueJob]:
+        """The scheduler's waiting jobs (anyone's)."""
+        return self.snapshot().waiting()
+
+    def where(self, job_ids: list[str]) -> dict[str, tuple[str, float | None]]:
+        """job id -> (its first node, unix time its walltime ends) for the pilots that run now."""
+        jobs = self.snapshot().jobs
+        return {j: (jobs[j].nodes[0], jobs[j].end) for j in job_ids
+                if j in jobs and jobs[j].nodes and self.STATES.get(jobs[j].state) == JobState.RUNNING}
+
+    def _states(self, job_ids: list[str]) -> dict[str, tuple[str, str]]:
+        snap = self.snapshot()
+        seen = {j: (snap.jobs[j].state, snap.jobs[j].reason) for j in job_ids if j in snap.jobs}
+        # submitted after the survey: the scheduler has it queued
+        seen.update({j: (_JUST_SUBMITTED, "submitted after the last survey") for j in job_ids if j not in seen and self.submitted.get(j, 0) >= snap.taken})
+        gone = [j for j in job_ids if j not in seen and j not in self._ended]
+        if gone:
+            self._ended.update(self.ended(gone))
+        seen.update({j: self._ended[j] for j in job_ids if j not in seen and j in self._ended})
+        return seen
 
     def walltime_minutes(self, now: float | None = None) -> int:
         """The pilot's walltime: the current hole's length in whole minutes, within the configured bounds."""
-        now = time.time() if now is None else now
+        now = self.clock() if now is None else now
         left = min((h.until for h in self.current_holes()), default=math.inf) - now
         minutes = self.walltime_max_min if math.isinf(left) else int(left // 60)
         return max(self.walltime_min_min, min(self.walltime_max_min, minutes))
@@ -104,9 +179,9 @@ class PilotProvider(ExecutionProvider):
     def claimed(self, within_s: float, now: float | None = None) -> set[str]:
         """Nodes a waiting facility job (not one of our pilots) is planned to start on within ``within_s``:
         give them back now."""
-        soon = (time.time() if now is None else now) + within_s
-        return {n for jid, start, nodes in self.waiting() if jid not in self.submitted and start is not None
-                and start <= soon for n in nodes}
+        soon = (self.clock() if now is None else now) + within_s
+        return {n for j in self.waiting() if j.job_id not in self.submitted and j.start is not None
+                and j.start <= soon for n in j.nodes}
 
     def noticed(self, job_id: str) -> bool:
         """Has the scheduler sent this pilot its notice (or begun ending it)?"""
@@ -119,14 +194,15 @@ class PilotProvider(ExecutionProvider):
         path.write_text(self.script(command, job_name, self.walltime_minutes()))
         os.chmod(path, 0o755)
         job_id = self.cmd.submit(str(path))
-        self.submitted[job_id] = time.time()
+        self.submitted[job_id] = self.clock()
         return job_id
 
     def status(self, job_ids) -> list[JobStatus]:
         ids = [str(j) for j in job_ids]
         seen = self._states(ids)
-        stale = [j for j in ids if j in seen and self.STATES.get(seen[j][0]) == JobState.PENDING
-                 and time.time() - self.submitted.get(j, time.time()) > self.max_pending_s]
+        now = self.clock()
+        stale = [j for j in ids if j in seen and self._state(seen[j][0]) == JobState.PENDING
+                 and now - self.submitted.get(j, now) > self.max_pending_s]
         if stale:
             self.cmd.cancel(stale)
             self.withdrawn.update(stale)
@@ -136,13 +212,16 @@ class PilotProvider(ExecutionProvider):
                 out.append(JobStatus(JobState.SCALED_IN, "withdrawn: did not start within the hole"))
             elif j in seen:
                 raw, reason = seen[j]
-                state = self.STATES.get(raw, JobState.UNKNOWN)
+                state = self._state(raw)
                 if state == JobState.COMPLETED and self.noticed(j):
                     state = JobState.TIMEOUT          # it ended at its notice: the hole closed
                 out.append(JobStatus(state, reason))
             else:
                 out.append(JobStatus(JobState.MISSING, "not known to the scheduler"))
         return out
+
+    def _state(self, raw: str) -> JobState:
+        return JobState.PENDING if raw == _JUST_SUBMITTED else self.STATES.get(raw, JobState.UNKNOWN)
 
     def cancel(self, job_ids) -> list[bool]:
         self.cmd.cancel([str(j) for j in job_ids])

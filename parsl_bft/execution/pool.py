@@ -143,6 +143,7 @@ class PilotPool:
         self._noticed: set[str] = set()
         self._release: dict[str, float] = {}   # job id -> when we cancel it (a facility job wants its node)
         self._gone: set[str] = set()           # pilots that ended: never looked at again
+        self._looked: set[str] = set()         # pilots whose worker pool's connection made us survey at once
 
     def start(self) -> None:
         self._t0 = self.clock()
@@ -177,8 +178,12 @@ class PilotPool:
             except Exception as e:                   # tried again at the next poll
                 logger.warning("pilot cancel failed: %s", e)
         try:
-            where = self.provider.where(list(pilots)) if pilots else {}
             up = {str(m.get("block_id")) for m in self.executor.connected_managers()}
+            started = {j for j, b in pilots.items() if b in up and j not in self._nodes} - self._looked
+            if started:     # a worker pool connected, so its pilot runs: look now, not at the next survey
+                self._looked |= started
+                self.provider.snapshot(max_age_s=self.poll_s)
+            where = self.provider.where(list(pilots)) if pilots else {}
         except Exception as e:      # a busy scheduler or interchange: no news is not "every node left"
             logger.warning("pilot poll skipped: %s", e)
             return []
@@ -251,6 +256,9 @@ class PilotPool:
                 live += 1
                 queued += st.state == JobState.PENDING
         n = min(len(self.provider.current_holes()) - queued, self.max_nodes - live)
+        slots = self.provider.job_slots()             # the facility's cap on our jobs in its queue
+        if slots is not None:
+            n = min(n, slots - len(waiting) - len(self._nodes))
         if n > 0:
             self.executor.scale_out_facade(n)
 

@@ -38,7 +38,7 @@ class PBSJob:
     estimated_start: float | None
     exit_status: int | None
     comment: str
-    node: str = ""              # first host of exec_host, once it runs
+    hosts: tuple[str, ...] = ()  # exec_host's hosts, once it runs
     end: float | None = None    # stime + walltime: when PBS takes the nodes back
     planned_nodes: tuple[str, ...] = ()   # queued: estimated.exec_vnode, where the scheduler plans to run it
 
@@ -80,10 +80,10 @@ def parse_qstat(text: str) -> list[PBSJob]:
         est = (j.get("estimated") or {}).get("start_time")
         vnodes = re.findall(r"\(([^:)]+)", str((j.get("estimated") or {}).get("exec_vnode", "")))
         es = j.get("Exit_status")
-        host = str(j.get("exec_host", "")).split("+")[0].split("/")[0]
+        hosts = tuple(dict.fromkeys(h.split("/")[0] for h in str(j.get("exec_host", "")).split("+") if h))
         stime, wall = _time(j.get("stime")), _hms(rl.get("walltime", ""))
         out.append(PBSJob(jid, j.get("job_state", "?"), j.get("queue", ""), nodes, _time(est),
-                          int(es) if es is not None else None, j.get("comment", ""), host,
+                          int(es) if es is not None else None, j.get("comment", ""), hosts,
                           stime + wall if stime is not None and wall is not None else None, tuple(vnodes)))
     return out
 
@@ -104,6 +104,21 @@ def _select_nodes(select: str) -> int:
     return total
 
 
+def parse_user_caps(text: str) -> list[int]:
+    """Per-user job caps in ``qstat -Q -f -F json`` / ``qstat -B -f -F json``: max_queued / max_run limits of the
+    form [u:PBS_GENERIC=N] (or [u:USER=N])."""
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        return []
+    caps = []
+    for section in ("Queue", "Server"):
+        for attrs in (doc.get(section) or {}).values():
+            for key in ("max_queued", "max_run"):
+                caps += [int(n) for n in re.findall(r"\[u:[^=\]]+=(\d+)\]", str(attrs.get(key, "")))]
+    return caps
+
+
 def parse_qsub(text: str) -> str:
     job = text.strip().splitlines()[-1].strip() if text.strip() else ""
     if not re.match(r"^\d+(\.\S+)?$", job):
@@ -117,11 +132,12 @@ class PBSCommands(SchedulerCommands):
     def nodes(self) -> list[PBSNode]:
         return parse_pbsnodes(self._run(["pbsnodes", "-a", "-F", "json"])[0])
 
-    def queued(self, queue: str | None = None) -> list[PBSJob]:
-        jobs = parse_qstat(self._run(["qstat", "-f", "-F", "json"])[0])
-        return [j for j in jobs if j.state == "Q" and (queue is None or j.queue == queue)]
+    def queue(self) -> list[PBSJob]:
+        """Every job the server holds, in one query: queued jobs' estimated starts and our pilots' states."""
+        return parse_qstat(self._run(["qstat", "-f", "-F", "json"])[0])
 
-    def jobs(self, job_ids: list[str]) -> list[PBSJob]:
+    def history(self, job_ids: list[str]) -> list[PBSJob]:
+        """Finished jobs too (-x)."""
         if not job_ids:
             return []
         # -x includes finished jobs (history); unknown ids make qstat exit 153 but still print the others
@@ -133,3 +149,13 @@ class PBSCommands(SchedulerCommands):
     def cancel(self, job_ids: list[str]) -> None:
         if job_ids:
             self._run(["qdel", "-W", "force", *job_ids], ok_codes=(0, 1, 15, 35, 153))
+
+    def job_limit(self, queue: str) -> int | None:
+        """The per-user cap on queued jobs (``max_queued`` / ``max_run`` ``[u:PBS_GENERIC=N]``) of the queue and
+        the server, smallest wins; None where none is set or qstat -Q fails."""
+        caps = []
+        for argv in (["qstat", "-Q", "-f", "-F", "json", queue], ["qstat", "-B", "-f", "-F", "json"]):
+            rc, out, _ = self.runner(argv)
+            if rc == 0:
+                caps += parse_user_caps(out)
+        return min(caps) if caps else None

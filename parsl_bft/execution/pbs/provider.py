@@ -1,21 +1,10 @@
 """PBS Pro pilots (e.g. ALCF Polaris's preemptable queue): one-node jobs sized to the holes."""
 from __future__ import annotations
 
-import math
-
 from parsl.jobs.states import JobState
 
-from ..pilot import Hole, PilotProvider
-from .commands import PBSCommands
-
-
-def find_holes(cmd: PBSCommands, mine=()) -> list[Hole]:
-    """Free nodes now, held until the earliest estimated start of a queued job (PBS's backfill plan; any queue,
-    not our own pilots)."""
-    idle = [n.name for n in cmd.nodes() if n.usable]
-    starts = [j.estimated_start for j in cmd.queued() if j.estimated_start is not None and j.job_id not in mine]
-    until = min(starts) if starts else math.inf
-    return [Hole(n, until) for n in idle]
+from ..pilot import PilotProvider, QueueJob, Snapshot
+from .commands import PBSCommands, PBSJob
 
 
 class PBSPilotProvider(PilotProvider):
@@ -25,7 +14,7 @@ class PBSPilotProvider(PilotProvider):
     STATES = {"Q": JobState.PENDING, "W": JobState.PENDING, "T": JobState.PENDING, "H": JobState.HELD,
               "S": JobState.HELD, "U": JobState.HELD, "R": JobState.RUNNING, "B": JobState.RUNNING,
               "E": JobState.RUNNING, "X": JobState.COMPLETED,
-              # finished jobs, classified by _states from their exit status and comment
+              # finished jobs, classified by _queue_job from their exit status and comment
               "TIMEOUT": JobState.TIMEOUT, "SCALED_IN": JobState.SCALED_IN, "FAILED": JobState.FAILED}
 
     def __init__(self, queue: str, *, account: str | None = None, select: str = "1:ncpus=1",
@@ -38,11 +27,18 @@ class PBSPilotProvider(PilotProvider):
     def label(self) -> str:
         return "pbs_pilot"
 
-    def holes(self) -> list[Hole]:
-        return find_holes(self.cmd, self.submitted)
+    def survey(self) -> Snapshot:
+        """pbsnodes (free nodes) + qstat (the whole queue, with the scheduler's estimated starts)."""
+        idle = tuple(n.name for n in self.cmd.nodes() if n.usable)
+        jobs = {j.job_id: _queue_job(j) for j in self.cmd.queue()}
+        return Snapshot(self.clock(), idle, jobs, waiting_states=frozenset({"Q"}))
 
-    def waiting(self) -> list[tuple[str, float | None, tuple[str, ...]]]:
-        return [(j.job_id, j.estimated_start, j.planned_nodes) for j in self.cmd.queued()]
+    def ended(self, job_ids: list[str]) -> dict[str, tuple[str, str]]:
+        finals = [_queue_job(j) for j in self.cmd.history(job_ids)]
+        return {q.job_id: (q.state, q.reason) for q in finals if q.job_id in job_ids}
+
+    def job_limit(self) -> int | None:
+        return self.cmd.job_limit(self.queue)
 
     def script(self, command: str, job_name: str, minutes: int) -> str:
         opts = [f"-N {job_name}", f"-q {self.queue}", f"-l select={self.select}",
@@ -52,21 +48,20 @@ class PBSPilotProvider(PilotProvider):
                  f"setsid {command} &", *self.notice_trap("PBS_JOBID")]
         return "\n".join(line for line in lines if line) + "\n"
 
-    def where(self, job_ids: list[str]) -> dict[str, tuple[str, float | None]]:
-        return {j.job_id: (j.node, j.end) for j in self.cmd.jobs(job_ids) if j.state == "R" and j.node}
 
-    def _states(self, job_ids: list[str]) -> dict[str, tuple[str, str]]:
-        out = {}
-        for j in self.cmd.jobs(job_ids):
-            state = j.state
-            if state in ("F", "X"):          # finished (history): the exit status and comment tell how
-                if "walltime" in j.comment.lower():
-                    state = "TIMEOUT"
-                elif j.exit_status == 0:
-                    state = "X"
-                elif j.exit_status is not None and (j.exit_status >= 256 or j.exit_status < 0):
-                    state = "SCALED_IN"      # killed by a signal (qdel, preemption) or by PBS itself
-                else:
-                    state = "FAILED"
-            out[j.job_id] = (state, j.comment)
-        return out
+def _queue_job(j: PBSJob) -> QueueJob:
+    """A qstat record as the snapshot holds it; a finished job (F, X) gets the state its exit status and comment
+    tell: walltime end, a signal (qdel, preemption, PBS itself), success or failure."""
+    state = j.state
+    if state in ("F", "X"):
+        if "walltime" in j.comment.lower():
+            state = "TIMEOUT"
+        elif j.exit_status == 0:
+            state = "X"
+        elif j.exit_status is not None and (j.exit_status >= 256 or j.exit_status < 0):
+            state = "SCALED_IN"
+        else:
+            state = "FAILED"
+    waiting = state == "Q"
+    return QueueJob(j.job_id, state, j.comment, j.estimated_start if waiting else None, j.end,
+                    j.planned_nodes if waiting else j.hosts)

@@ -1,7 +1,5 @@
-"""Slurm back end: the command seam, hole discovery and the pilot-job provider."""
-from .commands import JobRecord, NodeRecord, PendingRecord, SlurmCommands, SlurmError
-from ..pilot import Hole
-from .provider import SlurmPilotProvider, find_holes
+"""Slurm back end: the command seam and the pilot-job provider."""
+from .commands import JobRecord, NodeRecord, SlurmCommands, SlurmError
+from .provider import SlurmPilotProvider
 
-__all__ = ["JobRecord", "NodeRecord", "PendingRecord", "SlurmCommands", "SlurmError", "Hole",
-           "SlurmPilotProvider", "find_holes"]
+__all__ = ["JobRecord", "NodeRecord", "SlurmCommands", "SlurmError", "SlurmPilotProvider"]

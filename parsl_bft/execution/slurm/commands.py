@@ -2,11 +2,13 @@
 records (Balsam's scheduler-interface shape). Tests feed recorded output through the same parsers."""
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from datetime import datetime
 
-from ..commands import SchedulerCommands, SchedulerError
+from ..commands import SchedulerCommands, SchedulerError, run_local
+from ..pilot import QueueJob
 
 
 class SlurmError(SchedulerError):
@@ -25,20 +27,10 @@ class NodeRecord:
 
 
 @dataclass(frozen=True)
-class PendingRecord:
-    job_id: str
-    planned_start: float | None     # unix time Slurm's backfill plans to start it; None when unknown
-    nodes: int
-    partition: str
-    sched_nodes: tuple[str, ...] = ()   # the nodes backfill plans to start it on (squeue %Y)
-
-
-@dataclass(frozen=True)
 class JobRecord:
     job_id: str
-    state: str                      # PENDING, RUNNING, COMPLETED, CANCELLED, TIMEOUT, PREEMPTED, FAILED, ...
-    reason: str                     # why it waits; the node list once it runs
-    end: float | None = None        # unix time its time limit ends (running jobs)
+    state: str                      # COMPLETED, CANCELLED, TIMEOUT, ... (sacct)
+    reason: str = ""
 
 
 @dataclass(frozen=True)
@@ -110,30 +102,19 @@ def _expand_one(item: str) -> list[str]:
     return out
 
 
-def parse_squeue_pending(text: str) -> list[PendingRecord]:
-    """``squeue -h -t PD -o %i|%S|%D|%P|%Y``."""
+def parse_squeue(text: str) -> list[QueueJob]:
+    """``squeue -h -t all -o %i|%T|%S|%e|%Y|%N|%r``: every job slurmctld holds (finished ones for MinJobAge).
+    Waiting jobs: %S/%Y = backfill's planned start and nodes; running: %S/%e = start and time-limit end, %N =
+    where."""
     out = []
     for line in text.splitlines():
         parts = [x.strip() for x in line.split("|")]
-        if len(parts) < 4:
+        if len(parts) < 7 or not parts[0]:
             continue
-        try:
-            nodes = int(parts[2])
-        except ValueError:
-            nodes = 1
-        out.append(PendingRecord(parts[0], parse_time(parts[1]), nodes, parts[3],
-                                 expand_hostlist(parts[4]) if len(parts) > 4 else ()))
-    return out
-
-
-def parse_squeue_jobs(text: str) -> list[JobRecord]:
-    """``squeue -h -j IDS -o %i|%T|%R|%e``."""
-    out = []
-    for line in text.splitlines():
-        parts = [x.strip() for x in line.split("|")]
-        if len(parts) >= 2:
-            out.append(JobRecord(parts[0], parts[1], parts[2] if len(parts) > 2 else "",
-                                 parse_time(parts[3]) if len(parts) > 3 else None))
+        jid, state, start, end, sched, nodes, reason = parts[:7]
+        waiting = state == "PENDING"
+        out.append(QueueJob(jid, state, reason, parse_time(start), None if waiting else parse_time(end),
+                            expand_hostlist(sched if waiting else nodes)))
     return out
 
 
@@ -158,6 +139,12 @@ def parse_reservations(text: str) -> list[ReservationRecord]:
     return out
 
 
+def parse_job_limit(text: str) -> int | None:
+    """``sacctmgr -n -P show assoc user=U format=MaxJobs,MaxSubmitJobs``: the smallest cap set, or None."""
+    caps = [int(x) for line in text.splitlines() for x in line.split("|") if x.strip().isdigit()]
+    return min(caps) if caps else None
+
+
 _SUBMITTED = re.compile(r"Submitted batch job (\d+)")
 _TEST_ONLY = re.compile(r"Job \S+ to start at (\S+) using (\d+) processors on nodes (\S+)")
 
@@ -175,28 +162,25 @@ def parse_test_only(text: str) -> tuple[float | None, str]:
     return (parse_time(m.group(1)), m.group(3)) if m else (None, "")
 
 
+def _run_slurm(argv: list[str]) -> tuple[int, str, str]:
+    # epoch seconds: no guessing which time zone slurmctld prints local times in
+    return run_local(argv, env={**os.environ, "SLURM_TIME_FORMAT": "%s"})
+
+
 class SlurmCommands(SchedulerCommands):
     """The one seam between parsl-bft and Slurm."""
 
     error = SlurmError
 
+    def __init__(self, runner=_run_slurm):
+        super().__init__(runner)
+
     def nodes(self, partition: str) -> list[NodeRecord]:
         return parse_sinfo_nodes(self._run(["sinfo", "-h", "-N", "-p", partition, "-o", "%N|%t"])[0])
 
-    def pending(self, partition: str | None = None) -> list[PendingRecord]:
-        argv = ["squeue", "-h", "-t", "PD", "-o", "%i|%S|%D|%P|%Y"] + (["-p", partition] if partition else [])
-        return parse_squeue_pending(self._run(argv)[0])
-
-    def jobs(self, job_ids: list[str]) -> list[JobRecord]:
-        if not job_ids:
-            return []
-        argv = ["squeue", "-h", "-t", "all", "-j", ",".join(job_ids), "-o", "%i|%T|%R|%e"]
-        rc, out, err = self.runner(argv)
-        # exit 1 with 'Invalid job id' = none of them is known any more; any other failure (a busy slurmctld
-        # timing out) must not read as "every pilot is gone"
-        if rc != 0 and not (rc == 1 and "Invalid job id" in err):
-            raise self.error(argv, rc, err or out)
-        return parse_squeue_jobs(out)
+    def queue(self) -> list[QueueJob]:
+        """The whole queue in one query: waiting jobs' plans and our pilots' states alike."""
+        return parse_squeue(self._run(["squeue", "-h", "-t", "all", "-o", "%i|%T|%S|%e|%Y|%N|%r"])[0])
 
     def reservations(self) -> list[ReservationRecord]:
         return parse_reservations(self._run(["scontrol", "show", "reservation", "-o"])[0])
@@ -223,3 +207,10 @@ class SlurmCommands(SchedulerCommands):
     def cancel(self, job_ids: list[str]) -> None:
         if job_ids:
             self._run(["scancel", *job_ids], ok_codes=(0, 1))
+
+    def job_limit(self, user: str) -> int | None:
+        """The user's cap on jobs in the queue (the smaller of MaxJobs and MaxSubmitJobs of their associations);
+        None where there is no cap or no slurmdbd to ask."""
+        rc, out, _ = self.runner(["sacctmgr", "-n", "-P", "show", "assoc", f"user={user}",
+                                  "format=MaxJobs,MaxSubmitJobs"])
+        return parse_job_limit(out) if rc == 0 else None
