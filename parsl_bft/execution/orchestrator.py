@@ -171,7 +171,9 @@ class Orchestrator:
         collected, and every pilot is given back."""
         from ..train.launcher import serve_store
 
-        self._store = serve_store()
+        # loopback only unless ranks on other nodes (pilots) must reach it
+        gang = any(getattr(s.pool, "gang", False) for s in self.sites.values())
+        self._store = serve_store("" if gang else "127.0.0.1")
         self._runners = {name: SiteRunner(name, s, self._store) for name, s in self.sites.items()}
         pending = self.pending_specs()
         ctl = Controller(pending, self.curves, self.planner, max_concurrent=self.max_concurrent, model_costs=False)

@@ -18,11 +18,13 @@ and renamed, so a crash mid-write leaves the previous checkpoint untouched.
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 import re
 import shutil
 import socket
+import stat
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,8 +35,11 @@ import numpy as np
 import torch
 import xxhash
 
+from ..errors import ParslBftError
+
 FORMAT = "parsl-bft-checkpoint"
-VERSION = 1
+VERSION = 2                  # 2: a checksum over the metadata too (attributes, dtypes, shapes)
+_NUMERIC_KINDS = "biufc"     # the only dataset types a checkpoint holds
 _NUMPY_UNSUPPORTED = {torch.bfloat16: torch.int16}
 for _name, _view in (("float8_e4m3fn", torch.int8), ("float8_e5m2", torch.int8),
                      ("float8_e4m3fnuz", torch.int8), ("float8_e5m2fnuz", torch.int8)):
@@ -43,7 +48,7 @@ for _name, _view in (("float8_e4m3fn", torch.int8), ("float8_e5m2", torch.int8),
 _BY_NAME = {str(d).removeprefix("torch."): d for d in _NUMPY_UNSUPPORTED}
 
 
-class CheckpointError(Exception):
+class CheckpointError(ParslBftError):
     """A checkpoint file that cannot be used; ``dataset`` names the damaged part when known."""
 
     def __init__(self, path: str, problem: str, dataset: str | None = None):
@@ -98,23 +103,53 @@ def _digest(a: np.ndarray) -> str:
     return xxhash.xxh3_64_hexdigest(np.ascontiguousarray(a).view(np.uint8).reshape(-1).data)
 
 
-def _write_tree(g: h5py.Group, obj: Any, manifest: list[str]) -> None:
+def _plain(v: Any) -> Any:
+    """An attribute value as Python sees it, the same whether just written or read back."""
+    return v.item() if isinstance(v, np.generic) else v
+
+
+class _Meta:
+    """The metadata checksum (format 2): every attribute, dataset name, dtype and shape, fed in the order the
+    tree is written and read, so that a damaged JSON attribute or a changed dtype is caught like damaged data."""
+
+    def __init__(self) -> None:
+        self.h = xxhash.xxh3_64()
+
+    def add(self, *parts: Any) -> None:
+        self.h.update(repr(tuple(_plain(p) for p in parts)).encode())
+        self.h.update(b"\0")
+
+    def hexdigest(self) -> str:
+        return self.h.hexdigest()
+
+
+class _Writer:
+    def __init__(self) -> None:
+        self.manifest: list[str] = []
+        self.meta = _Meta()
+
+    def attr(self, obj, name: str, value: Any) -> None:
+        obj.attrs[name] = value
+        self.meta.add(obj.name, name, value)
+
+
+def _write_tree(g: h5py.Group, obj: Any, w: _Writer) -> None:
     if isinstance(obj, dict):
-        g.attrs["__kind__"] = "dict"
+        w.attr(g, "__kind__", "dict")
         keys = list(obj)
-        g.attrs["__keys__"] = json.dumps([[type(k).__name__, k] for k in keys])
+        w.attr(g, "__keys__", json.dumps([[type(k).__name__, k] for k in keys]))
         for i, k in enumerate(keys):
-            _write_item(g, f"k{i}", obj[k], manifest)
+            _write_item(g, f"k{i}", obj[k], w)
     elif isinstance(obj, (list, tuple)):
-        g.attrs["__kind__"] = type(obj).__name__
-        g.attrs["__len__"] = len(obj)
+        w.attr(g, "__kind__", type(obj).__name__)
+        w.attr(g, "__len__", len(obj))
         for i, v in enumerate(obj):
-            _write_item(g, f"i{i}", v, manifest)
+            _write_item(g, f"i{i}", v, w)
     else:
         raise TypeError(f"cannot store {type(obj).__name__} as a tree")
 
 
-def _write_item(g: h5py.Group, name: str, v: Any, manifest: list[str]) -> None:
+def _write_item(g: h5py.Group, name: str, v: Any, w: _Writer) -> None:
     if isinstance(v, torch.Tensor):
         t = v.detach()
         if t.device.type != "cpu":
@@ -123,58 +158,136 @@ def _write_item(g: h5py.Group, name: str, v: Any, manifest: list[str]) -> None:
         attrs = {"torch_dtype": str(t.dtype).removeprefix("torch.")}
         if t.dtype in _NUMPY_UNSUPPORTED:
             t = t.view(_NUMPY_UNSUPPORTED[t.dtype])
-        _write_array(g, name, t.numpy(), attrs, manifest)
+        _write_array(g, name, t.numpy(), attrs, w)
     elif isinstance(v, np.ndarray):
-        _write_array(g, name, v, {"numpy": 1}, manifest)
+        _write_array(g, name, v, {"numpy": 1}, w)
     elif isinstance(v, (dict, list, tuple)):
-        _write_tree(g.create_group(name), v, manifest)
+        w.meta.add(g.name, name, "group")
+        _write_tree(g.create_group(name), v, w)
     elif v is None or isinstance(v, (bool, int, float, str)):
-        g.attrs[f"json:{name}"] = json.dumps(v)
+        w.attr(g, f"json:{name}", json.dumps(v))
     elif isinstance(v, (np.integer, np.floating)):
-        g.attrs[f"json:{name}"] = json.dumps(v.item())
+        w.attr(g, f"json:{name}", json.dumps(v.item()))
     else:
         raise TypeError(f"cannot store {type(v).__name__} in a checkpoint (at {g.name}/{name})")
 
 
-def _write_array(g: h5py.Group, name: str, a: np.ndarray, attrs: dict, manifest: list[str]) -> None:
+def _write_array(g: h5py.Group, name: str, a: np.ndarray, attrs: dict, w: _Writer) -> None:
+    if a.dtype.kind not in _NUMERIC_KINDS:
+        raise TypeError(f"cannot store a {a.dtype} array in a checkpoint (at {g.name}/{name})")
     d = g.create_dataset(name, data=a)
+    w.meta.add(d.name, "dataset", a.dtype.str, tuple(a.shape))
     for k, v in attrs.items():
-        d.attrs[k] = v
-    d.attrs["xxh3"] = _digest(a)
-    manifest.append(d.name)
+        w.attr(d, k, v)
+    w.attr(d, "xxh3", _digest(a))
+    w.manifest.append(d.name)
 
 
-def _read_tree(path: str, g: h5py.Group) -> Any:
-    kind = g.attrs.get("__kind__")
-    if kind == "dict":
-        keys = json.loads(g.attrs["__keys__"])
-        return {(int(k) if t == "int" else k): _read_item(path, g, f"k{i}") for i, (t, k) in enumerate(keys)}
-    if kind in ("list", "tuple"):
-        items = [_read_item(path, g, f"i{i}") for i in range(int(g.attrs["__len__"]))]
-        return items if kind == "list" else tuple(items)
-    raise CheckpointError(path, f"unknown group kind {kind!r}", g.name)
+class _Reader:
+    """Reads one untrusted file (checkpoints are staged between sites: they are input). Hard links only; only
+    numeric datasets stored contiguously (or compactly) inside the file itself - no external links, external raw
+    storage, virtual layouts or filters; every declared size is bounded by the file's own size before anything
+    is allocated. ``where`` names the part being read, for the error."""
 
+    def __init__(self, path: str, f: h5py.File, size: int):
+        self.path, self.f, self.size = path, f, size
+        self.where: str | None = None
+        self.read: list[str] = []
+        self.meta = _Meta()
 
-def _read_item(path: str, g: h5py.Group, name: str) -> Any:
-    if f"json:{name}" in g.attrs:
-        return json.loads(g.attrs[f"json:{name}"])
-    if name not in g:
-        raise CheckpointError(path, "missing entry", f"{g.name}/{name}")
-    obj = g[name]
-    if isinstance(obj, h5py.Group):
-        return _read_tree(path, obj)
-    a = np.empty(obj.shape, dtype=obj.dtype)
-    if a.size:
-        obj.read_direct(a)
-    if _digest(a) != obj.attrs.get("xxh3"):
-        raise CheckpointError(path, "checksum mismatch: the data is damaged", obj.name)
-    if "numpy" in obj.attrs:
-        return a
-    t = torch.from_numpy(a)
-    dt = obj.attrs.get("torch_dtype", "")
-    if dt in _BY_NAME:
-        t = t.view(_BY_NAME[dt])
-    return t
+    def fail(self, problem: str) -> CheckpointError:
+        return CheckpointError(self.path, problem, self.where)
+
+    def attr(self, obj, name: str, default: Any = KeyError) -> Any:
+        if name not in obj.attrs:
+            if default is KeyError:
+                raise self.fail(f"missing attribute {name!r}")
+            return default
+        aid = h5py.h5a.open(obj.id, name.encode())
+        declared = math.prod(aid.shape or ()) * aid.dtype.itemsize
+        if declared > self.size:
+            raise self.fail(f"attribute {name!r} declares {declared:,} bytes, more than the whole file")
+        v = obj.attrs[name]
+        self.meta.add(obj.name, name, v)
+        return v
+
+    def text(self, obj, name: str) -> str:
+        v = self.attr(obj, name)
+        if not isinstance(v, str):
+            raise self.fail(f"attribute {name!r} is not text")
+        return v
+
+    def json(self, obj, name: str) -> Any:
+        return json.loads(self.text(obj, name))
+
+    def child(self, g: h5py.Group, name: str):
+        self.where = f"{g.name.rstrip('/')}/{name}"
+        link = g.get(name, getlink=True)
+        if link is None:
+            raise self.fail("missing entry")
+        if not isinstance(link, h5py.HardLink):
+            raise self.fail(f"{type(link).__name__} not allowed in a checkpoint (only hard links)")
+        return g[name]
+
+    def tree(self, g: h5py.Group) -> Any:
+        kind = self.attr(g, "__kind__", None)
+        if kind == "dict":
+            keys = self.json(g, "__keys__")
+            if not isinstance(keys, list):
+                raise self.fail("damaged key list")
+            return {(int(k) if t == "int" else k): self.item(g, f"k{i}") for i, (t, k) in enumerate(keys)}
+        if kind in ("list", "tuple"):
+            n = int(self.attr(g, "__len__"))
+            if n < 0 or n > self.size:
+                raise self.fail(f"damaged length {n}")
+            items = [self.item(g, f"i{i}") for i in range(n)]
+            return items if kind == "list" else tuple(items)
+        self.where = g.name
+        raise self.fail(f"unknown group kind {kind!r}")
+
+    def item(self, g: h5py.Group, name: str) -> Any:
+        if f"json:{name}" in g.attrs:
+            return self.json(g, f"json:{name}")
+        obj = self.child(g, name)
+        if isinstance(obj, h5py.Group):
+            self.meta.add(g.name, name, "group")
+            return self.tree(obj)
+        if not isinstance(obj, h5py.Dataset):
+            raise self.fail(f"unexpected object {type(obj).__name__}")
+        return self.array(obj)
+
+    def array(self, ds: h5py.Dataset) -> Any:
+        self.where = ds.name
+        dcpl = ds.id.get_create_plist()
+        if dcpl.get_layout() not in (h5py.h5d.CONTIGUOUS, h5py.h5d.COMPACT):
+            raise self.fail("only contiguous datasets are allowed (chunked or virtual layout)")
+        if dcpl.get_external_count():
+            raise self.fail("external raw storage is not allowed")
+        if dcpl.get_nfilters():
+            raise self.fail("filters are not allowed")
+        dt = ds.dtype
+        if dt.kind not in _NUMERIC_KINDS or dt.fields is not None or dt.subdtype is not None or dt.itemsize > 16:
+            raise self.fail(f"dataset type {dt} is not allowed")
+        if ds.shape is None:
+            raise self.fail("dataset without a shape")
+        declared = math.prod(ds.shape) * dt.itemsize
+        if declared > self.size:
+            raise self.fail(f"declares {declared:,} bytes, more than the whole file ({self.size:,} bytes)")
+        self.meta.add(ds.name, "dataset", dt.str, tuple(ds.shape))
+        a = np.empty(ds.shape, dtype=dt)
+        if a.size:
+            ds.read_direct(a)
+        numpy = self.attr(ds, "numpy", None) if "numpy" in ds.attrs else None
+        dtn = self.attr(ds, "torch_dtype", "") if "torch_dtype" in ds.attrs else ""
+        if _digest(a) != self.attr(ds, "xxh3", None):
+            raise self.fail("checksum mismatch: the data is damaged")
+        self.read.append(ds.name)
+        if numpy is not None:
+            return a
+        t = torch.from_numpy(a)
+        if dtn in _BY_NAME:
+            t = t.view(_BY_NAME[dtn])
+        return t
 
 
 def _fault(point: str) -> None:
@@ -205,24 +318,34 @@ def _temporary(path: Path) -> Path:
     return path.with_name(f".{path.name}.tmp-{_HOST}-{os.getpid()}")
 
 
+_ROOT_ATTRS = ("format", "version", "step", "epoch", "samples_done", "data_position", "created", "job", "metrics",
+               "extra")
+_PARTS = ("model", "optimizer", "scheduler", "rng")
+
+
 def save_checkpoint(path: str | Path, state: TrainingState, *, fsync: bool = True) -> Path:
-    """Write ``state`` atomically to ``path``."""
+    """Write ``state`` atomically to ``path`` (readable by its owner only)."""
     path = Path(path)
     tmp = _temporary(path)
-    manifest: list[str] = []
+    w = _Writer()
     try:
         with h5py.File(tmp, "w", libver="latest") as f:
-            f.attrs.update({"format": FORMAT, "version": VERSION, "step": state.step, "epoch": state.epoch,
-                            "samples_done": state.samples_done, "data_position": state.data_position,
-                            "created": time.time(), "job": json.dumps(state.job),
-                            "metrics": json.dumps(state.metrics), "extra": json.dumps(state.extra)})
-            for key in ("model", "optimizer", "scheduler", "rng"):
+            values = {"format": FORMAT, "version": VERSION, "step": state.step, "epoch": state.epoch,
+                      "samples_done": state.samples_done, "data_position": state.data_position,
+                      "created": time.time(), "job": json.dumps(state.job), "metrics": json.dumps(state.metrics),
+                      "extra": json.dumps(state.extra)}
+            for k in _ROOT_ATTRS:
+                w.attr(f, k, values[k])
+            for key in _PARTS:
                 obj = getattr(state, key)
+                w.meta.add("/", key, "absent" if obj is None else "group")
                 if obj is not None:
-                    _write_tree(f.create_group(key), dict(obj), manifest)
+                    _write_tree(f.create_group(key), dict(obj), w)
                     _fault(f"save:{key}")
-            f.attrs["manifest"] = json.dumps(manifest)
+            w.attr(f, "manifest", json.dumps(w.manifest))
+            f.attrs["meta_xxh3"] = w.meta.hexdigest()
             f.flush()
+        os.chmod(tmp, 0o600)
         if fsync:
             with open(tmp, "rb+") as fh:
                 os.fsync(fh.fileno())
@@ -240,47 +363,97 @@ def save_checkpoint(path: str | Path, state: TrainingState, *, fsync: bool = Tru
 
 
 def load_checkpoint(path: str | Path) -> TrainingState:
-    """Read and verify one checkpoint; raises CheckpointError naming what is wrong."""
+    """Read and verify one checkpoint. Whatever is wrong with the file - not there, not a regular file, not
+    HDF5, damaged anywhere (HDF5's own errors included), crafted to read other files or to exhaust memory, from a
+    newer format - raises CheckpointError naming the file and, when known, the dataset."""
     p = str(path)
     try:
+        st = os.stat(p)
+    except OSError as e:
+        raise CheckpointError(p, f"cannot read: {e.strerror or e}") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise CheckpointError(p, "not a regular file")
+    try:
         f = h5py.File(p, "r")
-    except (OSError, ValueError) as e:
-        raise CheckpointError(p, f"not a readable HDF5 file ({e})") from None
-    with f:
-        if f.attrs.get("format") != FORMAT:
-            raise CheckpointError(p, "not a parsl-bft checkpoint")
-        if int(f.attrs.get("version", 0)) > VERSION:
-            raise CheckpointError(p, f"written by a newer parsl-bft (format version {f.attrs['version']})")
-        try:
-            manifest = json.loads(f.attrs["manifest"])
-            missing = [d for d in manifest if d not in f]
+    except Exception as e:  # noqa: BLE001 - h5py raises OSError, ValueError, RuntimeError ... on damaged files
+        raise CheckpointError(p, f"not a readable HDF5 file ({type(e).__name__}: {e})") from None
+    r = _Reader(p, f, st.st_size)
+    try:
+        with f:
+            if r.attr(f, "format", None) != FORMAT:
+                raise CheckpointError(p, "not a parsl-bft checkpoint")
+            version = int(r.attr(f, "version", 0))
+            if version > VERSION:
+                raise CheckpointError(p, f"written by a newer parsl-bft (format version {version})")
+            root = {k: r.attr(f, k) for k in _ROOT_ATTRS[2:]}
+            parts: dict[str, Any] = {}
+            for key in _PARTS:
+                if f.get(key, getlink=True) is None:
+                    r.meta.add("/", key, "absent")
+                    parts[key] = None
+                else:
+                    g = r.child(f, key)
+                    r.meta.add("/", key, "group")
+                    if not isinstance(g, h5py.Group):
+                        raise r.fail("not a group")
+                    parts[key] = r.tree(g)
+            r.where = None
+            manifest = r.json(f, "manifest")
+            if version >= 2 and r.meta.hexdigest() != r.attr(f, "meta_xxh3", None):
+                raise CheckpointError(p, "metadata checksum mismatch: attributes, names or shapes are damaged")
+            if not isinstance(manifest, list):
+                raise CheckpointError(p, "damaged manifest")
+            missing = sorted(set(map(str, manifest)) - set(r.read))
             if missing:
                 raise CheckpointError(p, "missing dataset", missing[0])
-            parts = {k: _read_tree(p, f[k]) if k in f else None for k in ("model", "optimizer", "scheduler", "rng")}
-            return TrainingState(model=parts["model"] or {}, optimizer=parts["optimizer"],
-                                 scheduler=parts["scheduler"], rng=parts["rng"], step=int(f.attrs["step"]),
-                                 epoch=int(f.attrs["epoch"]), samples_done=int(f.attrs["samples_done"]),
-                                 data_position=int(f.attrs["data_position"]), job=json.loads(f.attrs["job"]),
-                                 metrics=json.loads(f.attrs["metrics"]), extra=json.loads(f.attrs["extra"]))
-        except CheckpointError:
-            raise
-        except (KeyError, OSError, ValueError, TypeError) as e:
-            raise CheckpointError(p, f"damaged structure: {e}") from None
+            state = TrainingState(model=parts["model"] or {}, optimizer=parts["optimizer"],
+                                  scheduler=parts["scheduler"], rng=parts["rng"], step=_count(root["step"]),
+                                  epoch=_count(root["epoch"]), samples_done=_count(root["samples_done"]),
+                                  data_position=_count(root["data_position"]), job=json.loads(root["job"]),
+                                  metrics=json.loads(root["metrics"]), extra=json.loads(root["extra"]))
+            if not isinstance(state.model, dict) or not isinstance(state.job, dict) \
+                    or not isinstance(state.metrics, list) or not isinstance(state.extra, dict):
+                raise CheckpointError(p, "damaged structure: unexpected types")
+            return state
+    except CheckpointError:
+        raise
+    except Exception as e:  # noqa: BLE001 - RuntimeError (HDF5), MemoryError, RecursionError (deep JSON), ...
+        raise CheckpointError(p, f"damaged structure ({type(e).__name__}: {str(e)[:200]})", r.where) from None
+
+
+def _count(v: Any) -> int:
+    v = _plain(v)
+    if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+        raise ValueError(f"not a count: {v!r}")
+    return v
+
+
+def finite_weights(model: dict[str, Any]) -> str | None:
+    """The name of the first floating-point tensor holding NaN or infinity, None when all are finite."""
+    for k, t in model.items():
+        if isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel() and not bool(torch.isfinite(t).all()):
+            return str(k)
+    return None
 
 
 _NAME = re.compile(r"^ckpt-(\d{9})\.h5$")
 
 
 class CheckpointStore:
-    """A directory of checkpoints of one job: keeps the last ``keep``, resumes from the newest good one."""
+    """A directory of checkpoints of one job: keeps the last ``keep``, resumes from the newest good one.
+
+    Damaged checkpoints met on the way (by ``latest()``, ``stage_to()`` or pruning) are moved aside into
+    ``damaged/`` - kept for a post-mortem, never counted among the ``keep`` - so pruning can never delete the
+    newest checkpoint that verifies, nor the one just written."""
 
     def __init__(self, directory: str | Path, keep: int = 3):
         if keep < 1:
             raise ValueError(f"keep must be >= 1, got {keep}")
         self.dir = Path(directory)
-        self.dir.mkdir(parents=True, exist_ok=True)
+        self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         self.keep = keep
         self.skipped: list[CheckpointError] = []   # damaged files met by the last latest()
+        self.latest_path: Path | None = None       # the file the last latest() loaded
         self._remove_stale_temporaries()
 
     def _remove_stale_temporaries(self) -> None:
@@ -300,22 +473,56 @@ class CheckpointStore:
 
     def paths(self) -> list[Path]:
         """Checkpoint files, newest (highest step) first."""
-        return sorted((p for p in self.dir.iterdir() if _NAME.match(p.name)), reverse=True)
+        return sorted((p for p in self.dir.iterdir() if _NAME.match(p.name) and p.is_file()), reverse=True)
+
+    def _set_aside(self, p: Path, err: CheckpointError) -> None:
+        """Move a checkpoint that does not verify out of the way (not deleted: it may be wanted for a post-mortem,
+        and a file that failed to read over a flaky file system is still there)."""
+        self.skipped.append(err)
+        aside = self.dir / "damaged"
+        try:
+            aside.mkdir(mode=0o700, exist_ok=True)
+            os.replace(p, aside / f"{p.name}.{int(time.time())}-{_HOST}-{os.getpid()}")
+        except OSError:
+            pass                                  # another process moved it already, or read-only: skip it anyway
 
     def save(self, state: TrainingState, *, fsync: bool = True) -> Path:
+        """Write the checkpoint of ``state.step``, then keep the ``keep`` newest: the one just written always,
+        older ones by step. Files of a higher step than this one (left by a fenced fragment, or damaged since the
+        last ``latest()``) count only when they verify; the others are set aside."""
         path = save_checkpoint(self.dir / f"ckpt-{state.step:09d}.h5", state, fsync=fsync)
-        for old in self.paths()[self.keep:]:
-            old.unlink(missing_ok=True)
+        kept, newest_good = [path], False
+        for p in self.paths():
+            if p == path:
+                continue
+            if p.name > path.name:
+                try:
+                    load_checkpoint(p)
+                except CheckpointError as e:
+                    self._set_aside(p, e)
+                    continue
+                if not newest_good:               # the newest checkpoint that verifies is never deleted
+                    newest_good = True
+                    kept.append(p)
+                    continue
+            if len(kept) < self.keep:
+                kept.append(p)
+            else:
+                p.unlink(missing_ok=True)
         return path
 
     def latest(self) -> TrainingState | None:
-        """The newest checkpoint that loads and verifies; damaged ones are recorded in ``skipped``."""
+        """The newest checkpoint that loads and verifies; damaged ones are recorded in ``skipped`` and set aside."""
         self.skipped = []
+        self.latest_path = None
         for p in self.paths():
             try:
-                return load_checkpoint(p)
+                st = load_checkpoint(p)
             except CheckpointError as e:
-                self.skipped.append(e)
+                self._set_aside(p, e)
+                continue
+            self.latest_path = p
+            return st
         return None
 
     def stage_to(self, directory: str | Path) -> Path | None:
@@ -325,12 +532,13 @@ class CheckpointStore:
             try:
                 load_checkpoint(p)
             except CheckpointError as e:
-                self.skipped.append(e)
+                self._set_aside(p, e)
                 continue
             dst = CheckpointStore(directory, keep=self.keep).dir / p.name
             if not dst.exists():
                 tmp = _temporary(dst)
                 shutil.copyfile(p, tmp)
+                os.chmod(tmp, 0o600)
                 with open(tmp, "rb+") as f:
                     os.fsync(f.fileno())
                 os.replace(tmp, dst)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import signal
 import sys
@@ -35,7 +36,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from .checkpoint import CheckpointStore, TrainingState, capture_rng, restore_rng
+from .checkpoint import CheckpointStore, TrainingState, capture_rng, finite_weights, restore_rng
 from .protocol import JobDir, Progress
 from .workloads import make_workload
 
@@ -168,6 +169,10 @@ class _Saver:
         if owner is not None and owner != self.cfg.generation:
             raise FragmentFailed(f"fragment of {self.cfg.job} is stale (generation {self.cfg.generation}, the job is "
                                  f"now at {owner}): not saving")
+        bad = finite_weights(state.model)
+        if bad is not None:
+            raise FragmentFailed(f"job {self.cfg.job}: weight {bad} is not finite at step {state.step}: not saving "
+                                 "(the last finite checkpoint stays)")
         return self.store.save(state, fsync=self.cfg.fsync)
 
 
@@ -295,6 +300,9 @@ def train_rank(cfg: FragmentConfig) -> FragmentResult | None:
             dist.all_reduce(flags)
             flags = flags.cpu()
         last_loss = float(flags[0])
+        if not math.isfinite(last_loss):       # every rank sees the same all-reduced loss: all stop here
+            raise FragmentFailed(f"job {cfg.job}: the loss is {last_loss} at step {step}: not saving (the last "
+                                 "finite checkpoint stays)")
         metrics.append({"step": step, "loss": last_loss, "world": world})
         if flags[1] > 0 or flags[2] > 0:
             stopped_by = "signal" if flags[1] > 0 else "deadline"

@@ -36,8 +36,17 @@ def node_name() -> str:
 
 
 def serve_store(host: str = "127.0.0.1") -> dist.TCPStore:
-    """A TCPStore server on a free port (the kernel picks it: no guess, no race)."""
-    return dist.TCPStore(host, 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=60))
+    """A TCPStore server on a free port (the kernel picks it: no guess, no race). On loopback (every rank on this
+    node) it listens on loopback only - TCPStore alone would listen on every interface; ``host=""``: every
+    interface (ranks on other nodes)."""
+    if host in ("127.0.0.1", "localhost"):
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(512)
+        port = sock.getsockname()[1]
+        return dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False,
+                             timeout=timedelta(seconds=60), master_listen_fd=sock.detach())   # the store owns it
+    return dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=60))
 
 
 def store_client(addr: str, fragment: str, timeout_s: float) -> dist.Store:
