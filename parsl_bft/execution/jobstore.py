@@ -3,10 +3,13 @@ A restarted orchestrator picks every job up again from here."""
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import time
 from dataclasses import dataclass, fields
 from pathlib import Path
+
+from ..errors import ParslBftError
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -38,20 +41,47 @@ class JobRow:
 _COLUMNS = [f.name for f in fields(JobRow)]
 
 
+class StateError(ParslBftError):
+    """An orchestrator state directory that cannot be used (damaged database, held by another orchestrator)."""
+
+
+def damaged_advice(path: Path, err: Exception) -> str:
+    return (f"state database {path} is damaged or not an orchestrator's ({err}). The checkpoints under "
+            f"{path.parent}/jobs are kept: move {path.name} aside (e.g. to {path.name}.damaged) and submit the jobs "
+            "again - each resumes from its newest good checkpoint")
+
+
 class JobStore:
-    def __init__(self, path: str | Path):
+    """``readonly``: for ``parsl-bft status`` - nothing is created or changed, a damaged database is a StateError."""
+
+    def __init__(self, path: str | Path, *, readonly: bool = False):
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.db = sqlite3.connect(self.path, isolation_level=None, timeout=30)
-        self.db.execute("PRAGMA journal_mode=WAL")
-        self.db.executescript(SCHEMA)
+        try:
+            if readonly:
+                self.db = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, isolation_level=None, timeout=30)
+                self.db.execute("SELECT count(*) FROM jobs").fetchone()
+                return
+            self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+            os.close(fd)
+            self.db = sqlite3.connect(self.path, isolation_level=None, timeout=30)
+            self.db.execute("PRAGMA journal_mode=WAL")
+            self.db.executescript(SCHEMA)
+            self.db.execute("SELECT count(*) FROM jobs").fetchone()
+        except sqlite3.DatabaseError as e:
+            raise StateError(damaged_advice(self.path, e)) from None
 
     def jobs(self) -> dict[str, JobRow]:
         cur = self.db.execute(f"SELECT {', '.join(_COLUMNS)} FROM jobs ORDER BY rowid")
         out = {}
         for row in cur:
             d = dict(zip(_COLUMNS, row))
-            d["spec"] = json.loads(d["spec"])
+            try:
+                d["spec"] = json.loads(d["spec"])
+                if not isinstance(d["spec"], dict):
+                    raise ValueError("the spec is not a mapping")
+            except (TypeError, ValueError, RecursionError) as e:
+                raise StateError(damaged_advice(self.path, f"job {d['name']!r}: {e}")) from None
             out[d["name"]] = JobRow(**d)
         return out
 

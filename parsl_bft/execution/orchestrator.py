@@ -11,8 +11,13 @@ good checkpoint along.
 """
 from __future__ import annotations
 
+import fcntl
+import json
 import math
+import os
+import re
 import signal
+import socket
 import threading
 import time
 import uuid
@@ -29,7 +34,7 @@ from ..train.checkpoint import CheckpointStore
 from ..train.protocol import JobDir
 from .checkpoint_policy import CheckpointPolicy
 from .htex import FragmentHandle, SiteRunner
-from .jobstore import JobRow, JobStore
+from .jobstore import JobRow, JobStore, StateError, damaged_advice
 from .pool import MultiPool, SitePool
 from .protocols import IdlePool, Planner
 
@@ -50,9 +55,48 @@ class TrainingJob:
     weight: float = 1.0
     rate_guess: float = 1000.0     # samples/s on one node until measured (fragments feed real rates back)
 
+    def __post_init__(self) -> None:
+        check_job_name(self.name)
+
     def spec(self) -> JobSpec:
         return JobSpec(self.name, self.name, self.min_nodes, self.max_nodes, self.t_up, self.t_down,
                        float(self.samples), 0.0, self.weight)
+
+
+_JOB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+def check_job_name(name) -> str:
+    """A job's name is its directory's name: one path component of letters, digits, '.', '_' and '-', starting with
+    a letter or digit - so no name reaches outside its own directory (no '/', '..', absolute paths) and no two
+    spellings ('a', './a', 'x/../a') share one."""
+    if not isinstance(name, str) or not _JOB_NAME.match(name):
+        raise ValueError(f"job name {name!r}: use 1-128 letters, digits, '.', '_' or '-', starting with a letter or "
+                         "digit (it names the job's directory)")
+    return name
+
+
+class StateLocked(StateError):
+    """Another orchestrator holds this state directory."""
+
+
+def lock_state_dir(d: Path):
+    """An exclusive lock on a state directory for as long as the returned file stays open (the process may die:
+    the kernel releases it). A second orchestrator on the same directory is refused, not run beside the first."""
+    fd = os.open(d / "orchestrator.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    f = os.fdopen(fd, "r+")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        holder = f.read().strip() or "unknown"
+        f.close()
+        raise StateLocked(f"state directory {d} is in use by another orchestrator ({holder}); stop it first, or give "
+                          "this one another state directory") from None
+    f.seek(0)
+    f.truncate()
+    f.write(f"pid {os.getpid()} on {socket.gethostname()}, since {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+    f.flush()
+    return f
 
 
 @dataclass
@@ -88,9 +132,10 @@ class Orchestrator:
                  executor: str = "bft_local", checkpoint_dir: str | Path | None = None, ranks_per_node: int = 1,
                  max_concurrent: int = 10, poll_s: float = 0.2, max_failures: int = 3, settle_s: float = 1.5,
                  warm_up: bool = True, weights: dict[str, float] | None = None,
-                 checkpoint_policy: CheckpointPolicy | None = None):
+                 checkpoint_policy: CheckpointPolicy | None = None, state_lock=None):
         self.dir = Path(state_dir)
-        self.dir.mkdir(parents=True, exist_ok=True)
+        self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self._lock = state_lock or lock_state_dir(self.dir)     # state_lock: taken already (training_session)
         self.db = JobStore(self.dir / "state.sqlite")
         self.pool, self.planner = pool, planner
         # one site, or several (a MultiPool: node ids 'site:node', one executor per site)
@@ -118,7 +163,33 @@ class Orchestrator:
         self._store = None
         self.job_site: dict[str, str] = {}     # where each job's checkpoints are (the site it last ran at)
         for name, row in self.db.jobs().items():        # a restart: everything the last orchestrator had
-            self._add(TrainingJob(**row.spec), row)
+            try:
+                job = TrainingJob(**row.spec)
+                if job.name != name:
+                    raise ValueError(f"row {name!r} holds the spec of {job.name!r}")
+            except (TypeError, ValueError) as e:
+                raise StateError(damaged_advice(self.db.path, e)) from None
+            self._add(job, row)
+
+    def close(self) -> None:
+        """Give the state directory up (its lock, the database); the process ending does the same."""
+        self.db.close()
+        if self._lock is not None:
+            self._lock.close()
+            self._lock = None
+
+    def _rel(self, path: str | None) -> str | None:
+        """Checkpoint paths are stored relative to the state directory (when under it): a moved state directory
+        still points at its own files."""
+        if not path:
+            return path
+        try:
+            return str(Path(path).resolve().relative_to(self.dir.resolve()))
+        except ValueError:
+            return str(Path(path).resolve())
+
+    def _abs(self, path: str | None) -> str | None:
+        return str(self.dir / path) if path and not os.path.isabs(path) else path
 
     # --- the scientist's API -------------------------------------------------------------------------
     def submit(self, job: TrainingJob) -> Future:
@@ -147,7 +218,7 @@ class Orchestrator:
         if row is None:
             self.db.add(job.name, asdict(job))
         if row and row.status == "done":
-            fut.set_result(row.checkpoint)
+            fut.set_result(self._abs(row.checkpoint))
         return fut
 
     def pending_specs(self) -> list[JobSpec]:
@@ -362,8 +433,9 @@ class Orchestrator:
                 r.killed |= type(e).__name__ == "ManagerLost"     # its node's worker pool died with the node
                 errors = jd.errors(r.fragment)
                 err = errors[0].summary() if errors else str(e)
-                st = CheckpointStore(jd.path).latest()
-                done, ckpt = (st.samples_done, None) if st else (0, None)
+                fstore = CheckpointStore(jd.path)
+                st = fstore.latest()
+                done, ckpt = (st.samples_done, str(fstore.latest_path)) if st else (0, None)
                 without_notice = not r.stop_requested
                 p = jd.progress()
                 lost = {}
@@ -383,9 +455,10 @@ class Orchestrator:
                 jd.kill_ranks(r.fragment)                # stragglers of a failed share, on this host
                 jd.forget_fragment(r.fragment)
             if ckpt is None:
-                paths = CheckpointStore(jd.path).paths()
-                ckpt = str(paths[0]) if paths else None
-            self.db.update(name, samples_done=done, checkpoint=ckpt,
+                store = CheckpointStore(jd.path)
+                ckpt = str(store.latest_path) if store.latest() is not None else None
+            ckpt = self._abs(self._rel(ckpt))
+            self.db.update(name, samples_done=done, checkpoint=self._rel(ckpt),
                            **({"node_s": a.node_seconds} if a is not None else {}))
             if a is not None:
                 a.state.samples_done = done
@@ -443,7 +516,7 @@ class Orchestrator:
             c = self.curves[name]
             rows.append({"job": name, "status": r.status, "samples": r.samples_done, "node_s": r.node_s,
                          "train_node_s": r.train_node_s, "fragments": r.fragments, "rescales": r.rescales,
-                         "reclaims": reclaims.count(name), "checkpoint": r.checkpoint,
+                         "reclaims": reclaims.count(name), "checkpoint": self._abs(r.checkpoint),
                          "e_used": (r.samples_done / c.rate(1)) / r.node_s if r.node_s else 0.0})
             held += r.node_s
             trained += r.train_node_s

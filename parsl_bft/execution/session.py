@@ -74,7 +74,7 @@ def training_session(state_dir: str | Path, site=None, **orchestrator_kw):
     from parsl.config import Config
 
     from .config import ensure_venv_on_path
-    from .orchestrator import Orchestrator
+    from .orchestrator import Orchestrator, lock_state_dir
     from .pool import MultiPool, SitePool
 
     if site is None and os.environ.get("PARSL_BFT_SITE"):
@@ -84,6 +84,8 @@ def training_session(state_dir: str | Path, site=None, **orchestrator_kw):
         raise ValueError(f"site names must differ within a run: {[s.name for s in sites]}")
     for s in sites:
         _refuse_remote(s)          # before building its Config: that would log in to Globus Compute for nothing
+    Path(state_dir).mkdir(mode=0o700, parents=True, exist_ok=True)
+    orchestrator_kw["state_lock"] = lock_state_dir(Path(state_dir))   # refused before any pilot is started
     ensure_venv_on_path()          # pilots inherit PATH: their worker pools start from this environment
     configs = [build_config(s) for s in sites]
     first = configs[0]
@@ -95,9 +97,14 @@ def training_session(state_dir: str | Path, site=None, **orchestrator_kw):
         pools = [make_pool(s, dfk.executors[label]) for s, label in zip(sites, labels)]
         orchestrator_kw.setdefault("weights", sites[0].objective.weights)
         if len(sites) == 1:
-            yield Orchestrator(state_dir, pools[0], make_planner(sites[0]), executor=labels[0],
-                               **site_runtime(sites[0]), **orchestrator_kw)
-            return
-        from ..planner.multisite import MultiSitePlanner
-        multi = MultiPool({s.name: SitePool(p, label, **site_runtime(s)) for s, p, label in zip(sites, pools, labels)})
-        yield Orchestrator(state_dir, multi, MultiSitePlanner(make_planner(sites[0])), **orchestrator_kw)
+            orch = Orchestrator(state_dir, pools[0], make_planner(sites[0]), executor=labels[0],
+                                **site_runtime(sites[0]), **orchestrator_kw)
+        else:
+            from ..planner.multisite import MultiSitePlanner
+            multi = MultiPool({s.name: SitePool(p, label, **site_runtime(s))
+                               for s, p, label in zip(sites, pools, labels)})
+            orch = Orchestrator(state_dir, multi, MultiSitePlanner(make_planner(sites[0])), **orchestrator_kw)
+        try:
+            yield orch
+        finally:
+            orch.close()        # the state directory's lock goes with the session
