@@ -79,8 +79,10 @@ class Planner:
     def __post_init__(self) -> None:
         if self.method not in METHODS:
             raise ValueError(f"unknown planner method {self.method!r}; choose from {', '.join(METHODS)}")
-        if self.t_fwd <= 0:
-            raise ValueError(f"t_fwd must be > 0, got {self.t_fwd}")
+        if not 0 < self.t_fwd < float("inf"):
+            raise ValueError(f"t_fwd must be a finite number > 0, got {self.t_fwd}")
+        if not 0 < self.time_limit < float("inf"):
+            raise ValueError(f"time_limit must be a finite number > 0, got {self.time_limit}")
         self.objective = make_objective(self.objective)
 
     def plan(self, jobs: list[JobState], pool: list[str], now: float = 0.0,
