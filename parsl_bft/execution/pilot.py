@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import math
 import os
+import re
+import shlex
 import time
 from abc import abstractmethod
 from dataclasses import dataclass, field
@@ -164,14 +166,22 @@ class PilotProvider(ExecutionProvider):
         minutes = self.walltime_max_min if math.isinf(left) else int(left // 60)
         return max(self.walltime_min_min, min(self.walltime_max_min, minutes))
 
+    def directive_path(self, path: str) -> str:
+        """A path in a #SBATCH / #PBS directive: double-quoted unless it is plainly safe (no control characters
+        or double quotes can reach here: the site file and the state directory are checked)."""
+        if any(c in path for c in '"\n\r\0'):
+            raise ValueError(f"cannot use {path!r} in a batch script (quotes or control characters)")
+        return path if re.fullmatch(r"[\w./@%+,:=-]+", path) else f'"{path}"'
+
     def notice_trap(self, job_id_var: str) -> list[str]:
         """Shell lines: run the worker in its own process group; the notice signal (USR1) only marks the pilot
         (the orchestrator sees the mark and has the fragment checkpoint; the worker keeps serving until then);
         TERM - the scheduler ending the job - is passed on, so ranks still save what they can, and 3 s later
         the whole group is killed: nothing may outlive its pilot (on sites without cgroups a process that left
         the job's process tree would). Running into the end of a hole is a pilot's normal end."""
-        mark = f"{self.script_dir}/${job_id_var}.noticed"
-        return [f"trap 'touch {mark}' USR1", f"trap 'touch {mark}; kill -TERM -- -$CHILD 2>/dev/null; sleep 3; kill -KILL -- -$CHILD 2>/dev/null' TERM",
+        mark = '"$BFT_MARK"'                       # the path is quoted once, here (spaces, quotes, $ in it)
+        return [f"BFT_MARK={shlex.quote(self.script_dir)}/\"${job_id_var}\".noticed",
+                f"trap 'touch {mark}' USR1", f"trap 'touch {mark}; kill -TERM -- -$CHILD 2>/dev/null; sleep 3; kill -KILL -- -$CHILD 2>/dev/null' TERM",
                 "CHILD=$!", "wait $CHILD; rc=$?",
                 "while kill -0 $CHILD 2>/dev/null; do wait $CHILD; rc=$?; done",
                 f"[ -e {mark} ] && exit 0", "exit $rc"]
@@ -189,10 +199,12 @@ class PilotProvider(ExecutionProvider):
 
     def submit(self, command: str, tasks_per_node: int, job_name: str = "parsl.bft") -> str:
         d = Path(self.script_dir)
-        d.mkdir(parents=True, exist_ok=True)
+        d.mkdir(mode=0o700, parents=True, exist_ok=True)
         path = d / f"{job_name}.{time.monotonic_ns()}.sh"
-        path.write_text(self.script(command, job_name, self.walltime_minutes()))
-        os.chmod(path, 0o755)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o700)    # the owner's only (shared file systems)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(self.script(command, job_name, self.walltime_minutes()))
+        os.chmod(path, 0o700)
         job_id = self.cmd.submit(str(path))
         self.submitted[job_id] = self.clock()
         return job_id

@@ -42,7 +42,7 @@ class PBSPilotProvider(PilotProvider):
 
     def script(self, command: str, job_name: str, minutes: int) -> str:
         opts = [f"-N {job_name}", f"-q {self.queue}", f"-l select={self.select}",
-                f"-l walltime={minutes // 60:02d}:{minutes % 60:02d}:00", "-j oe", f"-o {self.script_dir}/"]
+                f"-l walltime={minutes // 60:02d}:{minutes % 60:02d}:00", "-j oe", f"-o {self.directive_path(self.script_dir + '/')}"]
         opts += [f"-A {self.account}"] if self.account else []
         lines = ["#!/bin/bash", *[f"#PBS {o}" for o in opts + self.scheduler_options], self.worker_init,
                  f"setsid {command} &", *self.notice_trap("PBS_JOBID")]

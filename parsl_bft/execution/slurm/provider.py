@@ -73,7 +73,7 @@ class SlurmPilotProvider(PilotProvider):
     def script(self, command: str, job_name: str, minutes: int) -> str:
         opts = [f"--job-name={job_name}", f"--partition={self.partition}", f"--nodes={self.nodes_per_block}",
                 f"--time={minutes}", f"--time-min={self.walltime_min_min}", f"--signal=B:USR1@{self.notice_s}",
-                "--exclusive", f"--output={self.script_dir}/%j.out"]
+                "--exclusive", f"--output={self.directive_path(self.script_dir + '/%j.out')}"]
         opts += [f"--qos={self.qos}"] if self.qos else []
         opts += [f"--account={self.account}"] if self.account else []
         lines = ["#!/bin/bash", *[f"#SBATCH {o}" for o in opts + self.scheduler_options], self.worker_init,
