@@ -8,7 +8,8 @@ import sys
 import warnings
 from pathlib import Path
 
-from .errors import ParslBftError
+from .csvio import check_output_path
+from .errors import ParslBftError, UsageError
 
 def _console():
     from rich.console import Console
@@ -50,6 +51,8 @@ def cmd_idle(args) -> int:
     from .idle.stats import idle_stats, plot_idle
 
     console = _console()
+    check_output_path(args.json, "--json")
+    check_output_path(args.plot, "--plot")
     with console.status(f"reading {args.source} ..."):
         src, raw, masked = load_selected(args)
         st = idle_stats(raw, masked, src.schedule)
@@ -113,6 +116,8 @@ def cmd_simulate(args) -> int:
 
     console = _console()
     args.source = args.idle_intervals or args.swf
+    check_output_path(args.json, "--json")
+    check_output_path(args.plot, "--plot")
     planner = Planner(method=args.planner, solver=args.solver, objective=args.objective, t_fwd=args.tfwd,
                       time_limit=args.time_limit, horizon_aware=args.horizon_aware)
     jobset = load_jobset(args.jobs, args.scaling, lenient=args.lenient)
@@ -145,7 +150,13 @@ def cmd_profile(args) -> int:
     from .train.profiler import profile, rescale_costs, write_profile
 
     console = _console()
-    ranks = [int(x) for x in args.ranks.split(",")]
+    check_output_path(args.out, "--out")
+    try:
+        ranks = [int(x) for x in args.ranks.split(",")]
+    except ValueError:
+        raise UsageError(f"--ranks {args.ranks!r}: expected comma-separated rank counts, e.g. 1,2,4") from None
+    if not ranks or min(ranks) < 1 or max(ranks) > 1024:
+        raise UsageError(f"--ranks {args.ranks!r}: rank counts must be between 1 and 1024")
     with Progress(console=console, transient=True) as bar:
         task = bar.add_task(f"profiling {args.workload} on {args.ranks} ranks", total=len(ranks))
         pts = profile(args.workload, ranks, steps=args.steps, global_batch=args.global_batch,
@@ -201,23 +212,27 @@ def cmd_status(args) -> int:
     """Per-job progress, nodes held and efficiency so far, from an orchestrator's state directory."""
     from rich.table import Table
 
-    from .execution.jobstore import JobStore
+    import sqlite3
+
+    from .execution.jobstore import JobStore, StateError, damaged_advice
 
     db_path = Path(args.state) / "state.sqlite"
-    if not db_path.exists():
-        print(f"parsl-bft status: error: no orchestrator state at {db_path}", file=sys.stderr)
-        return 2
-    db = JobStore(db_path)
+    if not db_path.is_file():
+        raise UsageError(f"no orchestrator state at {db_path}")
+    db = JobStore(db_path, readonly=True)     # a read-only command: nothing is created or changed
     t = Table(title=f"parsl-bft jobs in {args.state}")
     for c in ("job", "status", "progress", "nodes now", "fragments", "rescales", "node-s held", "training share"):
         t.add_column(c, justify="right")
-    for name, r in db.jobs().items():
-        total = r.spec["samples"]
-        share = r.train_node_s / r.node_s if r.node_s else 0.0
-        t.add_row(name, r.status, f"{r.samples_done / total:.1%} of {total:,}", str(r.size),
-                  str(r.fragments), str(r.rescales), f"{r.node_s:.0f}", f"{share:.0%}")
+    try:
+        for name, r in db.jobs().items():
+            total = r.spec.get("samples") or 0
+            share = r.train_node_s / r.node_s if r.node_s else 0.0
+            t.add_row(name, r.status, f"{r.samples_done / total:.1%} of {total:,}" if total else "?", str(r.size),
+                      str(r.fragments), str(r.rescales), f"{r.node_s:.0f}", f"{share:.0%}")
+        last = db.events()[-5:]
+    except (sqlite3.DatabaseError, ValueError, TypeError) as e:
+        raise StateError(damaged_advice(db_path, e)) from None
     _console().print(t)
-    last = db.events()[-5:]
     for ts, kind, d in last:
         _console().print(f"  {kind:15} {json.dumps(d)[:100]}")
     return 0
@@ -227,11 +242,9 @@ def cmd_sites(args) -> int:
     from .sites import SiteError, load_site, show_config
 
     if args.action == "show":
-        try:
-            print(show_config(load_site(args.files[0])), end="")
-        except SiteError as e:
-            print(str(e), file=sys.stderr)
-            return 1
+        if len(args.files) != 1:
+            raise UsageError("sites show takes one site file")
+        print(show_config(load_site(args.files[0])), end="")
         return 0
     bad = 0
     for f in args.files:
@@ -240,13 +253,14 @@ def cmd_sites(args) -> int:
             note = f" ({len(site.unverified)} unverified: {', '.join(site.unverified)})" if site.unverified else ""
             print(f"{f}: ok, {site.scheduler} site '{site.name}'{note}")
         except SiteError as e:
-            print(str(e), file=sys.stderr)
+            print(f"parsl-bft sites: error: {_one_line(e)}", file=sys.stderr)
             bad += 1
-    return 1 if bad else 0
+    return 1 if bad else 0          # a validator's verdict: 1 = some file is invalid
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="parsl-bft", description="Train DNNs on the idle nodes of supercomputers.")
+    p.add_argument("--debug", action="store_true", help="show the traceback of an error, not just its message")
     sub = p.add_subparsers(dest="cmd", required=True)
 
     d = sub.add_parser("demo", help="the main demo on the embedded default (the local machine)")
@@ -316,7 +330,13 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _one_line(e: BaseException) -> str:
+    return " ".join(str(e).split()) or type(e).__name__
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Every deliberate error (a ParslBftError; a ValueError from checking arguments) is one line on stderr and
+    exit code 2; ``--debug`` shows the traceback instead."""
     args = build_parser().parse_args(argv)
     warnings.simplefilter("default")
     warnings.filterwarnings("ignore", category=DeprecationWarning)   # library deprecations are not the user's
@@ -324,7 +344,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except (ParslBftError, ValueError) as e:
-        print(f"parsl-bft {args.cmd}: error: {e}", file=sys.stderr)
+        if args.debug:
+            raise
+        print(f"parsl-bft {args.cmd}: error: {_one_line(e)}", file=sys.stderr)
         return 2
 
 

@@ -5,20 +5,111 @@ import csv
 import gzip
 import io
 import math
+import os
+import stat
+import zlib
 from pathlib import Path
 from typing import Iterator
 
 from .errors import BadRows, InputError
 
+MAX_TEXT_BYTES = 64 << 20       # a YAML job set or site file larger than this is not one
+_DECODE_ERRORS = (EOFError, gzip.BadGzipFile, zlib.error, UnicodeDecodeError, OSError)
 
-def open_text(path: str | Path) -> io.TextIOBase:
-    """Open a text file, transparently gunzipping ``*.gz``."""
+
+def check_input_file(path: str | Path) -> Path:
+    """An input must be an existing regular file: a directory, /dev/zero or a FIFO would fail late or hang."""
     p = Path(path)
-    if not p.exists():
-        raise InputError(str(p), 0, None, "no such file")
-    if p.suffix == ".gz":
-        return io.TextIOWrapper(gzip.open(p, "rb"), encoding="utf-8", newline="")
-    return open(p, encoding="utf-8", newline="")
+    try:
+        st = os.stat(p)
+    except FileNotFoundError:
+        raise InputError(str(p), 0, None, "no such file") from None
+    except OSError as e:
+        raise InputError(str(p), 0, None, f"cannot read: {e.strerror or e}") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise InputError(str(p), 0, None, "is a directory, not a file")
+    if not stat.S_ISREG(st.st_mode):
+        raise InputError(str(p), 0, None, "not a regular file")
+    return p
+
+
+class _Guarded:
+    """Lines of a text file; a decompression or decoding error becomes an InputError naming the file and line."""
+
+    def __init__(self, path: Path, fh: io.TextIOBase):
+        self.path, self.fh, self.line = path, fh, 0
+
+    def _fail(self, e: BaseException) -> InputError:
+        what = "damaged gzip data" if isinstance(e, (EOFError, gzip.BadGzipFile, zlib.error)) else \
+            "not UTF-8 text" if isinstance(e, UnicodeDecodeError) else "cannot read"
+        return InputError(str(self.path), self.line + 1, None, f"{what} ({type(e).__name__}: {e})")
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> str:
+        try:
+            line = next(self.fh)
+        except StopIteration:
+            raise
+        except _DECODE_ERRORS as e:
+            raise self._fail(e) from None
+        self.line += 1
+        return line
+
+    def read(self, n: int = -1) -> str:
+        try:
+            return self.fh.read(n)
+        except _DECODE_ERRORS as e:
+            raise self._fail(e) from None
+
+    def close(self) -> None:
+        self.fh.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def open_text(path: str | Path) -> _Guarded:
+    """Open a text file, transparently gunzipping ``*.gz``; errors name the file (and line)."""
+    p = check_input_file(path)
+    try:
+        if p.suffix == ".gz":
+            return _Guarded(p, io.TextIOWrapper(gzip.open(p, "rb"), encoding="utf-8", newline=""))
+        return _Guarded(p, open(p, encoding="utf-8", newline=""))
+    except OSError as e:
+        raise InputError(str(p), 0, None, f"cannot read: {e.strerror or e}") from None
+
+
+def read_small_text(path: str | Path, limit: int = MAX_TEXT_BYTES) -> str:
+    """The whole text of a small input file (YAML): a regular file, at most ``limit`` bytes, UTF-8."""
+    p = check_input_file(path)
+    if p.stat().st_size > limit:
+        raise InputError(str(p), 0, None, f"{p.stat().st_size:,} bytes: too large for this kind of file "
+                                          f"(limit {limit:,})")
+    try:
+        return p.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise InputError(str(p), 0, None, f"not UTF-8 text ({e})") from None
+    except OSError as e:
+        raise InputError(str(p), 0, None, f"cannot read: {e.strerror or e}") from None
+
+
+def check_output_path(path: str | Path | None, option: str) -> None:
+    """Before the long work: the folder an output file goes into must exist and be writable."""
+    if not path:
+        return
+    p = Path(path)
+    parent = p.parent if str(p.parent) else Path(".")
+    if p.is_dir():
+        raise InputError(str(p), 0, None, f"{option}: is a directory; give a file name")
+    if not parent.is_dir():
+        raise InputError(str(p), 0, None, f"{option}: no such directory {parent}")
+    if not os.access(parent, os.W_OK):
+        raise InputError(str(p), 0, None, f"{option}: directory {parent} is not writable")
 
 
 def read_rows(path: str | Path, required: list[str], bad: BadRows) -> Iterator[tuple[int, dict[str, str]]]:
@@ -53,7 +144,7 @@ def parse_number(path: str, line: int, field: str, text: str, *, kind: type = fl
         value = kind(float(text)) if kind is int else float(text)
         if kind is int and float(text) != int(float(text)):
             raise ValueError
-    except ValueError:
+    except (ValueError, OverflowError):
         raise InputError(path, line, field, f"not a{'n integer' if kind is int else ' number'}: {text!r}") from None
     if isinstance(value, float) and not math.isfinite(value):
         raise InputError(path, line, field, f"not a finite number: {text!r}")

@@ -23,6 +23,10 @@ class InputError(ParslBftError):
         return f"{where}:{what} {self.problem}"
 
 
+class UsageError(ParslBftError):
+    """A bad command-line value or combination (the CLI's own checks)."""
+
+
 class BadRows:
     """Collects bad rows in --lenient mode so the caller can say how many were skipped.
 

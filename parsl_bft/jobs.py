@@ -5,12 +5,13 @@ import csv
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
-from .csvio import parse_number, read_rows
+from .csvio import parse_number, read_rows, read_small_text
 from .errors import BadRows, InputError
 from .scaling import ScalingCurve, read_scaling_csv
 
 JOB_COLUMNS = ["name", "model", "min_nodes", "max_nodes", "t_up", "t_down", "samples", "submit"]
 OPTIONAL_COLUMNS = ["weight", "deadline"]
+MAX_JOB_NODES = 1_000_000       # sanity cap, as for machines (idle.swf.MAX_NODES)
 
 
 @dataclass(frozen=True)
@@ -34,8 +35,14 @@ class JobSpec:
 
     def __post_init__(self) -> None:
         problems = []
-        if not self.name:
+        if not self.name or not isinstance(self.name, str):
             problems.append(("name", "empty job name"))
+        if self.max_nodes > MAX_JOB_NODES:
+            problems.append(("max_nodes", f"{self.max_nodes:,} nodes is beyond any machine (sanity cap "
+                                          f"{MAX_JOB_NODES:,})"))
+        for f in ("t_up", "t_down", "samples", "submit", "weight"):
+            if not abs(getattr(self, f)) < float("inf"):
+                problems.append((f, f"must be a finite number, got {getattr(self, f)}"))
         if self.min_nodes < 1:
             problems.append(("min_nodes", f"must be >= 1, got {self.min_nodes}"))
         if self.max_nodes < self.min_nodes:
@@ -122,7 +129,9 @@ def jobs_from_dicts(items: list[dict], source: str = "<python>") -> list[JobSpec
     known = {f.name for f in fields(JobSpec)}
     out = []
     for i, item in enumerate(items, 1):
-        unknown = set(item) - known
+        if not isinstance(item, dict):
+            raise InputError(source, i, None, f"job entry {i}: expected a mapping of job fields")
+        unknown = set(map(str, item)) - known
         if unknown:
             raise InputError(source, i, sorted(unknown)[0], f"unknown job field; allowed: {', '.join(sorted(known))}")
         item = dict(item)
@@ -141,6 +150,21 @@ def jobs_from_dicts(items: list[dict], source: str = "<python>") -> list[JobSpec
     return out
 
 
+def load_yaml(p: Path):
+    """A YAML document from a small regular file; syntax errors, nesting deep enough to exhaust the stack and
+    unreadable bytes are InputErrors naming the file (and line)."""
+    import yaml
+
+    text = read_small_text(p)
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        line = getattr(getattr(e, "problem_mark", None), "line", -1) + 1
+        raise InputError(str(p), line, None, f"not valid YAML: {str(e).splitlines()[0]}") from None
+    except RecursionError:
+        raise InputError(str(p), 0, None, "not valid YAML: nested too deeply") from None
+
+
 def read_jobset_yaml(path: str | Path) -> JobSet:
     """YAML equivalent of the two CSV files::
 
@@ -152,25 +176,25 @@ def read_jobset_yaml(path: str | Path) -> JobSet:
 
     Line numbers in errors count job entries (1-based), since YAML has no row lines.
     """
-    import yaml
-
     p = Path(path)
-    try:
-        doc = yaml.safe_load(p.read_text())
-    except FileNotFoundError:
-        raise InputError(str(p), 0, None, "no such file") from None
-    except yaml.YAMLError as e:
-        raise InputError(str(p), getattr(getattr(e, "problem_mark", None), "line", -1) + 1, None, f"not valid YAML: {e}") from None
-    if not isinstance(doc, dict) or "jobs" not in doc:
+    doc = load_yaml(p)
+    if not isinstance(doc, dict) or not isinstance(doc.get("jobs"), list):
         raise InputError(str(p), 0, "jobs", "expected a mapping with a 'jobs' list")
     jobs = jobs_from_dicts(doc["jobs"], str(p))
     curves: dict[str, ScalingCurve] = {}
     if "scaling_csv" in doc:
+        if not isinstance(doc["scaling_csv"], str):
+            raise InputError(str(p), 0, "scaling_csv", "expected a file name")
         curves.update(read_scaling_csv(p.parent / doc["scaling_csv"]))
-    for model, pts in (doc.get("scaling") or {}).items():
+    scaling = doc.get("scaling") or {}
+    if not isinstance(scaling, dict):
+        raise InputError(str(p), 0, "scaling", "expected a mapping model -> {nodes: samples/s}")
+    for model, pts in scaling.items():
         try:
-            curves[model] = ScalingCurve(model, {int(n): float(r) for n, r in pts.items()})
-        except (ValueError, AttributeError) as e:
+            if not isinstance(pts, dict):
+                raise ValueError("expected a mapping {nodes: samples/s}")
+            curves[str(model)] = ScalingCurve(str(model), {int(n): float(r) for n, r in pts.items()})
+        except (ValueError, TypeError, OverflowError) as e:
             raise InputError(str(p), 0, f"scaling.{model}", str(e)) from None
     try:
         return JobSet(jobs, curves)

@@ -38,6 +38,10 @@ def fit_amdahl(nodes: np.ndarray, rates: np.ndarray) -> tuple[float, float]:
     return best[1], best[2]
 
 
+MAX_NODES = 1_000_000
+MIN_RATE, MAX_RATE = 1e-6, 1e15     # samples/s: outside this, a unit mix-up or a damaged file
+
+
 @dataclass
 class ScalingCurve:
     """Measured throughput of one model; ``rate(n)`` in samples/s for any integer n >= 0."""
@@ -54,6 +58,9 @@ class ScalingCurve:
         for n, r in self.points.items():
             if int(n) != n or n < 1 or not r > 0:
                 raise ValueError(f"scaling curve {self.model!r}: bad point nodes={n} rate={r}")
+            if n > MAX_NODES or not MIN_RATE <= r <= MAX_RATE:
+                raise ValueError(f"scaling curve {self.model!r}: nodes={n} rate={r} is outside the sane range "
+                                 f"(nodes <= {MAX_NODES:,}, {MIN_RATE:g} <= samples/s <= {MAX_RATE:g})")
         self.points = {int(n): float(r) for n, r in sorted(self.points.items())}
         ns = np.array(list(self.points), dtype=float)
         ps = np.array(list(self.points.values()))
@@ -110,6 +117,11 @@ def read_scaling_csv(path: str | Path, *, lenient: bool = False) -> dict[str, Sc
                 raise InputError(p, line, "model", "empty model name")
             n = int(parse_number(p, line, "nodes", row["nodes"], kind=int, minimum=1))
             r = parse_number(p, line, "samples_per_sec", row["samples_per_sec"], strictly_positive=True)
+            if n > MAX_NODES:
+                raise InputError(p, line, "nodes", f"{n:,} nodes is beyond any machine (sanity cap {MAX_NODES:,})")
+            if not MIN_RATE <= r <= MAX_RATE:
+                raise InputError(p, line, "samples_per_sec", f"{r:g} is outside the sane range "
+                                                             f"{MIN_RATE:g} .. {MAX_RATE:g} samples/s")
             if n in points.get(model, {}):
                 raise InputError(p, line, "nodes", f"duplicate measurement for {model} at {n} nodes")
         except InputError as e:

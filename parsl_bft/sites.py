@@ -18,9 +18,38 @@ from uuid import UUID
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from .errors import ParslBftError
+from .errors import InputError, ParslBftError
 
-_SECRET = re.compile(r"(secret|password|passwd|token|api[_-]?key)\s*[=:]", re.I)
+_SECRETS = [re.compile(p, re.I) for p in (
+    r"(secret|passw(or)?d|passwd|pwd|token|api[_-]?key|access[_-]?key|private[_-]?key|credential)\w*\s*[=:]",
+    r"(^|\s)--?(password|passwd|pass|token|secret|api-?key|access-?key|client-?secret)(\s*=|\s+)\S",
+    r"\bauthorization\s*:", r"\bbearer\s+[\w.~+/=-]{6,}", r"\bbasic\s+[A-Za-z0-9+/=]{12,}",
+    r"\bAKIA[0-9A-Z]{16}\b", r"\bgh[pousr]_[A-Za-z0-9]{20,}", r"\bxox[abprs]-[A-Za-z0-9-]{10,}",
+    r"-----BEGIN [A-Z ]*PRIVATE KEY-----", r"\beyJ[\w-]{8,}\.[\w-]{8,}\.",
+    r"://[^/\s:@]+:[^/\s@]+@")]         # user:password@ in a URL
+_TOKEN = re.compile(r"^[A-Za-z0-9._:@+,=/%-]+$")          # a scheduler token: partition, account, queue, QOS ...
+_SITE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")   # names a folder (sites/<name>/jobs) and a label
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")           # newline and tab are allowed in worker_init only
+
+
+def looks_secret(text: str) -> bool:
+    return any(p.search(text) for p in _SECRETS)
+
+
+def _strings(v, where: str = ""):
+    """Every string in a field's value (list items and mapping keys and values included), with where it is."""
+    if isinstance(v, str):
+        yield where, v
+    elif isinstance(v, (list, tuple)):
+        for i, x in enumerate(v):
+            yield from _strings(x, f"{where}[{i}]")
+    elif isinstance(v, dict):
+        for k, x in v.items():
+            yield from _strings(k, f"{where}(key)")
+            yield from _strings(x, f"{where}.{k}")
+    elif isinstance(v, BaseModel):
+        for k in type(v).model_fields:
+            yield from _strings(getattr(v, k), f"{where}.{k}")
 
 
 class _Strict(BaseModel):
@@ -104,11 +133,50 @@ class Site(_Strict):
     unverified: list[str] = Field(default_factory=list,
                                   description="fields whose values could not be checked against the facility")
 
-    @field_validator("worker_init", "account", "partition", "queue", "checkpoint_dir", "preemptable_qos")
+    @field_validator("*")
     @classmethod
     def _no_secrets(cls, v):
-        if isinstance(v, str) and _SECRET.search(v):
-            raise ValueError("looks like a secret: credentials come from the environment, never a site file")
+        """Over every string field and every list item (scheduler_options included); the message never repeats
+        the value."""
+        for where, text in _strings(v):
+            if looks_secret(text):
+                raise ValueError(f"{'item ' + where.lstrip('.') + ' ' if where else ''}looks like a secret: "
+                                 "credentials come from the environment, never a site file")
+            if _CONTROL.search(text):
+                raise ValueError(f"{'item ' + where.lstrip('.') + ' ' if where else ''}contains control "
+                                 "characters")
+        return v
+
+    @field_validator("partition", "queue", "account", "preemptable_qos", "interchange_address")
+    @classmethod
+    def _token(cls, v):
+        """Pasted into #SBATCH / #PBS lines: one token, no whitespace or shell characters."""
+        if v is not None and not _TOKEN.match(v):
+            raise ValueError("must be one token of letters, digits and . _ : @ + , = / % - (no spaces, newlines "
+                             "or shell characters)")
+        return v
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v):
+        if not _SITE_NAME.match(v):
+            raise ValueError("use 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit (it names "
+                             "a folder)")
+        return v
+
+    @field_validator("scheduler_options")
+    @classmethod
+    def _options(cls, v):
+        for i, o in enumerate(v):
+            if not o.strip() or "\n" in o or "\r" in o or "\t" in o:
+                raise ValueError(f"item [{i}] must be one non-empty line (one #SBATCH / #PBS option)")
+        return v
+
+    @field_validator("checkpoint_dir")
+    @classmethod
+    def _path(cls, v):
+        if v is not None and ('"' in v or "\n" in v or not v.strip()):
+            raise ValueError("must be a path without double quotes or newlines")
         return v
 
     @model_validator(mode="after")
@@ -149,13 +217,19 @@ def _present(doc: dict, dotted: str) -> bool:
 
 def load_site(path: str | Path) -> Site:
     """Read and validate a site file; errors name the file, the field and what is allowed."""
+    from .csvio import read_small_text
+
     p = Path(path)
+    if not p.exists():
+        raise SiteError(f"{p}: no such site file")
     try:
-        doc = yaml.safe_load(p.read_text())
-    except FileNotFoundError:
-        raise SiteError(f"{p}: no such site file") from None
+        doc = yaml.safe_load(read_small_text(p, limit=1 << 20))
+    except InputError as e:
+        raise SiteError(str(e)) from None
     except yaml.YAMLError as e:
-        raise SiteError(f"{p}: not valid YAML: {e}") from None
+        raise SiteError(f"{p}: not valid YAML: {' '.join(str(e).split())}") from None
+    except RecursionError:
+        raise SiteError(f"{p}: not valid YAML: nested too deeply") from None
     if not isinstance(doc, dict):
         raise SiteError(f"{p}: a site file is a mapping of fields (name, scheduler, node, ...)")
     removed = [k for k in _REMOVED if _present(doc, k)]

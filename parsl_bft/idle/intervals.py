@@ -16,6 +16,7 @@ from ..csvio import open_text
 from ..errors import BadRows, InputError
 
 INTERVAL_COLUMNS = ["node", "idle_start", "idle_end"]
+MAX_TIME = 1e12                 # unix seconds (year 33658): a larger or non-finite time is a damaged row
 
 
 @dataclass(frozen=True)
@@ -196,7 +197,11 @@ def read_idle_intervals(path: str | Path, *, lenient: bool = False) -> IdleInter
             except InputError as err:
                 bad.add(err)
                 continue
-            if not (e >= s) or s != s:
+            if not (abs(s) <= MAX_TIME and abs(e) <= MAX_TIME):      # NaN, inf, absurd
+                f, t = ("idle_start", row[cs]) if not abs(s) <= MAX_TIME else ("idle_end", row[ce])
+                bad.add(InputError(p, line, f, f"not a finite time of at most {MAX_TIME:g} s: {t!r}"))
+                continue
+            if not e >= s:
                 bad.add(InputError(p, line, "idle_end", f"idle_end {row[ce]} is before idle_start {row[cs]}"))
                 continue
             name = row[ci].strip()
@@ -212,6 +217,8 @@ def read_idle_intervals(path: str | Path, *, lenient: bool = False) -> IdleInter
     bad.warn()
     if not nodes:
         raise InputError(p, 0, None, "no idle intervals in file")
+    if not any(e > s for s, e in zip(starts, ends)):
+        raise InputError(p, 0, "idle_end", "every interval has zero length (idle_end == idle_start): no idle time")
     return IdleIntervals.build(list(index), nodes, starts, ends, source=p)
 
 

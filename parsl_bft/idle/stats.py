@@ -57,8 +57,8 @@ def idle_stats(raw: IdleIntervals, masked: IdleIntervals, schedule: Schedule | N
     n, span = masked.n_nodes, masked.span
     masked_s = sum(b - a for a, b in masked.masked or [])
     live = span - masked_s
-    raw_frac = raw.idle_node_seconds() / (raw.n_nodes * raw.span)
-    frac = masked.idle_node_seconds() / (n * live) if live > 0 else 0.0
+    raw_frac = raw.idle_node_seconds() / (raw.n_nodes * raw.span) if raw.n_nodes and raw.span > 0 else 0.0
+    frac = masked.idle_node_seconds() / (n * live) if live > 0 and n else 0.0
 
     times, counts = masked.idle_count()
     in_mask = _masked_at(times, masked.masked)
@@ -74,10 +74,10 @@ def idle_stats(raw: IdleIntervals, masked: IdleIntervals, schedule: Schedule | N
         idle_on = counts[np.clip(np.searchsorted(times, grid, side="right") - 1, 0, None)]
         idle_on[grid < times[0]] = 0
         wpos = np.searchsorted(wt, grid, side="right") - 1
-        waiting = np.where(wpos >= 0, wc[np.clip(wpos, 0, None)], 0) > 0
+        waiting = (np.where(wpos >= 0, wc[np.clip(wpos, 0, None)], 0) > 0) if len(wc) else np.zeros(len(grid), bool)
         live_g = ~_masked_at(grid, masked.masked)
         dt = np.diff(np.append(grid, masked.t1))
-        wait_frac = float(np.sum(idle_on * dt * waiting * live_g) / (n * live)) if live > 0 else 0.0
+        wait_frac = float(np.sum(idle_on * dt * waiting * live_g) / (n * live)) if live > 0 and n else 0.0
         time_waiting = float(np.sum(dt * waiting * live_g) / live) if live > 0 else 0.0
 
     durations = masked.end - masked.start

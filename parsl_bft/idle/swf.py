@@ -78,6 +78,11 @@ def _header_value(line: str) -> tuple[str, str] | None:
     return k.strip(), v.strip()
 
 
+MAX_VALUE = 1e12            # no SWF time or size is larger (s: 31,700 years; cores: ...): beyond it, a damaged line
+MAX_NODES = 1_000_000       # capacity sanity caps: per-node arrays are allocated from these
+MAX_CORES_PER_NODE = 100_000
+
+
 def read_swf(path: str | Path, *, units: str = "auto", cores_per_node: int | None = None,
              capacity: int | None = None, variant: str = "auto", lenient: bool = False) -> SwfTrace:
     """Parse an SWF file (gzip or not).
@@ -92,6 +97,7 @@ def read_swf(path: str | Path, *, units: str = "auto", cores_per_node: int | Non
     p = str(path)
     bad = BadRows(lenient)
     header: dict[str, str] = {}
+    header_line: dict[str, int] = {}
     rows: list[tuple[float, ...]] = []
     lines: list[int] = []
     with open_text(path) as fh:
@@ -103,6 +109,7 @@ def read_swf(path: str | Path, *, units: str = "auto", cores_per_node: int | Non
                 kv = _header_value(s)
                 if kv:
                     header.setdefault(kv[0], kv[1])
+                    header_line.setdefault(kv[0], lineno)
                 continue
             parts = s.split()
             if len(parts) < 18:
@@ -110,12 +117,18 @@ def read_swf(path: str | Path, *, units: str = "auto", cores_per_node: int | Non
                 continue
             try:
                 vals = tuple(float(parts[i - 1]) for i in (1, 2, 3, 4, 5, 6, 8, 9))
+                if not all(abs(v) <= MAX_VALUE for v in vals):      # NaN, inf and absurd magnitudes
+                    raise ValueError
             except ValueError:
                 for i in (1, 2, 3, 4, 5, 6, 8, 9):
                     try:
-                        float(parts[i - 1])
+                        v = float(parts[i - 1])
                     except ValueError:
                         bad.add(InputError(p, lineno, f"{i} ({FIELD_NAMES[i]})", f"not a number: {parts[i - 1]!r}"))
+                        break
+                    if not abs(v) <= MAX_VALUE:
+                        bad.add(InputError(p, lineno, f"{i} ({FIELD_NAMES[i]})",
+                                           f"not a finite number of at most {MAX_VALUE:g}: {parts[i - 1]!r}"))
                         break
                 continue
             rows.append(vals)
@@ -160,10 +173,24 @@ def read_swf(path: str | Path, *, units: str = "auto", cores_per_node: int | Non
     keep = ok & ~no_run & ~no_size
     size = size.astype(np.int64)
 
+    if not keep.any():
+        raise InputError(p, 0, None, "no job with a run time and a size in SWF file")
+    if cpn < 1:
+        raise InputError(p, header_line.get("MaxProcs", 0), "MaxProcs", f"fewer cores than nodes ({max_procs} < "
+                         f"{max_nodes}): cannot be a core count")
     if capacity is None:   # capacity is in nodes; schedule in the log's units
         capacity = max_nodes or (max_procs // cpn if max_procs else None)
-    if not capacity:
+    guessed = not capacity
+    if guessed:
         capacity = int(np.ceil(size[keep].max() / cpn))
+    if capacity > MAX_NODES or cpn > MAX_CORES_PER_NODE:
+        key = "MaxNodes" if max_nodes else "MaxProcs" if max_procs else None
+        line = header_line.get(key, 0) if key else int(line_no[keep][np.argmax(size[keep])])
+        what = (f"{capacity:,} nodes" if cpn <= MAX_CORES_PER_NODE else f"{cpn:,} cores per node")
+        raise InputError(p, line, key or f"{F_ALLOC} ({FIELD_NAMES[F_ALLOC]})",
+                         f"{what} is beyond any machine (sanity caps: {MAX_NODES:,} nodes, "
+                         f"{MAX_CORES_PER_NODE:,} cores per node)")
+    if guessed:
         import warnings
         warnings.warn(f"{p}: no MaxNodes/MaxProcs header; assuming capacity = largest job = {capacity} nodes",
                       stacklevel=2)
@@ -184,9 +211,10 @@ def read_swf(path: str | Path, *, units: str = "auto", cores_per_node: int | Non
 def _int_header(header: dict[str, str], key: str) -> int | None:
     v = header.get(key, "").split()
     try:
-        return int(float(v[0])) if v else None
-    except ValueError:
+        n = int(float(v[0])) if v else None
+    except (ValueError, OverflowError):          # 'nan', 'inf': as if absent
         return None
+    return n if n is None or n > 0 else None
 
 
 def recorded_schedule(trace: SwfTrace) -> Schedule:
