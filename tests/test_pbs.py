@@ -62,7 +62,7 @@ def test_holes_and_pilot_script(tmp_path):
     assert prov.claimed(60, now=1795291800 - 30) == {"x3001c0s1b0n0", "x3001c0s1b1n0", "x3001c0s7b0n0"}
     assert prov.claimed(60, now=1795291800 - 600) == set()
     assert prov.where(["1001.polaris-pbs-01", "1007.polaris-pbs-01"]) == {
-        "1001.polaris-pbs-01": ("x3001c0s1b0n0", datetime(2026, 11, 21, 17, 40).timestamp() + 3600)}
+        "1001.polaris-pbs-01": (("x3001c0s1b0n0",), datetime(2026, 11, 21, 17, 40).timestamp() + 3600)}
 
 
 def test_finished_pilots_are_timeout_or_scaled_in_never_failed_for_reclaims(tmp_path):

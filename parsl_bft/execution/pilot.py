@@ -86,6 +86,8 @@ class PilotProvider(ExecutionProvider):
         self.max_pending_s, self.worker_init = max_pending_s, worker_init
         self.script_dir = str(Path(script_dir).resolve())
         self.nodes_per_block = nodes_per_block
+        self.pilot_nodes = nodes_per_block     # the next pilot's size (PilotPool packs holes when jobs are capped)
+        self.sizes: dict[str, int] = {}        # job id -> nodes
         self.scheduler_options = list(scheduler_options or [])
         self._poll_s = poll_s
         self.clock = time.time
@@ -116,6 +118,14 @@ class PilotProvider(ExecutionProvider):
         """The facility's cap on this user's jobs in the queue; None: none known."""
         return None
 
+    multi_node = False       # can one pilot start a worker pool on each of several nodes (``on_each_node``)?
+
+    def on_each_node(self, command: str, nodes: int) -> str:
+        """The command that starts ``command`` once on each of the pilot's ``nodes`` nodes."""
+        if nodes != 1:
+            raise NotImplementedError(f"{type(self).__name__} runs one-node pilots only")
+        return command
+
     # --- one survey per poll cycle ------------------------------------------------------------------------
     @property
     def status_polling_interval(self) -> int:
@@ -142,10 +152,10 @@ class PilotProvider(ExecutionProvider):
         """The scheduler's waiting jobs (anyone's)."""
         return self.snapshot().waiting()
 
-    def where(self, job_ids: list[str]) -> dict[str, tuple[str, float | None]]:
-        """job id -> (its first node, unix time its walltime ends) for the pilots that run now."""
+    def where(self, job_ids: list[str]) -> dict[str, tuple[tuple[str, ...], float | None]]:
+        """job id -> (its nodes, unix time its walltime ends) for the pilots that run now."""
         jobs = self.snapshot().jobs
-        return {j: (jobs[j].nodes[0], jobs[j].end) for j in job_ids
+        return {j: (jobs[j].nodes, jobs[j].end) for j in job_ids
                 if j in jobs and jobs[j].nodes and self.STATES.get(jobs[j].state) == JobState.RUNNING}
 
     def _states(self, job_ids: list[str]) -> dict[str, tuple[str, str]]:
@@ -207,6 +217,7 @@ class PilotProvider(ExecutionProvider):
         os.chmod(path, 0o700)
         job_id = self.cmd.submit(str(path))
         self.submitted[job_id] = self.clock()
+        self.sizes[job_id] = self.pilot_nodes
         return job_id
 
     def status(self, job_ids) -> list[JobStatus]:

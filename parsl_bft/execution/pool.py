@@ -117,9 +117,9 @@ class EmulatedPool:
 class PilotPool:
     """Live idle capacity on a batch system: pilot jobs of an HTEX executor whose provider is a PilotProvider.
 
-    It keeps one pilot per hole (up to ``max_nodes``), launched as Parsl blocks through the executor, so Parsl's
-    own bookkeeping (status polling, cancelling at shutdown) covers them. A node joins once its pilot runs AND
-    its worker pool has connected. It gets a notice when the scheduler signals the pilot, when its walltime ends
+    It keeps one pilot per hole (up to ``max_nodes``; several holes a pilot when the facility caps our jobs),
+    launched as Parsl blocks through the executor, so Parsl's own bookkeeping (status polling, cancelling at
+    shutdown) covers them. A pilot's nodes join once it runs AND each node's worker pool has connected. It gets a notice when the scheduler signals the pilot, when its walltime ends
     within ``notice_s``, or when a waiting facility job is planned to start on it: then its pilot is cancelled
     ``release_s`` later (time to checkpoint), so the facility job does not wait for a pilot. It leaves when the
     pilot stops running or its worker pool is lost.
@@ -139,7 +139,7 @@ class PilotPool:
         self.release_s = release_s
         self._t0 = clock()
         self._last_probe = self._last_poll = -math.inf
-        self._nodes: dict[str, str] = {}       # job id -> node, for pilots that joined
+        self._nodes: dict[str, tuple[str, ...]] = {}   # job id -> its nodes, for pilots that joined
         self._noticed: set[str] = set()
         self._release: dict[str, float] = {}   # job id -> when we cancel it (a facility job wants its node)
         self._gone: set[str] = set()           # pilots that ended: never looked at again
@@ -166,8 +166,8 @@ class PilotPool:
             except Exception as e:
                 logger.warning("claim check skipped: %s", e)
                 claimed = set()
-            for jid, node in self._nodes.items():
-                if node in claimed and jid not in self._release:
+            for jid, nodes in self._nodes.items():
+                if claimed & set(nodes) and jid not in self._release:
                     self._release[jid] = now + self.release_s
         due = [j for j, t in self._release.items() if t <= now and j in pilots]
         if due:
@@ -178,8 +178,10 @@ class PilotPool:
             except Exception as e:                   # tried again at the next poll
                 logger.warning("pilot cancel failed: %s", e)
         try:
-            up = {str(m.get("block_id")) for m in self.executor.connected_managers()}
-            started = {j for j, b in pilots.items() if b in up and j not in self._nodes} - self._looked
+            managers: dict[str, int] = {}            # block -> worker pools connected
+            for m in self.executor.connected_managers():
+                managers[str(m.get("block_id"))] = managers.get(str(m.get("block_id")), 0) + 1
+            started = {j for j, b in pilots.items() if b in managers and j not in self._nodes} - self._looked
             if started:     # a worker pool connected, so its pilot runs: look now, not at the next survey
                 self._looked |= started
                 self.provider.snapshot(max_age_s=self.poll_s)
@@ -188,7 +190,7 @@ class PilotPool:
             logger.warning("pilot poll skipped: %s", e)
             return []
         # a pilot that has not joined yet runs nothing to checkpoint: give a claimed node back at once
-        early = [j for j in pilots if j not in self._nodes and j in where and where[j][0] in claimed]
+        early = [j for j in pilots if j not in self._nodes and j in where and claimed & set(where[j][0])]
         if early:
             try:
                 self.provider.cancel(early)
@@ -200,10 +202,9 @@ class PilotPool:
                 logger.warning("pilot cancel failed: %s", e)
         joined, noticed, left = [], [], []
         for jid, block in pilots.items():
-            running = jid in where and block in up
-            end = where.get(jid, ("", None))[1]
+            nodes, end = where.get(jid, ((), None))
             if jid in self._nodes:
-                if not running:
+                if not (nodes and managers.get(block)):
                     left.append(jid)
                 elif jid not in self._noticed:
                     why = ("a facility job is planned onto it" if jid in self._release else
@@ -211,23 +212,24 @@ class PilotPool:
                            "walltime ends" if end is not None and now >= end - self.notice_s else "")
                     if why:
                         noticed.append((jid, why))
-            elif running:
-                joined.append((jid, where[jid][0], end))
-        for jid in [j for j, _ in noticed] + left:     # no new tasks for its worker pool, dead or about to be
+            elif nodes and managers.get(block, 0) >= len(nodes):     # every node's worker pool is there
+                joined.append((jid, nodes, end))
+        for jid in [j for j, _ in noticed] + left:     # no new tasks for its worker pools, dead or about to be
             self._hold(pilots[jid])
         w = now - self._t0
         events = []
         for why in sorted({why for _, why in noticed}):
             ids = [j for j, y in noticed if y == why]
             self._noticed.update(ids)
-            events.append(PoolEvent("notice", tuple(self._nodes[j] for j in ids), w, why=why))
+            events.append(PoolEvent("notice", tuple(n for j in ids for n in self._nodes[j]), w, why=why))
         if left:
-            events.append(PoolEvent("leave", tuple(self._nodes.pop(j) for j in left), w))
+            events.append(PoolEvent("leave", tuple(n for j in left for n in self._nodes.pop(j)), w))
             self._gone.update(left)
         if joined:
-            self._nodes.update((j, n) for j, n, _ in joined)
-            events.append(PoolEvent("join", tuple(n for _, n, _ in joined), w,
-                                    tuple(e - self._t0 if e is not None else math.inf for _, _, e in joined)))
+            self._nodes.update((j, nodes) for j, nodes, _ in joined)
+            events.append(PoolEvent("join", tuple(n for _, nodes, _ in joined for n in nodes), w,
+                                    tuple(e - self._t0 if e is not None else math.inf
+                                          for _, nodes, e in joined for _ in nodes)))
         if probe:                                    # after the notices: their replacements start now
             try:
                 self._soak({j: b for j, b in pilots.items() if j not in self._gone})
@@ -244,23 +246,35 @@ class PilotPool:
             logger.debug("hold of block %s failed: %s", block, e)
 
     def _soak(self, pilots: dict[str, str]) -> None:
-        """One pilot per hole not yet covered: holes minus pilots still queued, within max_nodes. Pilots on
-        notice do not count: their replacements start while they wind down."""
+        """Pilots for the holes not yet covered: holes minus nodes of pilots still queued, within max_nodes.
+        Pilots on notice do not count: their replacements start while they wind down. One node a pilot, unless
+        the facility caps our jobs below the holes: then holes share pilots (they all end together: at the
+        earliest planned start of a waiting job)."""
         waiting = [j for j in pilots if j not in self._nodes]
-        live = sum(j not in self._noticed for j in self._nodes)
-        queued = 0
+        size = self.provider.sizes
+        live = sum(len(n) for j, n in self._nodes.items() if j not in self._noticed)
+        queued = jobs = 0
         for j, st in zip(waiting, self.provider.status(waiting) if waiting else []):
             if st.terminal:
                 self._gone.add(j)
             else:
-                live += 1
-                queued += st.state == JobState.PENDING
-        n = min(len(self.provider.current_holes()) - queued, self.max_nodes - live)
-        slots = self.provider.job_slots()             # the facility's cap on our jobs in its queue
+                jobs += 1
+                live += size.get(j, 1)
+                queued += size.get(j, 1) if st.state == JobState.PENDING else 0
+        want = min(len(self.provider.current_holes()) - queued, self.max_nodes - live)
+        if want <= 0:
+            return
+        pilots_n, per = want, 1
+        slots = self.provider.job_slots()            # the facility's cap on our jobs in its queue
         if slots is not None:
-            n = min(n, slots - len(waiting) - len(self._nodes))
-        if n > 0:
-            self.executor.scale_out_facade(n)
+            free = slots - jobs - len(self._nodes)
+            if free <= 0:
+                return
+            if free < want and self.provider.multi_node:
+                per = math.ceil(want / free)
+            pilots_n = min(free, math.ceil(want / per))
+        self.provider.pilot_nodes = per
+        self.executor.scale_out_facade(pilots_n)
 
     def stop(self) -> None:
         """Give every node back: cancel all pilots (also those still queued)."""

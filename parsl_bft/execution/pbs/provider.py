@@ -45,7 +45,7 @@ class PBSPilotProvider(PilotProvider):
                 f"-l walltime={minutes // 60:02d}:{minutes % 60:02d}:00", "-j oe", f"-o {self.directive_path(self.script_dir + '/')}"]
         opts += [f"-A {self.account}"] if self.account else []
         lines = ["#!/bin/bash", *[f"#PBS {o}" for o in opts + self.scheduler_options], self.worker_init,
-                 f"setsid {command} &", *self.notice_trap("PBS_JOBID")]
+                 f"setsid {self.on_each_node(command, self.pilot_nodes)} &", *self.notice_trap("PBS_JOBID")]
         return "\n".join(line for line in lines if line) + "\n"
 
 

@@ -28,7 +28,7 @@ class SlurmPilotProvider(PilotProvider):
         self.partition, self.qos, self.account = partition, qos, account
         self.cmd = commands or SlurmCommands()
         self._reservations: tuple[float, list] | None = None
-        self._test_only: tuple[float, int, bool] | None = None
+        self._test_only: tuple[float, int, int, bool] | None = None
 
     RESERVATIONS_EVERY_S = 60.0     # reservations are made by hand, hours ahead: a minute-old view is fresh
 
@@ -60,22 +60,27 @@ class SlurmPilotProvider(PilotProvider):
         still fit it; otherwise it is withdrawn)."""
         minutes = super().walltime_minutes(now)
         taken = self.snapshot().taken
-        if self._test_only is None or self._test_only[:2] != (taken, minutes):
-            start, _ = self.cmd.test_only([f"--partition={self.partition}", f"--nodes={self.nodes_per_block}",
+        if self._test_only is None or self._test_only[:3] != (taken, minutes, self.pilot_nodes):
+            start, _ = self.cmd.test_only([f"--partition={self.partition}", f"--nodes={self.pilot_nodes}",
                                            f"--time={minutes}", "--exclusive"])
             late = start is not None and start > (self.clock() if now is None else now) + 60
-            self._test_only = (taken, minutes, late)
-        return self.walltime_min_min if self._test_only[2] else minutes
+            self._test_only = (taken, minutes, self.pilot_nodes, late)
+        return self.walltime_min_min if self._test_only[3] else minutes
 
     def job_limit(self) -> int | None:
         return self.cmd.job_limit(getpass.getuser())
 
+    multi_node = True
+
+    def on_each_node(self, command: str, nodes: int) -> str:
+        return command if nodes == 1 else f"srun --nodes={nodes} --ntasks={nodes} --ntasks-per-node=1 {command}"
+
     def script(self, command: str, job_name: str, minutes: int) -> str:
-        opts = [f"--job-name={job_name}", f"--partition={self.partition}", f"--nodes={self.nodes_per_block}",
+        opts = [f"--job-name={job_name}", f"--partition={self.partition}", f"--nodes={self.pilot_nodes}",
                 f"--time={minutes}", f"--time-min={self.walltime_min_min}", f"--signal=B:USR1@{self.notice_s}",
                 "--exclusive", f"--output={self.directive_path(self.script_dir + '/%j.out')}"]
         opts += [f"--qos={self.qos}"] if self.qos else []
         opts += [f"--account={self.account}"] if self.account else []
         lines = ["#!/bin/bash", *[f"#SBATCH {o}" for o in opts + self.scheduler_options], self.worker_init,
-                 f"setsid {command} &", *self.notice_trap("SLURM_JOB_ID")]
+                 f"setsid {self.on_each_node(command, self.pilot_nodes)} &", *self.notice_trap("SLURM_JOB_ID")]
         return "\n".join(line for line in lines if line) + "\n"
