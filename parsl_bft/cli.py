@@ -111,28 +111,36 @@ def cmd_simulate(args) -> int:
     from .idle.sources import parse_duration
     from .jobs import load_jobset
     from .planner import Planner
+    from .planner.netcost import NetworkCost
+    from .planner.topo_placement import make_placement
     from .sim import simulate
     from .sim.report import plot_replay, print_summary
+    from .topology import load_topology
 
     console = _console()
     args.source = args.idle_intervals or args.swf
     check_output_path(args.json, "--json")
     check_output_path(args.plot, "--plot")
+    topo = load_topology(args.topology) if args.topology else None
+    network = NetworkCost(topo) if topo is not None else None
     planner = Planner(method=args.planner, solver=args.solver, objective=args.objective, t_fwd=args.tfwd,
-                      time_limit=args.time_limit, horizon_aware=args.horizon_aware)
+                      time_limit=args.time_limit, horizon_aware=args.horizon_aware,
+                      placement=make_placement(args.placement, topo),
+                      network=network if args.placement != "oblivious" else None)
     jobset = load_jobset(args.jobs, args.scaling, lenient=args.lenient)
     with console.status(f"reading {args.source} ..."):
         src, _, masked = load_selected(args)
     config = {"source": src.description, "jobs": str(args.jobs), "planner": args.planner, "solver": args.solver,
               "objective": args.objective, "tfwd": args.tfwd, "horizon_aware": args.horizon_aware,
               "max_concurrent": args.max_concurrent, "nodes": masked.n_nodes, "window": args.window,
-              "duration": args.duration, "masked": not args.no_mask}
+              "duration": args.duration, "masked": not args.no_mask, "topology": args.topology,
+              "placement": args.placement}
     with Progress(TextColumn("replaying"), BarColumn(), TextColumn("{task.percentage:>5.1f}% of trace time"),
                   TimeElapsedColumn(), console=console, transient=True) as bar:
         task = bar.add_task("replay", total=1.0)
         res = simulate(masked, jobset, planner, max_concurrent=args.max_concurrent,
                        duration=parse_duration(args.duration) if args.duration else None,
-                       progress=lambda f: bar.update(task, completed=f), config=config)
+                       progress=lambda f: bar.update(task, completed=f), config=config, network=network)
     print_summary(res, console, title=f"{args.planner}/{args.objective} on {src.description}")
     if args.json:
         Path(args.json).write_text(json.dumps(res.as_dict(), indent=1))
@@ -307,6 +315,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--horizon-aware", action="store_true",
                    help="value nodes over min(T_fwd, their remaining idle time), known from the trace")
     s.add_argument("--max-concurrent", type=int, default=10, help="jobs admitted at once (FCFS by submit)")
+    s.add_argument("--topology", metavar="SPEC", help="network groups: hostname-rack, hostname:REGEX, or a file "
+                   "(topology.conf / scontrol show topology, pbsnodes -a -F json, YAML topology section); the "
+                   "rate model then charges communication (SJF-BCO eqs. 6-8 per group)")
+    s.add_argument("--placement", choices=["oblivious", "compact", "sjf-bco"], default="oblivious",
+                   help="which nodes a job gets: topology-blind (default), fewest groups, or SJF-BCO's rule; "
+                   "compact and sjf-bco also value sizes by their predicted slowdown and need --topology")
     s.add_argument("--duration", help="replay length from the first event, e.g. 24h (default: to the end)")
     s.add_argument("--json", help="write metrics, per-model and per-job rows to this JSON file")
     s.add_argument("--plot", help="write idle nodes and allocations over time to this PNG")

@@ -29,6 +29,7 @@ class ActiveJob:
     reclaims: int = 0
     node_seconds: float = 0.0
     finished_at: float | None = None
+    rate_scale: float = 1.0         # where it runs costs communication (the simulator's network model)
 
     @property
     def name(self) -> str:
@@ -36,7 +37,7 @@ class ActiveJob:
 
     @property
     def rate(self) -> float:
-        return self.state.curve.rate(self.state.size)
+        return self.state.curve.rate(self.state.size) * self.rate_scale
 
     def charge(self, samples: float, reclaim: bool) -> None:
         """Losses come out of progress (never below zero: a job cannot lose more than it has done)."""

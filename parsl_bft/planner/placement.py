@@ -16,6 +16,13 @@ class Placement:
         pos = {n: i for i, n in enumerate(free)}
         return sorted(free, key=lambda n: (-remaining.get(n, float("inf")), pos[n]))[:count]
 
+    def grow_order(self, jobs: list[JobState], sizes: dict[str, int]) -> list[JobState]:
+        """The order growing jobs pick their nodes in."""
+        return jobs
+
+    def observe(self, alloc: dict[str, tuple[str, ...]]) -> None:
+        """Who holds what, before the first grow and after each (topology-aware placements need it)."""
+
 
 def place(jobs: list[JobState], sizes: dict[str, int], pool: list[str], placement: Placement,
           remaining: dict[str, float] | None = None) -> dict[str, tuple[str, ...]]:
@@ -32,8 +39,9 @@ def place(jobs: list[JobState], sizes: dict[str, int], pool: list[str], placemen
         else:
             alloc[j.name] = j.nodes
     free = [n for n in pool if n not in held] + released
-    for j in jobs:
-        k = sizes.get(j.name, 0)
+    placement.observe(alloc)
+    for j in placement.grow_order([j for j in jobs if sizes.get(j.name, 0) > j.size], sizes):
+        k = sizes[j.name]
         if k > j.size:
             got = placement.grow(j, free, k - j.size, remaining)
             if len(got) < k - j.size:
@@ -41,4 +49,5 @@ def place(jobs: list[JobState], sizes: dict[str, int], pool: list[str], placemen
             taken = set(got)
             free = [n for n in free if n not in taken]
             alloc[j.name] = j.nodes + tuple(got)
+            placement.observe(alloc)
     return alloc

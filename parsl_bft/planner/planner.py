@@ -16,7 +16,8 @@ METHODS = ("milp", "dp", "greedy", "equal-share", "node-milp")
 
 
 def build_problem(jobs: list[JobState], pool_size: int, objective: Objective, t_fwd: float, now: float = 0.0,
-                  remaining: dict[str, float] | None = None, free_remaining: np.ndarray | None = None) -> SizeProblem:
+                  remaining: dict[str, float] | None = None, free_remaining: np.ndarray | None = None,
+                  net_factor=None) -> SizeProblem:
     """Values v[j,k] = gain of running at size k over the horizon - rescale cost(C_j -> k) at the current rate.
 
     Without horizon information the gain is T_fwd * U_j(k) (BFTrainer). With it (``remaining``: expected idle
@@ -24,6 +25,8 @@ def build_problem(jobs: list[JobState], pool_size: int, objective: Objective, t_
     longest-lived nodes (growing: its own plus the longest-lived free ones); with their remaining times
     r_1 >= ... >= r_k cut at T_fwd, it runs at size m while m nodes are left:
     gain = sum_m min(r_m, T) * (U(m) - U(m-1)), and each node leaving before T costs t_down * U(m).
+    ``net_factor(job, sizes)`` (a topology's predicted slowdown per size, ``netcost.size_factors``) scales the
+    gain: a size that must spread over contended groups is worth less.
     """
     allowed, values = [], []
     for j in jobs:
@@ -39,6 +42,8 @@ def build_problem(jobs: list[JobState], pool_size: int, objective: Objective, t_
         else:
             held = np.sort([remaining.get(n, math.inf) for n in j.nodes])[::-1]
             gain = np.array([_horizon_gain(held, int(k), u_all, free_remaining, t_fwd, s.t_down) for k in a])
+        if net_factor is not None:
+            gain = gain * net_factor(j, a)
         cost = np.where(a > j.size, s.t_up * u_now, np.where(a < j.size, s.t_down * u_now, 0.0))
         allowed.append(a)
         values.append(gain - cost)
@@ -75,6 +80,7 @@ class Planner:
     time_limit: float = 10.0
     horizon_aware: bool = False
     placement: Placement = field(default_factory=Placement)
+    network: object | None = None        # a netcost.NetworkCost: values see the groups a size would span
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -101,7 +107,11 @@ class Planner:
             held = {n for j in jobs for n in j.nodes}
             free_rem = np.concatenate([np.sort([rem.get(n, math.inf) for n in pool if n not in held])[::-1],
                                        np.sort([rem.get(n, math.inf) for n in held])[::-1]])
-        prob = build_problem(jobs, len(pool), self.objective, self.t_fwd, now, rem, free_rem)
+        net_factor = None
+        if self.network is not None:
+            from .netcost import size_factors
+            net_factor = size_factors(self.network, jobs, pool)
+        prob = build_problem(jobs, len(pool), self.objective, self.t_fwd, now, rem, free_rem, net_factor)
         notes: list[str] = []
         alloc = None
         if self.method == "milp":

@@ -23,6 +23,8 @@ class SimResult:
     jobs: list[ActiveJob]
     timeline: Timeline
     config: dict
+    comm_node_s: float = 0.0        # allocated node-seconds weighted by the network's rate factor
+
 
     def metrics(self) -> dict:
         work = sum(a.state.samples_done / a.state.curve.rate(1) for a in self.jobs)
@@ -42,6 +44,7 @@ class SimResult:
             "idle_node_s": self.idle_node_s,
             "allocated_node_s": self.allocated_node_s,
             "span_s": self.end - self.start,
+            "net_factor": self.comm_node_s / self.allocated_node_s if self.allocated_node_s else 1.0,
         }
 
     def job_rows(self) -> list[dict]:
@@ -70,12 +73,14 @@ class SimResult:
 
 def simulate(intervals: IdleIntervals, jobset: JobSet, planner, *, max_concurrent: int = 10,
              duration: float | None = None, progress=None,
-             config: dict | None = None) -> SimResult:
+             config: dict | None = None, network=None) -> SimResult:
     """Replay ``intervals`` from their first event, for ``duration`` seconds or to their end.
 
     Jobs are admitted first-come-first-served by submit time (at most ``max_concurrent`` at once); the planner
     runs at every event (nodes join or leave, a job arrives or finishes); progress between events is
     P_j(n_j) * dt; costs are charged by the shared Controller. ``progress(fraction)`` is called as time advances.
+    With ``network`` (a ``NetworkCost``), each job's rate is multiplied by the factor its placement and the
+    other jobs' give it (eqs. 6-8 of SJF-BCO at group level), so placement shows in e_idle / e_used.
     """
     events = intervals.events()
     first = next(events, None)
@@ -86,7 +91,7 @@ def simulate(intervals: IdleIntervals, jobset: JobSet, planner, *, max_concurren
     ctl = Controller(jobset.jobs, jobset.curves, planner, max_concurrent=max_concurrent)
     tl = Timeline()
     t = start
-    idle_s = alloc_s = 0.0
+    idle_s = alloc_s = comm_s = 0.0
     n_events = 0
     pending = first
 
@@ -104,6 +109,12 @@ def simulate(intervals: IdleIntervals, jobset: JobSet, planner, *, max_concurren
         for a in [a for a in ctl.active.values() if a.state.remaining <= 1e-9 * a.state.spec.samples]:
             ctl.job_finished(a.name, t)
         ctl.replan(t)
+        if network is not None:
+            running = [a for a in ctl.active.values() if a.state.size]
+            f = network.factors([(a.state.spec.model, a.state.nodes, a.state.curve.rate(a.state.size))
+                                 for a in running])
+            for a, x in zip(running, f):
+                a.rate_scale = float(x)
         tl.record(t, ctl, lambda a: a.state.spec.model)
         # advance to the next instant something happens
         nxt = min(pending.time if pending is not None else math.inf, ctl.next_submit(),
@@ -114,6 +125,7 @@ def simulate(intervals: IdleIntervals, jobset: JobSet, planner, *, max_concurren
             if a.state.size:
                 a.state.samples_done = min(a.state.spec.samples, a.state.samples_done + a.rate * dt)
                 a.node_seconds += a.state.size * dt
+                comm_s += a.state.size * dt * a.rate_scale
         idle_s += len(ctl.pool) * dt
         alloc_s += ctl.allocated * dt
         if nxt == t and pending is None and not any(a.state.remaining <= 0 for a in ctl.active.values()):
@@ -122,4 +134,5 @@ def simulate(intervals: IdleIntervals, jobset: JobSet, planner, *, max_concurren
         if progress is not None:
             progress((t - start) / (end - start) if end > start else 1.0)
     jobs = ctl.done + list(ctl.active.values())
-    return SimResult(start, end, idle_s, alloc_s, n_events, ctl.plans, ctl.solve_times, jobs, tl, config or {})
+    return SimResult(start, end, idle_s, alloc_s, n_events, ctl.plans, ctl.solve_times, jobs, tl, config or {},
+                     comm_s if network is not None else alloc_s)
