@@ -75,7 +75,8 @@ class PilotProvider(ExecutionProvider):
 
     def __init__(self, *, walltime_min_min: int = 1, walltime_max_min: int = 30, notice_s: int = 60,
                  max_pending_s: float = 30.0, worker_init: str = "", script_dir: str = "bft-pilots",
-                 nodes_per_block: int = 1, poll_s: int = 5, scheduler_options: list[str] | None = None):
+                 nodes_per_block: int = 1, poll_s: int = 5, scheduler_options: list[str] | None = None,
+                 max_jobs: int | None = None):
         if walltime_min_min < 1 or walltime_max_min < walltime_min_min:
             raise ValueError(f"pilot walltime bounds must satisfy 1 <= min <= max, got {walltime_min_min}, "
                              f"{walltime_max_min}")
@@ -92,6 +93,7 @@ class PilotProvider(ExecutionProvider):
         self._poll_s = poll_s
         self.clock = time.time
         self._snapshot: Snapshot | None = None
+        self.max_jobs = max_jobs               # the site file's cap on our queued jobs, if it states one
         self._job_limit: tuple[int | None] | None = None
         self._ended: dict[str, tuple[str, str]] = {}    # final states: asked of the scheduler once per pilot
         self.submitted: dict[str, float] = {}
@@ -140,9 +142,11 @@ class PilotProvider(ExecutionProvider):
         return self._snapshot
 
     def job_slots(self) -> int | None:
-        """``job_limit()``, asked once."""
+        """How many jobs we may have in the queue: the scheduler's ``job_limit()`` (asked once) or the site
+        file's ``max_jobs``, the smaller; None: no cap."""
         if self._job_limit is None:
-            self._job_limit = (self.job_limit(),)
+            caps = [c for c in (self.job_limit(), self.max_jobs) if c is not None]
+            self._job_limit = (min(caps) if caps else None,)
         return self._job_limit[0]
 
     def current_holes(self) -> list[Hole]:
