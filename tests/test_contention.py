@@ -135,8 +135,13 @@ def test_lbsgf_lambda_widens_the_choice():
 def test_baselines_semantics():
     inst = _inst([2, 2], [1, 2, 1], [4, 4, 4], [0.0, 1.0, 0.0], [0.5, 0.5, 0.5])
     ff = first_fit(inst)
-    assert ff.fifo and ff.gpus[0].tolist() == [0] and ff.gpus[1].tolist() == [1, 2]   # first free, server by server
-    assert first_fit_backfill(inst).fifo is False
+    assert ff.fifo and ff.gpus[0].tolist() == [0] and ff.gpus[1].tolist() == [2, 3]   # fewest servers, first fit
+    bf = first_fit_backfill(inst)
+    assert not bf.fifo and bf.gpus[1].tolist() == [1, 2]        # any first free GPUs, server by server
+    big = paper_instance(5, servers=6)
+    ff = first_fit(big)
+    for j in range(big.n_jobs):
+        assert len(set(big.server_of[ff.gpus[j]].tolist())) == big.min_servers(j)
     ls = list_scheduling(inst)
     assert ls.gpus[2].tolist() == [3]                           # least booked work
     a, b = random_placement(inst, seed=1), random_placement(inst, seed=1)
