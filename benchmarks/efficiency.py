@@ -5,8 +5,11 @@ theta_2022 (recorded schedule, outages masked), ImageNet 7-model mix:
   B. the same slice: T_fwd 10 / 60 / 300 s, horizon awareness off / on (dp, speedup)
   C. the full machine (4,360 nodes), one week, 100 jobs at once: dp vs equal-share (speedup); the PuLP MILP
      reaches the same optimum but costs 0.3-0.8 s per solve at 100 jobs x 4,360 nodes (DP: ~10 ms)
+  D. network topology: the 256-node Summit slice (eval/summit_256n_24h_idle_intervals.csv.gz, racks from the
+     hostnames), 24 h, dp/speedup; the rate model charges communication (SJF-BCO eqs. 6-8 per rack) in every
+     row; placements oblivious (today's), compact and sjf-bco, the last also with topology-blind sizes
 Ratios are against equal-share in the same invocation. LAST line: one JSON object.
-Usage: python benchmarks/efficiency.py [--data ../shared/data] [--quick]
+Usage: python benchmarks/efficiency.py [--data ../shared/data] [--quick] [--only-topology]
 """
 from __future__ import annotations
 
@@ -18,7 +21,10 @@ from pathlib import Path
 from parsl_bft.idle.sources import load_source, mask_outages
 from parsl_bft.jobs import load_jobset
 from parsl_bft.planner import Planner
+from parsl_bft.planner.netcost import NetworkCost
+from parsl_bft.planner.topo_placement import make_placement
 from parsl_bft.sim import simulate
+from parsl_bft.topology import load_topology
 
 START = 100 * 86400      # 100 days into 2022: a stretch with few outages
 
@@ -38,15 +44,20 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--data", default=str(Path(__file__).resolve().parents[2] / "shared" / "data"))
     ap.add_argument("--quick", action="store_true", help="6 h slice, no full-machine week")
+    ap.add_argument("--only-topology", action="store_true", help="section D only")
     args = ap.parse_args()
     data = Path(args.data)
     js = load_jobset(data / "jobs" / "imagenet_mix.jobs.csv")
+    results = []
+    day = 6 * 3600 if args.quick else 86400
+    topology_section(data, js, day, results)
+    if args.only_topology:
+        _report(results)
+        return
     src = load_source(data / "traces" / "theta_2022.swf.gz")
     masked = mask_outages(src.intervals)
     t0 = masked.t0 + START
-    day = 6 * 3600 if args.quick else 86400
     slice_ = masked.first_nodes(256).window(t0, t0 + day)
-    results = []
     print(f"A. 256 nodes x {day / 3600:.0f} h of theta_2022 (masked), max 10 jobs, T_fwd 10 s")
     for obj in ("throughput", "speedup"):
         for method in ("milp", "dp", "equal-share", "greedy"):
@@ -66,8 +77,36 @@ def main() -> None:
         for method in ("dp", "equal-share"):
             results.append(run(week, js, f"  {method:12} speedup", max_concurrent=100, duration=7 * 86400,
                                method=method, objective="speedup"))
+    _report(results)
+
+
+def topology_section(data: Path, js, day: float, results: list) -> None:
+    summit = load_source(data / "eval" / "summit_256n_24h_idle_intervals.csv.gz").intervals
+    topo = load_topology("hostname-rack")
+    net = NetworkCost(topo)
+    racks = topo.span(summit.names)
+    print(f"D. Summit slice ({summit.n_nodes} nodes in {racks} racks), {day / 3600:.0f} h, dp/speedup, rate model "
+          "charges communication per rack (NetworkCost defaults)")
+    rows = {}
+    for label, placement, values in (("oblivious", "oblivious", False), ("compact", "compact", True),
+                                     ("sjf-bco", "sjf-bco", True), ("sjf-bco, blind sizes", "sjf-bco", False)):
+        t = time.perf_counter()
+        planner = Planner(method="dp", objective="speedup", placement=make_placement(placement, topo),
+                          network=net if values else None)
+        m = simulate(summit, js, planner, duration=day, network=net).metrics()
+        m.update(label=f"topology {label}", method="dp", objective="speedup", wall_s=time.perf_counter() - t)
+        rows[label] = m
+        results.append(m)
+        print(f"  {label:22} e_idle {m['e_idle']:.3f}  e_used {m['e_used']:.3f}  util {m['util']:.3f}  "
+              f"net factor {m['net_factor']:.3f}  fin {m['jobs_finished']:3d}  ({m['wall_s']:.1f} s)")
+    base = rows["oblivious"]["e_idle"]
+    print("  -> e_idle vs oblivious: " + ", ".join(f"{k} x{v['e_idle'] / base:.3f}" for k, v in rows.items()
+                                                  if k != "oblivious"))
+
+
+def _report(results: list) -> None:
     keys = ("label", "method", "objective", "e_idle", "e_used", "util", "rescale_loss", "reclaim_loss",
-            "jobs_finished", "solve_p50_s", "solve_p99_s")
+            "jobs_finished", "solve_p50_s", "solve_p99_s", "net_factor")
     print(json.dumps({"results": [{k: r.get(k) for k in keys} for r in results]}))
 
 
