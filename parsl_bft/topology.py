@@ -8,6 +8,7 @@ rate model consume it; nothing here imports Parsl. Sources:
 - ``parse_pbsnodes_topology``: ``pbsnodes -a -F json`` with a placement-set resource (``switch``, ``tier0``...);
 - ``topology_from_dict``: a site file's ``topology:`` section;
 - ``HOSTNAME_RULES`` / ``hostname_topology``: a regular expression on node names;
+- ``slurm_topology``: the live cluster's (``scontrol show topology``);
 - ``load_topology(spec)``: any of the above from a command-line spec.
 """
 from __future__ import annotations
@@ -154,6 +155,18 @@ def parse_slurm_topology(text: str, *, gpus_per_node: int = 1, intra_gbps: float
                     source=source)
 
 
+def slurm_topology(**kw) -> Topology:
+    """The live cluster's: ``scontrol show topology`` (SLURM_CONF from the environment)."""
+    import subprocess
+    try:
+        r = subprocess.run(["scontrol", "show", "topology"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise TopologyError(f"scontrol show topology: {e}") from None
+    if r.returncode != 0:
+        raise TopologyError(f"scontrol show topology failed: {(r.stderr or r.stdout).strip()[:300]}")
+    return parse_slurm_topology(r.stdout, source="scontrol show topology", **kw)
+
+
 # --- PBS ----------------------------------------------------------------------------------------------------
 PBS_GROUP_KEYS = ("switch", "tier0", "rack", "group", "tier1")
 
@@ -227,17 +240,19 @@ def hostname_topology(rule: str = "hostname-rack", **kw) -> Topology:
 
 
 def load_topology(spec: str, **kw) -> Topology:
-    """``hostname-rack`` | ``hostname:REGEX`` | a file: topology.conf / saved ``scontrol show topology`` text,
+    """``hostname-rack`` | ``hostname:REGEX`` | ``slurm`` (ask the live cluster) | a file: topology.conf / saved ``scontrol show topology`` text,
     ``pbsnodes -a -F json`` output (.json), or YAML with a ``topology:`` section (a site file) or the section
     itself. Keyword arguments (gpus_per_node, intra_gbps, inter_gbps) override the source's defaults."""
     if spec in HOSTNAME_RULES:
         return hostname_topology(spec, **kw)
     if spec.startswith("hostname:"):
         return hostname_topology(spec[len("hostname:"):], **kw)
+    if spec == "slurm":
+        return slurm_topology(**kw)
     path = Path(spec)
     if not path.is_file():
-        raise TopologyError(f"topology {spec!r}: not a file and not one of {', '.join(HOSTNAME_RULES)} or "
-                            "hostname:REGEX")
+        raise TopologyError(f"topology {spec!r}: not a file and not one of {', '.join(HOSTNAME_RULES)}, "
+                            "hostname:REGEX or slurm")
     text = path.read_text()
     if path.suffix == ".json":
         return _override(parse_pbsnodes_topology(text, source=str(path)), kw)
