@@ -130,6 +130,18 @@ class Site(_Strict):
     objective: ObjectiveSpec = Field(default_factory=ObjectiveSpec)
     globus_compute_endpoint: UUID | None = None
     emulation: Emulation | None = None
+    topology: dict | None = Field(default=None, description="network groups for contention-aware planning: "
+                                  "groups or hostname, gpus_per_node, intra_gbps, inter_gbps "
+                                  "(parsl_bft.topology.topology_from_dict)")
+
+    @field_validator("topology")
+    @classmethod
+    def _topology(cls, v):
+        if v is not None:
+            from .topology import topology_from_dict
+            topology_from_dict(v, source="topology")
+        return v
+
     unverified: list[str] = Field(default_factory=list,
                                   description="fields whose values could not be checked against the facility")
 

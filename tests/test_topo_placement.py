@@ -101,3 +101,24 @@ def test_simulator_charges_communication_and_placement_shows_in_e_idle():
         assert res[name]["net_factor"] == 1.0
         assert res[name]["e_idle"] == pytest.approx(plain["e_idle"])
         assert res[name]["e_idle"] > res["oblivious"]["e_idle"]
+
+
+def test_site_file_topology_section_reaches_the_planner(tmp_path):
+    from parsl_bft.execution.session import make_planner
+    from parsl_bft.sites import SiteError, load_site
+
+    base = "name: t\nscheduler: slurm\npartition: p\nnode: {cores: 4, gpus: 4}\n"
+    good = tmp_path / "good.yaml"
+    good.write_text(base + "topology:\n  groups: {s0: 'n[1-4]', s1: 'n[5-8]'}\n  gpus_per_node: 4\n")
+    planner = make_planner(load_site(good))
+    assert isinstance(planner.placement, BcoPlacement) and planner.placement.topology.group("n6") == "s1"
+    assert planner.network.topology.gpus_per_node == 4
+    assert make_planner(load_site(_write(tmp_path, "plain.yaml", base))).network is None
+    with pytest.raises(SiteError, match="topology.*n2 is in groups s0 and s1"):
+        load_site(_write(tmp_path, "bad.yaml", base + "topology:\n  groups: {s0: 'n[1-2]', s1: n2}\n"))
+
+
+def _write(tmp_path, name, text):
+    p = tmp_path / name
+    p.write_text(text)
+    return p

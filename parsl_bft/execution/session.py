@@ -61,9 +61,18 @@ def site_runtime(site: Site) -> dict:
 
 
 def make_planner(site: Site):
+    """A site with a ``topology:`` section gets SJF-BCO's placement and sizes valued by their predicted network
+    slowdown (HTEX still decides which node runs a task; the books follow it, see Controller.bind)."""
     from ..planner import Planner
 
-    return Planner(method="dp", objective=site.objective.name, t_fwd=site.objective.t_fwd_seconds)
+    kw = {}
+    if site.topology is not None:
+        from ..planner.netcost import NetworkCost
+        from ..planner.topo_placement import BcoPlacement
+        from ..topology import topology_from_dict
+        topo = topology_from_dict(site.topology, source=f"site {site.name}: topology")
+        kw = {"placement": BcoPlacement(topo), "network": NetworkCost(topo)}
+    return Planner(method="dp", objective=site.objective.name, t_fwd=site.objective.t_fwd_seconds, **kw)
 
 
 @contextmanager
