@@ -240,7 +240,8 @@ def hostname_topology(rule: str = "hostname-rack", **kw) -> Topology:
 
 
 def load_topology(spec: str, **kw) -> Topology:
-    """``hostname-rack`` | ``hostname:REGEX`` | ``slurm`` (ask the live cluster) | a file: topology.conf / saved ``scontrol show topology`` text,
+    """``hostname-rack`` | ``hostname:REGEX`` | ``slurm`` (ask the live cluster) | a file: topology.conf / saved
+    ``scontrol show topology`` text,
     ``pbsnodes -a -F json`` output (.json), or YAML with a ``topology:`` section (a site file) or the section
     itself. Keyword arguments (gpus_per_node, intra_gbps, inter_gbps) override the source's defaults."""
     if spec in HOSTNAME_RULES:

@@ -93,7 +93,8 @@ def test_simulator_charges_communication_and_placement_shows_in_e_idle():
                 {"m": LIN})
     res = {}
     for name in ("oblivious", "compact", "sjf-bco"):
-        planner = Planner(method="dp", placement=make_placement(name, topo), network=None if name == "oblivious" else net)
+        planner = Planner(method="dp", placement=make_placement(name, topo),
+                          network=None if name == "oblivious" else net)
         res[name] = simulate(_interleaved(), js, planner, network=net).metrics()
     plain = simulate(_interleaved(), js, Planner(method="dp")).metrics()
     assert res["oblivious"]["net_factor"] < 1.0 and res["oblivious"]["e_idle"] < plain["e_idle"]

@@ -67,7 +67,8 @@ class NetworkCost:
         grad = np.array([self.grad(m) for m, _, _ in jobs])
         return self._factor(n, spans, p, grad, rate)
 
-    def predicted(self, model: str, sizes: np.ndarray, spans: np.ndarray, p: np.ndarray, rates: np.ndarray) -> np.ndarray:
+    def predicted(self, model: str, sizes: np.ndarray, spans: np.ndarray, p: np.ndarray,
+                  rates: np.ndarray) -> np.ndarray:
         """The factor for hypothetical sizes / spans / contention counts (the planner's values)."""
         return self._factor(np.asarray(sizes, float), np.asarray(spans), np.asarray(p), self.grad(model),
                             np.asarray(rates, float))

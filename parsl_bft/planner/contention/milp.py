@@ -11,8 +11,8 @@ are intervals, so counts per slot are enough to map back to GPU ids) and slot t:
 Any schedule the engine runs is a solution, so the optimum is a lower bound on every policy's makespan (and
 it is reached: the solution itself is a schedule of the model, start slots and all). The returned ``Schedule``
 replayed by the engine may start a job sooner than the solution did (the engine starts jobs as soon as their
-GPUs are free), which can cost others contention: compare policies with ``makespan``. Size grows with jobs x options x horizon:
-meant for a handful of jobs over a few tens of slots.
+GPUs are free), which can cost others contention: compare policies with ``makespan``. Size grows with
+jobs x options x horizon: meant for a handful of jobs over a few tens of slots.
 """
 from __future__ import annotations
 
