@@ -50,8 +50,8 @@ def main() -> None:
     js = load_jobset(data / "jobs" / "imagenet_mix.jobs.csv")
     results = []
     day = 6 * 3600 if args.quick else 86400
-    topology_section(data, js, day, results)
     if args.only_topology:
+        topology_section(data, js, day, results)
         _report(results)
         return
     src = load_source(data / "traces" / "theta_2022.swf.gz")
@@ -77,6 +77,7 @@ def main() -> None:
         for method in ("dp", "equal-share"):
             results.append(run(week, js, f"  {method:12} speedup", max_concurrent=100, duration=7 * 86400,
                                method=method, objective="speedup"))
+    topology_section(data, js, day, results)
     _report(results)
 
 
