@@ -99,6 +99,8 @@ def cmd_demo(args) -> int:
     """The README's main command: training on an emulated idle pool of the local machine."""
     from .execution.demo import run_demo
 
+    if not 0 < args.speedup < float("inf"):
+        raise UsageError(f"--speedup must be a finite number > 0, got {args.speedup}")
     console = _console()
     console.rule("parsl-bft demo: 3 training jobs on the idle nodes of a (replayed) supercomputer")
     run_demo(args.out, speedup=args.speedup, console=console)
@@ -341,6 +343,8 @@ def build_parser() -> argparse.ArgumentParser:
     j.add_argument("--scaling")
     j.add_argument("--lenient", action="store_true")
     j.set_defaults(func=cmd_jobs)
+    for sp in sub.choices.values():          # --debug also after the command (parsl-bft idle --debug X)
+        sp.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     return p
 
 

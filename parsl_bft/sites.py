@@ -22,7 +22,7 @@ from .errors import InputError, ParslBftError
 
 _SECRETS = [re.compile(p, re.I) for p in (
     r"(secret|passw(or)?d|passwd|pwd|token|api[_-]?key|access[_-]?key|private[_-]?key|credential)\w*\s*[=:]",
-    r"(^|\s)--?(password|passwd|pass|token|secret|api-?key|access-?key|client-?secret)(\s*=|\s+)\S",
+    r"(?<![\w-])--?(password|passwd|pass|token|secret|api-?key|access-?key|client-?secret)(\s*=|\s+)\S",
     r"\bauthorization\s*:", r"\bbearer\s+[\w.~+/=-]{6,}", r"\bbasic\s+[A-Za-z0-9+/=]{12,}",
     r"\bAKIA[0-9A-Z]{16}\b", r"\bgh[pousr]_[A-Za-z0-9]{20,}", r"\bxox[abprs]-[A-Za-z0-9-]{10,}",
     r"-----BEGIN [A-Z ]*PRIVATE KEY-----", r"\beyJ[\w-]{8,}\.[\w-]{8,}\.",
@@ -87,7 +87,9 @@ class HoleDiscovery(_Strict):
     poll_seconds: float = Field(default=5.0, gt=0)
     max_pending_seconds: float = Field(default=30.0, gt=0)
     notice_seconds: int = Field(default=60, ge=0)
-    max_pilots: int = Field(default=64, ge=1)
+    max_pilots: int = Field(default=64, ge=1, description="nodes held at most")
+    max_jobs: int | None = Field(default=None, ge=1, description="the facility's cap on your queued jobs, where "
+                                 "the scheduler does not say (sacctmgr / qstat -Q); holes then share pilots")
 
 
 class ObjectiveSpec(_Strict):
@@ -322,7 +324,8 @@ def build_config(site: Site, *, endpoint: Callable[[str], Any] = _sdk_executor):
     w, h = site.pilot_walltime, site.holes
     common = dict(walltime_min_min=w.min_minutes, walltime_max_min=w.max_minutes, notice_s=h.notice_seconds,
                   max_pending_s=h.max_pending_seconds, worker_init=site.worker_init,
-                  poll_s=max(1, round(h.poll_seconds)), scheduler_options=list(site.scheduler_options))
+                  poll_s=max(1, round(h.poll_seconds)), scheduler_options=list(site.scheduler_options),
+                  max_jobs=h.max_jobs)
     if site.scheduler == "slurm":
         from .execution.slurm import SlurmPilotProvider
 

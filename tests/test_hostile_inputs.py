@@ -298,3 +298,319 @@ def test_orchestrator_given_a_damaged_newest_checkpoint_finishes_from_the_previo
     # the database stores the path relative to the state directory
     assert orch.db.job("img").checkpoint == "jobs/img/ckpt-000000008.h5"
     orch.close()
+
+
+# --- the state directory -----------------------------------------------------------------------------
+def test_a_second_orchestrator_on_a_state_directory_is_refused(tmp_path, monkeypatch):
+    from parsl_bft.execution.orchestrator import StateLocked
+    first = inline_orchestrator(tmp_path / "s", monkeypatch)
+    with pytest.raises(StateLocked, match="in use by another orchestrator .*pid"):
+        inline_orchestrator(tmp_path / "s", monkeypatch)
+    first.close()
+    inline_orchestrator(tmp_path / "s", monkeypatch).close()       # free again once the first is gone
+    assert stat.S_IMODE(os.stat(tmp_path / "s").st_mode) == 0o700
+    assert stat.S_IMODE(os.stat(tmp_path / "s" / "state.sqlite").st_mode) == 0o600
+
+
+@pytest.mark.parametrize("name", ["../../x", "/etc", "..", ".", "./a", "x/../a", "a/b", "a\nb", "a\x00", "", " a",
+                                  "-rf", "a" * 200, "ä"])
+def test_job_names_that_would_escape_or_alias_a_directory_are_refused(name):
+    from parsl_bft.execution.orchestrator import TrainingJob
+    with pytest.raises(ValueError, match="job name"):
+        TrainingJob(name)
+
+
+def test_a_tampered_job_row_is_refused_on_restart(tmp_path, monkeypatch):
+    from parsl_bft.execution.jobstore import JobStore, StateError
+    db = JobStore(tmp_path / "s" / "state.sqlite")
+    db.add("../../x", {"name": "../../x"})
+    db.close()
+    with pytest.raises(StateError, match="damaged .*job name"):
+        inline_orchestrator(tmp_path / "s", monkeypatch)
+
+
+def test_a_moved_state_directory_still_finds_its_checkpoints(tmp_path, monkeypatch):
+    from parsl_bft.execution.orchestrator import TrainingJob
+    orch = inline_orchestrator(tmp_path / "a", monkeypatch)
+    job = TrainingJob("img", **{**IMG_JOB, "samples": 64})
+    fut = orch.submit(job)
+    orch.run(timeout_s=120)
+    assert Path(fut.result(timeout=0)).parent == tmp_path / "a" / "jobs" / "img"
+    orch.close()
+    (tmp_path / "a").rename(tmp_path / "b")
+    again = inline_orchestrator(tmp_path / "b", monkeypatch)
+    moved = Path(again.submit(job).result(timeout=0))
+    assert moved.parent == tmp_path / "b" / "jobs" / "img" and load_checkpoint(moved).samples_done == 64
+    again.close()
+
+
+def test_loopback_rendezvous_store_listens_on_loopback_only():
+    from parsl_bft.train.launcher import serve_store
+    store = serve_store()
+    listening = [line.split() for line in Path("/proc/net/tcp").read_text().splitlines()[1:]]
+    mine = [f[1] for f in listening if f[3] == "0A" and int(f[1].split(":")[1], 16) == store.port]
+    assert mine == [f"0100007F:{store.port:04X}"]
+    del store
+
+
+# --- site files --------------------------------------------------------------------------------------
+SLURM_SITE = "name: s\nscheduler: slurm\npartition: backfill\nnode: {cores: 4}\n"
+
+
+@pytest.mark.parametrize("field,value", [
+    ("partition", "backfill\\n#SBATCH --uid=0"), ("account", "proj; rm -rf ~"), ("preemptable_qos", "a b"),
+    ("interchange_address", "host\\tx"), ("name", "../x"), ("checkpoint_dir", "/a\\x07b"),
+    ("scheduler_options", ["--exclusive\\necho owned"]), ("worker_init", "module load x\\x1b[2J")])
+def test_site_values_cannot_add_lines_to_a_batch_script(tmp_path, field, value):
+    from parsl_bft.sites import SiteError, load_site
+    doc = SLURM_SITE.replace("partition: backfill\n", "") if field == "partition" else SLURM_SITE
+    doc = doc.replace("name: s\n", "") if field == "name" else doc
+    f = tmp_path / "s.yaml"
+    f.write_text(doc + f"{field}: {json.dumps(value).replace(chr(92) + chr(92), chr(92))}\n")
+    with pytest.raises(SiteError, match=f"field '{field}"):
+        load_site(f)
+
+
+SECRETS = ["AWS_SECRET_ACCESS_KEY=abcd1234", "--password hunter2", "Authorization: Bearer abcdef123456",
+           "curl -H 'authorization: token xyz'", "--token=abc", "GITHUB_TOKEN: x", "ghp_" + "a" * 36,
+           "AKIA" + "B" * 16, "https://user:pass@example.org/x", "export API_KEY=1"]
+
+
+@pytest.mark.parametrize("secret", SECRETS)
+@pytest.mark.parametrize("where", ["worker_init", "scheduler_options", "account"])
+def test_secrets_are_refused_in_every_string_field_and_list_item_and_never_printed(tmp_path, where, secret):
+    f = tmp_path / "s.yaml"
+    value = [f"--comment={secret}"] if where == "scheduler_options" else secret
+    f.write_text(SLURM_SITE + f"{where}: {json.dumps(value)}\n")
+    rc, out, err = run_cli(["sites", "show", str(f)])
+    assert rc == 2 and out == ""
+    assert "looks like a secret" in err or where == "account"      # an account must be a token anyway
+    for piece in ("abcd1234", "hunter2", "abcdef123456", "xyz", "a" * 36, "B" * 16, "pass@"):
+        if piece in secret:
+            assert piece not in err
+
+
+def test_pilot_scripts_are_private_and_quote_paths(tmp_path):
+    sys.path.insert(0, str(HERE))
+    from test_pbs import canned
+
+    from parsl_bft.execution.pbs import PBSCommands, PBSPilotProvider
+    d = tmp_path / "dir with space"
+    prov = PBSPilotProvider("preemptable", commands=PBSCommands(canned([])), script_dir=str(d))
+    prov.submit("process_worker_pool.py", 1, "pilot")
+    script = next(d.glob("pilot.*.sh"))
+    assert stat.S_IMODE(script.stat().st_mode) == 0o700 and stat.S_IMODE(d.stat().st_mode) == 0o700
+    text = script.read_text()
+    assert f'#PBS -o "{d}/"' in text and f"BFT_MARK='{d}'/" in text
+
+
+# --- the CLI: one line, exit code 2, no traceback --------------------------------------------------
+def run_cli(argv: list[str]) -> tuple[int, str, str]:
+    import warnings
+
+    from parsl_bft.cli import main
+    out, err = io.StringIO(), io.StringIO()
+    with warnings.catch_warnings(), redirect_stdout(out), redirect_stderr(err):
+        rc = main(argv)
+    return rc, out.getvalue(), err.getvalue()
+
+
+def _row(j, sub, wait, run, n):
+    return f"{j} {sub} {wait} {run} {n} -1 -1 {n} 3600 -1 1 1 1 -1 1 -1 -1 -1\n"
+
+
+@pytest.fixture(scope="module")
+def bad(tmp_path_factory):
+    import gzip
+    d = tmp_path_factory.mktemp("bad")
+    hdr = "; MaxNodes: 4\n; MaxProcs: 4\n"
+    (d / "nan.swf").write_text(hdr + _row(1, 0, 0, 100, 2) + _row(2, 10, 5, "nan", 2) + _row(3, 20, 0, 100, 2))
+    (d / "inf.swf").write_text(hdr + _row(1, 0, 0, 100, 2) + _row(2, 10, 5, "1e400", 2))
+    (d / "maxnodes.swf").write_text("; MaxNodes: 1000000000\n" + _row(1, 0, 0, 100, 2) + _row(2, 10, 5, 100, 2))
+    (d / "hugejob.swf").write_text(_row(1, 0, 0, 100, 2) + _row(2, 10, 5, 100, 1_000_000_000))
+    (d / "nowait.swf").write_text(hdr + _row(1, 0, 0, 100, 2) + _row(2, 10, 0, 100, 2) + _row(3, 200, 0, 100, 1))
+    (d / "infend.csv").write_text("node,idle_start,idle_end\na,0,10\nb,5,inf\n")
+    (d / "zero.csv").write_text("node,idle_start,idle_end\na,10,10\nb,5,5\n")
+    (d / "badutf.csv").write_bytes(b"node,idle_start,idle_end\n\xff\xfe,0,10\n")
+    gz = gzip.compress(b"node,idle_start,idle_end\na,0,10\nb,5,20\n" * 50)
+    (d / "trunc.csv.gz").write_bytes(gz[: len(gz) // 2])
+    broken = bytearray(gz)
+    broken[20] ^= 0xFF
+    broken[25] ^= 0xFF
+    (d / "corrupt.csv.gz").write_bytes(bytes(broken))
+    (d / "notgz.csv.gz").write_bytes(b"node,idle_start,idle_end\na,0,10\n")
+    (d / "dir.swf").mkdir()
+    (d / "deep.yaml").write_text("jobs: " + "[" * 100_000 + "]" * 100_000 + "\n")
+    job = "{name: a, model: m, min_nodes: 1, max_nodes: %s, t_up: 1, t_down: 1, samples: 10}"
+    (d / "tinyrate.yaml").write_text(f"jobs:\n  - {job % 2}\nscaling:\n  m: {{1: 1e-300, 2: 2e-300}}\n")
+    (d / "hugenodes.yaml").write_text(f"jobs:\n  - {job % '1e12'}\nscaling:\n  m: {{1: 10}}\n")
+    (d / "notlist.yaml").write_text("jobs: 5\n")
+    (d / "scalingnotmap.yaml").write_text(f"jobs:\n  - {job % 2}\nscaling: [1, 2]\n")
+    (d / "nan.jobs.csv").write_text("name,model,min_nodes,max_nodes,t_up,t_down,samples,submit\na,m,1,2,nan,1,10,0\n")
+    (d / "nan.scaling.csv").write_text("model,nodes,samples_per_sec\nm,1,10\n")
+    (d / "ok.jobs.csv").write_text("name,model,min_nodes,max_nodes,t_up,t_down,samples,submit\na,m,1,2,1,1,10,0\n")
+    (d / "ok.scaling.csv").write_text("model,nodes,samples_per_sec\nm,1,10\nm,2,19\n")
+    for s in ("corrupt", "empty", "nojobs"):
+        (d / f"state_{s}").mkdir()
+    (d / "state_corrupt" / "state.sqlite").write_bytes(b"garbage" * 100)
+    (d / "state_empty" / "state.sqlite").write_bytes(b"")
+    (d / "newline.yaml").write_text(SLURM_SITE.replace("backfill", '"backfill\\n#SBATCH --uid=0"'))
+    return d
+
+
+OK_CSV = str(HERE / "data" / "summit_idle_head.csv")
+CLI_CASES = {     # name: (argv with {d} for the folder of bad files, what the one line must say)
+    "swf NaN run time": (["idle", "{d}/nan.swf"], "nan.swf:4: field '4 (run time)' not a finite number"),
+    "swf NaN, easy replay": (["idle", "{d}/nan.swf", "--schedule", "easy"], "nan.swf:4: field '4 (run time)'"),
+    "swf overflowing run time": (["idle", "{d}/inf.swf"], "inf.swf:4: field '4 (run time)'"),
+    "swf MaxNodes 1e9": (["idle", "{d}/maxnodes.swf"], "maxnodes.swf:1: field 'MaxNodes' 1,000,000,000 nodes"),
+    "swf a 1e9-node job": (["idle", "{d}/hugejob.swf"], "hugejob.swf:2: field '5 (allocated processors)'"),
+    "intervals ending at inf": (["idle", "{d}/infend.csv"], "infend.csv:3: field 'idle_end' not a finite time"),
+    "zero-length intervals only": (["idle", "{d}/zero.csv"], "zero.csv: field 'idle_end' every interval has zero"),
+    "not UTF-8": (["idle", "{d}/badutf.csv"], "badutf.csv:1: not UTF-8 text"),
+    "truncated gz": (["idle", "{d}/trunc.csv.gz"], "trunc.csv.gz:2: damaged gzip data"),
+    "corrupt gz": (["idle", "{d}/corrupt.csv.gz"], "corrupt.csv.gz:1: damaged gzip data"),
+    "not gzip at all": (["idle", "{d}/notgz.csv.gz"], "notgz.csv.gz:1: damaged gzip data"),
+    "a directory as the source": (["idle", "{d}/dir.swf"], "dir.swf: is a directory"),
+    "/dev/zero as the source": (["idle", "/dev/zero"], "/dev/zero: not a regular file"),
+    "missing source": (["idle", "{d}/nope.csv"], "nope.csv: no such file"),
+    "idle --json into a missing folder": (["idle", OK_CSV, "--json", "{d}/no/x.json"], "--json: no such directory"),
+    "idle --plot into a missing folder": (["idle", OK_CSV, "--plot", "{d}/no/x.png"], "--plot: no such directory"),
+    "simulate --tfwd nan": (["simulate", "--idle-intervals", OK_CSV, "--jobs", "{d}/ok.jobs.csv", "--tfwd", "nan"],
+                            "t_fwd must be a finite number > 0"),
+    "simulate --json into a missing folder": (["simulate", "--idle-intervals", OK_CSV, "--jobs", "{d}/ok.jobs.csv",
+                                               "--json", "{d}/no/x.json"], "--json: no such directory"),
+    "simulate on a /dev/zero log": (["simulate", "--swf", "/dev/zero", "--jobs", "{d}/ok.jobs.csv"],
+                                    "/dev/zero: not a regular file"),
+    "YAML nested 100k deep": (["jobs", "{d}/deep.yaml"], "deep.yaml: not valid YAML: nested too deeply"),
+    "scaling rate 1e-300": (["jobs", "{d}/tinyrate.yaml"], "field 'scaling.m'"),
+    "a 1e12-node job": (["jobs", "{d}/hugenodes.yaml"], "hugenodes.yaml:1: field 'max_nodes'"),
+    "jobs not a list": (["jobs", "{d}/notlist.yaml"], "notlist.yaml: field 'jobs'"),
+    "scaling not a mapping": (["jobs", "{d}/scalingnotmap.yaml"], "scalingnotmap.yaml: field 'scaling'"),
+    "NaN in a jobs CSV": (["jobs", "{d}/nan.jobs.csv"], "nan.jobs.csv:2: field 't_up' not a finite number"),
+    "corrupt state database": (["status", "{d}/state_corrupt"], "is damaged or not an orchestrator's"),
+    "0-byte state database": (["status", "{d}/state_empty"], "move state.sqlite aside"),
+    "no state database": (["status", "{d}/state_nojobs"], "no orchestrator state"),
+    "newline in a partition": (["sites", "show", "{d}/newline.yaml"], "field 'partition': must be one token"),
+    "a directory as a site file": (["sites", "show", "{d}/dir.swf"], "dir.swf: is a directory"),
+    "demo --speedup nan": (["demo", "--speedup", "nan"], "--speedup must be a finite number"),
+    "profile --ranks x": (["profile", "images", "--ranks", "1,x"], "--ranks '1,x'"),
+}
+
+
+@pytest.mark.parametrize("case", list(CLI_CASES))
+def test_every_command_given_bad_input_exits_2_with_one_line_and_no_traceback(bad, case):
+    argv, expect = CLI_CASES[case]
+    rc, out, err = run_cli([a.replace("{d}", str(bad)) for a in argv])
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert rc == 2, (rc, err)
+    assert len(lines) == 1 and lines[0].startswith(f"parsl-bft {argv[0]}: error: "), err
+    assert expect in lines[0] and "Traceback" not in err
+
+
+def test_status_reads_only(bad):
+    before = (bad / "state_empty" / "state.sqlite").stat()
+    run_cli(["status", str(bad / "state_empty")])
+    assert (bad / "state_empty" / "state.sqlite").stat().st_size == before.st_size == 0
+    assert sorted(p.name for p in (bad / "state_empty").iterdir()) == ["state.sqlite"]
+
+
+def test_debug_shows_the_traceback(bad):
+    from parsl_bft.errors import InputError
+    with pytest.raises(InputError):
+        run_cli(["--debug", "idle", str(bad / "zero.csv")])
+    with pytest.raises(InputError):
+        run_cli(["idle", "--debug", str(bad / "zero.csv")])
+
+
+def test_a_log_in_which_no_job_waits_is_fine(bad):
+    rc, out, err = run_cli(["idle", str(bad / "nowait.swf")])
+    assert rc == 0 and "idle fraction" in out
+
+
+# --- property-based: whatever the lines, a result or an InputError -----------------------------------
+_FIELD = st.one_of(st.integers(-5, 10**6).map(str), st.sampled_from(["nan", "inf", "-inf", "1e400", "-1", "1e13",
+                                                                      "x", "0x1f", "", "1.5", "1e9"]))
+
+
+@settings(FAST, max_examples=120)
+@given(rows=st.lists(st.lists(_FIELD, min_size=16, max_size=19), min_size=1, max_size=6),
+       header=st.sampled_from(["", "; MaxNodes: 8\n; MaxProcs: 8\n", "; MaxNodes: 1e9\n", "; MaxNodes: nan\n",
+                               "; MaxNodes: 4\n; MaxProcs: 2\n"]),
+       schedule=st.sampled_from(["recorded", "easy"]))
+def test_swf_lines_give_a_trace_or_an_input_error(tmp_path, rows, header, schedule):
+    from parsl_bft.idle.sources import load_source
+    from parsl_bft.idle.stats import idle_stats
+    f = tmp_path / "h.swf"
+    f.write_text(header + "".join(" ".join(r or ["1"]) + "\n" for r in rows))
+    try:
+        src = load_source(f, schedule=schedule, lenient=False)
+        idle_stats(src.intervals, src.intervals, src.schedule)
+    except ParslBftError:
+        pass
+
+
+_TIME = st.one_of(st.integers(-10, 10**6).map(str), st.sampled_from(["nan", "inf", "1e13", "", "x", "3.5"]))
+
+
+@settings(FAST, max_examples=120)
+@given(rows=st.lists(st.tuples(st.sampled_from(["a", "b", "", "c d"]), _TIME, _TIME), min_size=1, max_size=8),
+       lenient=st.booleans())
+def test_interval_csv_rows_give_intervals_or_an_input_error(tmp_path, rows, lenient):
+    import warnings
+
+    from parsl_bft.idle.intervals import read_idle_intervals
+    from parsl_bft.idle.sources import mask_outages
+    from parsl_bft.idle.stats import idle_stats
+    f = tmp_path / "i.csv"
+    f.write_text("node,idle_start,idle_end\n" + "".join(",".join(r) + "\n" for r in rows))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            iv = read_idle_intervals(f, lenient=lenient)
+        except ParslBftError:
+            return
+    st_ = idle_stats(iv, mask_outages(iv))
+    assert all(np.isfinite(v) for v in (st_.idle_fraction, st_.idle_fraction_raw, st_.span_s))
+
+
+_SCALAR = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(), st.text(max_size=8))
+_YAML = st.recursive(_SCALAR,
+                     lambda c: st.one_of(st.lists(c, max_size=3), st.dictionaries(st.text(max_size=6), c, max_size=3)),
+                     max_leaves=12)
+_JOB_KEYS = ["name", "model", "min_nodes", "max_nodes", "t_up", "t_down", "samples", "weight", "deadline"]
+
+
+@settings(FAST, max_examples=120)
+@given(doc=st.one_of(_YAML, st.fixed_dictionaries({
+    "jobs": st.one_of(_YAML, st.lists(st.dictionaries(st.sampled_from(_JOB_KEYS), _YAML, max_size=9), max_size=3)),
+    "scaling": st.one_of(_YAML, st.dictionaries(st.text(max_size=3), st.dictionaries(_SCALAR, _YAML, max_size=3),
+                                                max_size=2))})))
+def test_yaml_job_sets_of_any_shape_give_a_job_set_or_an_input_error(tmp_path, doc):
+    import yaml
+
+    from parsl_bft.jobs import read_jobset_yaml
+    f = tmp_path / "j.yaml"
+    f.write_text(yaml.safe_dump(doc))
+    try:
+        read_jobset_yaml(f)
+    except ParslBftError:
+        pass
+
+
+_SITE_KEYS = ["name", "scheduler", "partition", "queue", "account", "preemptable_qos", "node", "worker_init",
+              "scheduler_options", "interchange_address", "checkpoint_dir", "holes", "objective", "unverified"]
+
+
+@settings(FAST, max_examples=80)
+@given(doc=st.dictionaries(st.sampled_from(_SITE_KEYS), _YAML, max_size=8))
+def test_site_files_of_any_shape_give_a_site_or_a_site_error(tmp_path, doc):
+    import yaml
+
+    from parsl_bft.sites import SiteError, load_site
+    f = tmp_path / "s.yaml"
+    f.write_text(yaml.safe_dump({"name": "s", "scheduler": "slurm", "partition": "p", "node": {"cores": 1}, **doc}))
+    try:
+        load_site(f)
+    except SiteError:
+        pass
