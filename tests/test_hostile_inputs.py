@@ -513,6 +513,15 @@ def test_status_reads_only(bad):
     run_cli(["status", str(bad / "state_empty")])
     assert (bad / "state_empty" / "state.sqlite").stat().st_size == before.st_size == 0
     assert sorted(p.name for p in (bad / "state_empty").iterdir()) == ["state.sqlite"]
+    from parsl_bft.execution.jobstore import JobStore
+    db = JobStore(bad / "state_ok" / "state.sqlite")
+    db.add("a", {"name": "a", "samples": 10})
+    db.close()
+    before = (bad / "state_ok" / "state.sqlite").read_bytes()
+    rc, out, err = run_cli(["status", str(bad / "state_ok")])
+    assert rc == 0 and "waiting" in out
+    assert (bad / "state_ok" / "state.sqlite").read_bytes() == before
+    assert sorted(p.name for p in (bad / "state_ok").iterdir()) == ["state.sqlite"]
 
 
 def test_debug_shows_the_traceback(bad):

@@ -58,13 +58,17 @@ class JobStore:
         self.path = Path(path)
         try:
             if readonly:
-                self.db = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, isolation_level=None, timeout=30)
+                # no -shm beside it: no orchestrator has it open; immutable then creates no -wal/-shm files either
+                live = self.path.with_name(self.path.name + "-shm").exists()
+                self.db = sqlite3.connect(f"file:{self.path}?mode=ro{'' if live else '&immutable=1'}", uri=True,
+                                          isolation_level=None, timeout=30)
                 self.db.execute("SELECT count(*) FROM jobs").fetchone()
                 return
             self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
             os.close(fd)
-            self.db = sqlite3.connect(self.path, isolation_level=None, timeout=30)
+            # the orchestrator's loop thread and the workflow's thread share it (SQLite is serialized here)
+            self.db = sqlite3.connect(self.path, isolation_level=None, timeout=30, check_same_thread=False)
             self.db.execute("PRAGMA journal_mode=WAL")
             self.db.executescript(SCHEMA)
             self.db.execute("SELECT count(*) FROM jobs").fetchone()
