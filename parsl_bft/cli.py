@@ -136,13 +136,14 @@ def cmd_simulate(args) -> int:
               "objective": args.objective, "tfwd": args.tfwd, "horizon_aware": args.horizon_aware,
               "max_concurrent": args.max_concurrent, "nodes": masked.n_nodes, "window": args.window,
               "duration": args.duration, "masked": not args.no_mask, "topology": args.topology,
-              "placement": args.placement}
+              "placement": args.placement, "predict": args.predict}
     with Progress(TextColumn("replaying"), BarColumn(), TextColumn("{task.percentage:>5.1f}% of trace time"),
                   TimeElapsedColumn(), console=console, transient=True) as bar:
         task = bar.add_task("replay", total=1.0)
         res = simulate(masked, jobset, planner, max_concurrent=args.max_concurrent,
                        duration=parse_duration(args.duration) if args.duration else None,
-                       progress=lambda f: bar.update(task, completed=f), config=config, network=network)
+                       progress=lambda f: bar.update(task, completed=f), config=config, network=network,
+                       predict=args.predict, schedule=src.schedule, ceiling=not args.no_ceiling)
     print_summary(res, console, title=f"{args.planner}/{args.objective} on {src.description}")
     if args.json:
         Path(args.json).write_text(json.dumps(res.as_dict(), indent=1))
@@ -315,7 +316,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--tfwd", type=float, default=10.0, help="planning look-ahead T_fwd in seconds (BFTrainer: 10)")
     s.add_argument("--time-limit", type=float, default=10.0, help="MILP time limit per solve, seconds")
     s.add_argument("--horizon-aware", action="store_true",
-                   help="value nodes over min(T_fwd, their remaining idle time), known from the trace")
+                   help="value nodes by their predicted remaining idle time (see --predict)")
+    s.add_argument("--predict", choices=["history", "easy", "clairvoyant", "none"], default="history",
+                   help="what the planner knows of when idle nodes leave: past hole lengths (default), the EASY "
+                   "reservations from requested walltimes (--swf with --schedule easy), nothing, or the real "
+                   "ends (clairvoyant: an upper bound, not a realistic result)")
+    s.add_argument("--no-ceiling", action="store_true",
+                   help="skip the second replay with free rescales and reclaims (ceiling_e_idle, the limit)")
     s.add_argument("--max-concurrent", type=int, default=10, help="jobs admitted at once (FCFS by submit)")
     s.add_argument("--topology", metavar="SPEC", help="network groups: hostname-rack, hostname:REGEX, or a file "
                    "(topology.conf / scontrol show topology, pbsnodes -a -F json, YAML topology section); the "

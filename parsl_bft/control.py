@@ -77,6 +77,7 @@ class Controller:
     max_concurrent: int = 10
     model_costs: bool = True     # the simulator charges modelled losses; the runtime's losses are real
     pool: dict[str, float] = field(default_factory=dict)        # idle node -> expected end of idleness
+    predictor: object | None = None   # idle.predict: predicted remaining idle time (else the ``until`` given)
     waiting: deque = field(init=False)
     active: dict[str, ActiveJob] = field(default_factory=dict)
     done: list[ActiveJob] = field(default_factory=list)
@@ -89,13 +90,17 @@ class Controller:
         self.waiting = deque(sorted(self.jobs, key=lambda j: (j.submit, j.name)))
 
     # --- events --------------------------------------------------------------------------------------
-    def nodes_joined(self, nodes, until=()) -> None:
+    def nodes_joined(self, nodes, until=(), t: float | None = None) -> None:
         until = list(until) or [math.inf] * len(nodes)
         for n, u in zip(nodes, until):
             self.pool[n] = u
+        if self.predictor is not None:
+            self.predictor.joined(nodes, t, until)
 
-    def nodes_left(self, nodes) -> list[str]:
+    def nodes_left(self, nodes, t: float | None = None) -> list[str]:
         """The facility took ``nodes`` back. Returns the names of jobs that lost nodes (charged t_down)."""
+        if self.predictor is not None:
+            self.predictor.left(nodes, t)
         gone = set(nodes)
         for n in gone:
             self.pool.pop(n, None)
@@ -144,7 +149,10 @@ class Controller:
             return None
         states = [a.state for a in self.active.values()]
         # expected idle time left per node; the planner uses it only if it is horizon-aware
-        remaining = {n: u - t for n, u in self.pool.items() if u < math.inf}
+        if self.predictor is not None:
+            remaining = self.predictor.remaining(t, list(self.pool))
+        else:
+            remaining = {n: u - t for n, u in self.pool.items() if u < math.inf}
         plan = self.planner.plan(states, list(self.pool), now=t, remaining=remaining)
         self.plans += 1
         self.solve_times.append(plan.solve_s)

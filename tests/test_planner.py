@@ -146,19 +146,21 @@ def test_horizon_awareness_avoids_nodes_about_to_leave():
     pool = ["n0", "n1", "n2", "n3"]
     remaining = {"n0": 1e6, "n1": 1e6, "n2": 2, "n3": 2}   # 2 s of extra speed do not pay 5 s of reclaim
     blind = Planner(method="dp", t_fwd=600).plan([job], pool, remaining=remaining)
-    aware = Planner(method="dp", t_fwd=600, horizon_aware=True).plan([job], pool, remaining=remaining)
+    aware = Planner(method="dp", t_fwd=600, horizon_aware=True, horizon_model="cut").plan([job], pool,
+                                                                                       remaining=remaining)
     assert blind.sizes["a"] == 4
     assert aware.sizes["a"] == 2 and set(aware.allocation["a"]) == {"n0", "n1"}
     # nodes staying 40 s are worth it: 40 s of an extra node beats a 5 s reclaim pause at speed 4
     remaining.update(n2=40, n3=40)
-    assert Planner(method="dp", t_fwd=600, horizon_aware=True).plan([job], pool, remaining=remaining).sizes["a"] == 4
+    assert Planner(method="dp", t_fwd=600, horizon_aware=True, horizon_model="cut").plan([job], pool,
+                                                                                      remaining=remaining).sizes["a"] == 4
 
 
 def test_horizon_gain_matches_hand_computation():
     # job holds nodes leaving in 100 s and 10 s; linear speedup; T = 600; t_down = 5
     c = curve("m", 0.0)
     job = JobState(JobSpec("a", "m", 1, 2, 0, 5, 1e9), c, ("x", "y"))
-    p = build_problem([job], 2, Speedup(), 600.0, remaining={"x": 100.0, "y": 10.0})
+    p = build_problem([job], 2, Speedup(), 600.0, remaining={"x": 100.0, "y": 10.0}, horizon_model="cut")
     v = dict(zip(p.allowed[0].tolist(), p.value[0].tolist()))
     # size 2: 10 s on two nodes + 90 s on one = 110; reclaims at sizes 1 and 2 cost 5 * (1 + 2)
     assert v[2] == pytest.approx(110 - 15)

@@ -44,6 +44,15 @@ def easy_schedule(trace: SwfTrace, *, backfill_depth: int | None = 500, progress
     next_arrival = 0
     depth = backfill_depth or n
     shadow, extra = np.inf, 0
+    res_t: list[float] = []                      # the reservation timeline: from res_t[i], the head's planned
+    res_v: list[float] = []                      # start is res_v[i] (inf: no job waits)
+
+    def note(t: float, v: float) -> None:
+        if res_t and res_t[-1] == t:
+            res_v[-1] = v
+        elif not res_v or res_v[-1] != v:
+            res_t.append(t)
+            res_v.append(v)
 
     def launch(j: int, t: float) -> None:
         nonlocal free, m
@@ -107,6 +116,7 @@ def easy_schedule(trace: SwfTrace, *, backfill_depth: int | None = 500, progress
             progress(next_arrival)
             tick = next_arrival + 4096
         if not len(queue):
+            note(t, np.inf)
             continue
         h = 0
         while h < len(queue) and size[queue[h]] <= free:
@@ -116,6 +126,7 @@ def easy_schedule(trace: SwfTrace, *, backfill_depth: int | None = 500, progress
             queue = queue[h:]
             first_new = 0
         if not len(queue):
+            note(t, np.inf)
             continue
         head = int(queue[0])
         full_pass = completed or first_new == 0 or np.isnan(reservation[head])
@@ -132,6 +143,7 @@ def easy_schedule(trace: SwfTrace, *, backfill_depth: int | None = 500, progress
                 shadow, extra = np.inf, 0
             if np.isnan(reservation[head]):
                 reservation[head] = shadow
+            note(t, shadow)
             lo = 1
         else:
             lo = max(1, first_new)
@@ -143,5 +155,7 @@ def easy_schedule(trace: SwfTrace, *, backfill_depth: int | None = 500, progress
             queue = np.delete(queue, started)
     if progress is not None:
         progress(n)
-    return Schedule(cap, trace.submit.copy(), start, start + trace.run, trace.size.copy(), "easy",
-                    trace.cores_per_node, reservation)
+    out = Schedule(cap, trace.submit.copy(), start, start + trace.run, trace.size.copy(), "easy",
+                   trace.cores_per_node, reservation)
+    out.reservation_timeline = (np.array(res_t), np.array(res_v))   # what the scheduler knew, when (predict.py)
+    return out

@@ -17,7 +17,7 @@ METHODS = ("milp", "dp", "greedy", "equal-share", "node-milp")
 
 def build_problem(jobs: list[JobState], pool_size: int, objective: Objective, t_fwd: float, now: float = 0.0,
                   remaining: dict[str, float] | None = None, free_remaining: np.ndarray | None = None,
-                  net_factor=None) -> SizeProblem:
+                  net_factor=None, horizon_model: str = "hazard") -> SizeProblem:
     """Values v[j,k] = gain of running at size k over the horizon - rescale cost(C_j -> k) at the current rate.
 
     Without horizon information the gain is T_fwd * U_j(k) (BFTrainer). With it (``remaining``: expected idle
@@ -25,6 +25,11 @@ def build_problem(jobs: list[JobState], pool_size: int, objective: Objective, t_
     longest-lived nodes (growing: its own plus the longest-lived free ones); with their remaining times
     r_1 >= ... >= r_k cut at T_fwd, it runs at size m while m nodes are left:
     gain = sum_m min(r_m, T) * (U(m) - U(m-1)), and each node leaving before T costs t_down * U(m).
+    That is ``horizon_model="cut"``. The default, ``"hazard"``, values the same nodes by their predicted
+    remaining time r as rates: a node leaving in r seconds costs the job a reclaim pause t_down at its rate once
+    in r seconds, so growing to size k onto new nodes m is worth T_fwd * U(k) * (1 - t_down * sum_m 1 / r_m) -
+    a node about to leave is worth less the bigger the job it would join, and may be worth leaving idle. The
+    job's own nodes carry no such term: their reclaim costs the same pause as giving them up now (sunk).
     ``net_factor(job, sizes)`` (a topology's predicted slowdown per size, ``netcost.size_factors``) scales the
     gain: a size that must spread over contended groups is worth less.
     """
@@ -39,6 +44,8 @@ def build_problem(jobs: list[JobState], pool_size: int, objective: Objective, t_
         u, u_now = u_all[a], float(u_all[j.size])
         if remaining is None:
             gain = t_fwd * u
+        elif horizon_model == "hazard":
+            gain = t_fwd * u * (1.0 - s.t_down * _hazard(j, a, remaining, free_remaining))
         else:
             held = np.sort([remaining.get(n, math.inf) for n in j.nodes])[::-1]
             gain = np.array([_horizon_gain(held, int(k), u_all, free_remaining, t_fwd, s.t_down) for k in a])
@@ -50,6 +57,15 @@ def build_problem(jobs: list[JobState], pool_size: int, objective: Objective, t_
     narrowed = objective.restrict(jobs, allowed, pool_size)
     values = [v[np.isin(a, b)] for v, a, b in zip(values, allowed, narrowed)]
     return SizeProblem([j.name for j in jobs], narrowed, values, pool_size)
+
+
+def _hazard(job: JobState, sizes: np.ndarray, remaining: dict[str, float],
+            free_remaining: np.ndarray | None) -> np.ndarray:
+    """sum of 1/r over the nodes a job growing to each size would take (free ones, longest-lived first)."""
+    free = free_remaining if free_remaining is not None else np.zeros(0)
+    h_free = np.concatenate([[0.0], np.cumsum(1.0 / np.maximum(free, 1e-9))])
+    extra = np.minimum(np.maximum(sizes.astype(np.int64) - job.size, 0), len(free))
+    return h_free[extra]
 
 
 def _horizon_gain(held: np.ndarray, k: int, u: np.ndarray, free_remaining: np.ndarray | None, t_fwd: float,
@@ -79,6 +95,7 @@ class Planner:
     t_fwd: float = 10.0
     time_limit: float = 10.0
     horizon_aware: bool = False
+    horizon_model: str = "hazard"        # how predicted remaining idle time is valued: hazard | cut
     placement: Placement = field(default_factory=Placement)
     network: object | None = None        # a netcost.NetworkCost: values see the groups a size would span
 
@@ -89,6 +106,8 @@ class Planner:
             raise ValueError(f"t_fwd must be a finite number > 0, got {self.t_fwd}")
         if not 0 < self.time_limit < float("inf"):
             raise ValueError(f"time_limit must be a finite number > 0, got {self.time_limit}")
+        if self.horizon_model not in ("hazard", "cut"):
+            raise ValueError(f"unknown horizon_model {self.horizon_model!r}: use hazard or cut")
         self.objective = make_objective(self.objective)
 
     def plan(self, jobs: list[JobState], pool: list[str], now: float = 0.0,
@@ -111,7 +130,8 @@ class Planner:
         if self.network is not None:
             from .netcost import size_factors
             net_factor = size_factors(self.network, jobs, pool)
-        prob = build_problem(jobs, len(pool), self.objective, self.t_fwd, now, rem, free_rem, net_factor)
+        prob = build_problem(jobs, len(pool), self.objective, self.t_fwd, now, rem, free_rem, net_factor,
+                             self.horizon_model)
         notes: list[str] = []
         alloc = None
         if self.method == "milp":

@@ -1,6 +1,7 @@
 """Trace-driven replay: the control loop of the real runtime, with a clock and a rate model for training."""
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -8,6 +9,7 @@ import numpy as np
 
 from ..control import ActiveJob, Controller, Timeline
 from ..idle.intervals import IdleIntervals
+from ..idle.predict import make_predictor
 from ..jobs import JobSet
 
 
@@ -24,7 +26,7 @@ class SimResult:
     timeline: Timeline
     config: dict
     comm_node_s: float = 0.0        # allocated node-seconds weighted by the network's rate factor
-
+    ceiling: dict | None = None     # metrics of the same replay with free rescales and reclaims (the limit)
 
     def metrics(self) -> dict:
         work = sum(a.state.samples_done / a.state.curve.rate(1) for a in self.jobs)
@@ -45,6 +47,8 @@ class SimResult:
             "allocated_node_s": self.allocated_node_s,
             "span_s": self.end - self.start,
             "net_factor": self.comm_node_s / self.allocated_node_s if self.allocated_node_s else 1.0,
+            **({"ceiling_e_idle": self.ceiling["e_idle"], "ceiling_e_used": self.ceiling["e_used"]}
+               if self.ceiling else {}),
         }
 
     def job_rows(self) -> list[dict]:
@@ -73,7 +77,8 @@ class SimResult:
 
 def simulate(intervals: IdleIntervals, jobset: JobSet, planner, *, max_concurrent: int = 10,
              duration: float | None = None, progress=None,
-             config: dict | None = None, network=None) -> SimResult:
+             config: dict | None = None, network=None, predict="history", schedule=None,
+             ceiling: bool = False) -> SimResult:
     """Replay ``intervals`` from their first event, for ``duration`` seconds or to their end.
 
     Jobs are admitted first-come-first-served by submit time (at most ``max_concurrent`` at once); the planner
@@ -81,14 +86,26 @@ def simulate(intervals: IdleIntervals, jobset: JobSet, planner, *, max_concurren
     P_j(n_j) * dt; costs are charged by the shared Controller. ``progress(fraction)`` is called as time advances.
     With ``network`` (a ``NetworkCost``), each job's rate is multiplied by the factor its placement and the
     other jobs' give it (eqs. 6-8 of SJF-BCO at group level), so placement shows in e_idle / e_used.
+    ``predict``: what the planner (horizon-aware values, placement) is told of when idle nodes leave, a name
+    from ``idle.predict.PREDICTORS`` or a predictor: ``history`` (online, past hole lengths only; default),
+    ``easy`` (EASY reservations from requested walltimes; needs ``schedule``, an EASY replay), ``none``, or
+    ``clairvoyant`` (the trace's real ends: an upper bound, not a realistic result).
+    ``ceiling``: also replay with every rescale and reclaim free (same jobs, same admission rule, same planner)
+    and report its e_idle / e_used as ``ceiling_e_idle`` / ``ceiling_e_used`` - no planner can beat them.
     """
+    bound = None
+    if ceiling:
+        free = JobSet([dataclasses.replace(j, t_up=0.0, t_down=0.0) for j in jobset.jobs], jobset.curves)
+        bound = simulate(intervals, free, planner, max_concurrent=max_concurrent, duration=duration,
+                         network=network, predict=predict, schedule=schedule).metrics()
     events = intervals.events()
     first = next(events, None)
     if first is None:
         raise ValueError("no idle capacity in the selected trace (no events)")
     start = first.time
     end = intervals.t1 if duration is None else min(intervals.t1, start + duration)
-    ctl = Controller(jobset.jobs, jobset.curves, planner, max_concurrent=max_concurrent)
+    predictor = make_predictor(predict, schedule) if isinstance(predict, str) else predict
+    ctl = Controller(jobset.jobs, jobset.curves, planner, max_concurrent=max_concurrent, predictor=predictor)
     tl = Timeline()
     t = start
     idle_s = alloc_s = comm_s = 0.0
@@ -102,8 +119,8 @@ def simulate(intervals: IdleIntervals, jobset: JobSet, planner, *, max_concurren
     while t < end:
         # apply everything that happens at t
         if pending is not None and pending.time <= t:
-            ctl.nodes_left(pending.left)
-            ctl.nodes_joined(pending.joined, pending.joined_until)
+            ctl.nodes_left(pending.left, t)
+            ctl.nodes_joined(pending.joined, pending.joined_until, t)
             n_events += 1
             pending = next(events, None)
         for a in [a for a in ctl.active.values() if a.state.remaining <= 1e-9 * a.state.spec.samples]:
@@ -135,4 +152,4 @@ def simulate(intervals: IdleIntervals, jobset: JobSet, planner, *, max_concurren
             progress((t - start) / (end - start) if end > start else 1.0)
     jobs = ctl.done + list(ctl.active.values())
     return SimResult(start, end, idle_s, alloc_s, n_events, ctl.plans, ctl.solve_times, jobs, tl, config or {},
-                     comm_s if network is not None else alloc_s)
+                     comm_s if network is not None else alloc_s, bound)

@@ -19,7 +19,13 @@ def print_summary(res: SimResult, console, title: str = "") -> None:
 
     m = res.metrics()
     t = Table(title=title or "replay", show_header=False)
-    for k, fmt in (("e_idle", "{:.3f}"), ("e_used", "{:.3f}"), ("util", "{:.3f}"), ("samples", "{:,.0f}"),
+    rows = (("e_idle", "{:.3f}"), ("e_used", "{:.3f}"))
+    if "ceiling_e_idle" in m:
+        rows += (("ceiling_e_idle", "{:.3f}  (free rescales and reclaims: the limit)"),
+                 ("ceiling_e_used", "{:.3f}"))
+        m["e_idle / ceiling"] = m["e_idle"] / m["ceiling_e_idle"] if m["ceiling_e_idle"] else 0.0
+        rows += (("e_idle / ceiling", "{:.3f}"),)
+    for k, fmt in rows + (("util", "{:.3f}"), ("samples", "{:,.0f}"),
                    ("rescale_loss", "{:,.0f} samples"), ("reclaim_loss", "{:,.0f} samples"),
                    ("jobs_finished", "{}"), ("events", "{}"), ("plans", "{}"),
                    ("solve_p50_s", "{:.4f} s"), ("solve_p99_s", "{:.4f} s")):

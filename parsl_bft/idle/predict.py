@@ -1,0 +1,144 @@
+"""Predicted ends of idle stretches ("holes"): what a planner can know about when each idle node leaves.
+
+A live Slurm or PBS knows the start times it plans for waiting jobs; an idle-interval log holds no such
+predictions. Predictors here see only the past (plus, for ``EasyReservations``, the scheduler's own plan made
+from requested walltimes), and answer ``remaining(t, since)``: the expected idle time left per node, given when
+each node became idle. ``Clairvoyant`` (the real ends) is an upper bound to report, never a result.
+
+Interface (duck-typed, used by ``control.Controller``):
+  joined(nodes, t, until)   nodes became idle at t (``until``: the trace's real ends, used only by Clairvoyant)
+  left(nodes, t)            nodes were taken back at t (their hole lengths are now known)
+  remaining(t, nodes)       {node: predicted seconds left} for the idle ``nodes`` (omitted = unknown)
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+PREDICTORS = ("history", "easy", "clairvoyant", "none")
+
+
+class NoPrediction:
+    """Horizon-blind: nothing is known."""
+
+    name = "none"
+
+    def joined(self, nodes, t, until=()) -> None:
+        pass
+
+    def left(self, nodes, t) -> None:
+        pass
+
+    def remaining(self, t: float, nodes) -> dict[str, float]:
+        return {}
+
+
+class Clairvoyant(NoPrediction):
+    """The real end of every hole (from the trace). An upper bound: no scheduler knows this."""
+
+    name = "clairvoyant"
+
+    def __init__(self) -> None:
+        self.until: dict[str, float] = {}
+
+    def joined(self, nodes, t, until=()) -> None:
+        for n, u in zip(nodes, list(until) or [math.inf] * len(nodes)):
+            self.until[n] = u
+
+    def left(self, nodes, t) -> None:
+        for n in nodes:
+            self.until.pop(n, None)
+
+    def remaining(self, t, nodes):
+        return {n: self.until[n] - t for n in nodes if self.until.get(n, math.inf) < math.inf}
+
+
+class HoleHistory(NoPrediction):
+    """Online, from the past only: the hole lengths completed so far. A node idle for ``age`` seconds is
+    predicted to stay ``quantile(L - age | L > age)`` more (the conditional residual life of the holes seen;
+    ``q`` = 0.5: the median). With fewer than ``min_samples`` longer holes seen it predicts ``age`` more
+    (a hole that has lasted long tends to last: the Lindy rule), at least ``floor`` seconds."""
+
+    name = "history"
+
+    def __init__(self, q: float = 0.5, min_samples: int = 20, floor: float = 30.0) -> None:
+        self.q, self.min_samples, self.floor = q, min_samples, floor
+        self.since: dict[str, float] = {}
+        self._new: list[float] = []
+        self._sorted = np.zeros(0)
+
+    def joined(self, nodes, t, until=()) -> None:
+        for n in nodes:
+            self.since[n] = t
+
+    def left(self, nodes, t) -> None:
+        for n in nodes:
+            s = self.since.pop(n, None)
+            if s is not None:
+                self._new.append(t - s)
+
+    def lengths(self) -> np.ndarray:
+        if self._new:
+            self._sorted = np.sort(np.concatenate([self._sorted, self._new]))
+            self._new = []
+        return self._sorted
+
+    def predict_ages(self, age: np.ndarray) -> np.ndarray:
+        L = self.lengths()
+        lo = np.searchsorted(L, age, side="right")
+        longer = len(L) - lo
+        idx = np.minimum(lo + (longer * self.q).astype(np.int64), max(len(L) - 1, 0))
+        out = np.where(longer >= self.min_samples, (L[idx] if len(L) else 0.0) - age, age)
+        return np.maximum(out, self.floor)
+
+    def remaining(self, t, nodes):
+        nodes = [n for n in nodes if n in self.since]
+        if not nodes:
+            return {}
+        age = t - np.array([self.since[n] for n in nodes])
+        return dict(zip(nodes, self.predict_ages(age).tolist()))
+
+
+class EasyReservations(HoleHistory):
+    """What an EASY-backfill scheduler knows: when the job at the queue head is planned to start (its
+    reservation, computed from the requested walltimes of the running jobs). ``plan_times``/``plan_ends``: at
+    time plan_times[i] the scheduler's reservation became plan_ends[i] (inf: none). Every idle node is
+    predicted to be wanted at the current reservation (the scheduler may pick it for the head job); a node
+    the reservation does not bound falls back to the hole history (backfilled jobs are not known ahead)."""
+
+    name = "easy"
+
+    def __init__(self, plan_times: np.ndarray, plan_ends: np.ndarray, **kw) -> None:
+        super().__init__(**kw)
+        self.plan_times = np.asarray(plan_times, dtype=float)
+        self.plan_ends = np.asarray(plan_ends, dtype=float)
+
+    def reservation(self, t: float) -> float:
+        i = int(np.searchsorted(self.plan_times, t, side="right")) - 1
+        return float(self.plan_ends[i]) if i >= 0 else math.inf
+
+    def remaining(self, t, nodes):
+        out = super().remaining(t, nodes)
+        r = self.reservation(t)
+        if r < math.inf:
+            left = max(r - t, 1.0)
+            out = {n: min(v, left) for n, v in out.items()}
+        return out
+
+
+def make_predictor(kind: str, schedule=None):
+    """``kind``: history | easy (needs an EASY ``schedule`` with a reservation timeline) | clairvoyant | none."""
+    if kind == "none":
+        return NoPrediction()
+    if kind == "clairvoyant":
+        return Clairvoyant()
+    if kind == "history":
+        return HoleHistory()
+    if kind == "easy":
+        tl = getattr(schedule, "reservation_timeline", None)
+        if tl is None:
+            raise ValueError("--predict easy needs an SWF log replayed with --schedule easy (the reservations "
+                             "come from that replay); for idle-interval logs use --predict history")
+        return EasyReservations(*tl)
+    raise ValueError(f"unknown predictor {kind!r}; choose from {', '.join(PREDICTORS)}")
