@@ -84,6 +84,26 @@ def open_text(path: str | Path) -> _Guarded:
         raise InputError(str(p), 0, None, f"cannot read: {e.strerror or e}") from None
 
 
+class csv_reader:
+    """csv.reader whose own errors (a field over the size limit, a bad quote) name the file and line."""
+
+    def __init__(self, fh, path: str | Path):
+        self._r, self.path = csv.reader(fh), str(path)
+
+    @property
+    def line_num(self) -> int:
+        return self._r.line_num
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> list[str]:
+        try:
+            return next(self._r)
+        except csv.Error as e:
+            raise InputError(self.path, self._r.line_num, None, f"not valid CSV: {e}") from None
+
+
 def read_small_text(path: str | Path, limit: int = MAX_TEXT_BYTES) -> str:
     """The whole text of a small input file (YAML): a regular file, at most ``limit`` bytes, UTF-8."""
     p = check_input_file(path)
@@ -117,7 +137,7 @@ def read_rows(path: str | Path, required: list[str], bad: BadRows) -> Iterator[t
 
     Rows with the wrong number of fields go to ``bad`` (raise, or count in lenient mode)."""
     with open_text(path) as fh:
-        reader = csv.reader(fh)
+        reader = csv_reader(fh, path)
         try:
             header = [h.strip() for h in next(reader)]
         except StopIteration:

@@ -320,6 +320,15 @@ def test_job_names_that_would_escape_or_alias_a_directory_are_refused(name):
         TrainingJob(name)
 
 
+def test_global_batch_below_max_nodes_is_refused_at_submit(tmp_path, monkeypatch):
+    from parsl_bft.execution.orchestrator import TrainingJob
+    orch = inline_orchestrator(tmp_path / "s", monkeypatch)
+    with pytest.raises(ValueError, match="global_batch 2 < max_nodes 4"):
+        orch.submit(TrainingJob("small", global_batch=2, max_nodes=4))
+    assert not orch.db.jobs()
+    orch.close()
+
+
 def test_a_tampered_job_row_is_refused_on_restart(tmp_path, monkeypatch):
     from parsl_bft.execution.jobstore import JobStore, StateError
     db = JobStore(tmp_path / "s" / "state.sqlite")
@@ -440,6 +449,7 @@ def bad(tmp_path_factory):
     (d / "corrupt.csv.gz").write_bytes(bytes(broken))
     (d / "notgz.csv.gz").write_bytes(b"node,idle_start,idle_end\na,0,10\n")
     (d / "dir.swf").mkdir()
+    (d / "bigfield.csv").write_text('node,idle_start,idle_end\n"' + "x" * 200_000 + '",0,10\n')
     (d / "deep.yaml").write_text("jobs: " + "[" * 100_000 + "]" * 100_000 + "\n")
     job = "{name: a, model: m, min_nodes: 1, max_nodes: %s, t_up: 1, t_down: 1, samples: 10}"
     (d / "tinyrate.yaml").write_text(f"jobs:\n  - {job % 2}\nscaling:\n  m: {{1: 1e-300, 2: 2e-300}}\n")
@@ -471,6 +481,7 @@ CLI_CASES = {     # name: (argv with {d} for the folder of bad files, what the o
     "truncated gz": (["idle", "{d}/trunc.csv.gz"], "trunc.csv.gz:2: damaged gzip data"),
     "corrupt gz": (["idle", "{d}/corrupt.csv.gz"], "corrupt.csv.gz:1: damaged gzip data"),
     "not gzip at all": (["idle", "{d}/notgz.csv.gz"], "notgz.csv.gz:1: damaged gzip data"),
+    "a CSV field over the size limit": (["idle", "{d}/bigfield.csv"], "bigfield.csv:2: not valid CSV"),
     "a directory as the source": (["idle", "{d}/dir.swf"], "dir.swf: is a directory"),
     "/dev/zero as the source": (["idle", "/dev/zero"], "/dev/zero: not a regular file"),
     "missing source": (["idle", "{d}/nope.csv"], "nope.csv: no such file"),

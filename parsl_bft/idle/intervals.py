@@ -12,7 +12,7 @@ from typing import Iterator
 
 import numpy as np
 
-from ..csvio import open_text
+from ..csvio import csv_reader, open_text
 from ..errors import BadRows, InputError
 
 INTERVAL_COLUMNS = ["node", "idle_start", "idle_end"]
@@ -167,7 +167,7 @@ def read_idle_intervals(path: str | Path, *, lenient: bool = False) -> IdleInter
     starts: list[float] = []
     ends: list[float] = []
     with open_text(path) as fh:
-        reader = csv.reader(fh)
+        reader = csv_reader(fh, path)
         try:
             header = [h.strip() for h in next(reader)]
         except StopIteration:
