@@ -133,3 +133,32 @@ def test_controller_books_follow_where_the_executor_put_ranks():
     ctl.bind("a", free, confirmed={b_node})     # its second rank on the free node: b keeps its nodes
     assert set(a.nodes) == {b_node, free} and b.size == 2 and free not in b.nodes
     assert ctl.nodes_left([b_node]) == ["a"]    # a reclaim now hits the job that really runs there
+
+
+def test_dp_and_milp_follow_the_same_trajectory_over_a_replay():
+    """Exact ties (every job's U(1) is 1 under speedup) are broken the same way by both exact solvers, and the
+    MILP is solved to a zero gap: the two replays make the same plan at every event."""
+    import numpy as np
+
+    rng = np.random.default_rng(7)
+    n = 9
+    starts = rng.integers(0, 2000, 40).astype(float)
+    iv = IdleIntervals.build([f"n{i}" for i in range(n)], rng.integers(0, n, 40), starts,
+                             starts + rng.integers(30, 900, 40), 0, 3000)
+    js = JobSet([JobSpec(f"j{i}", "lin", 1, 4, 10.0, 5.0, 3e5, 10.0 * i) for i in range(6)], {"lin": LINEAR})
+    trajectories = {}
+    for method in ("dp", "milp"):
+        planner = Planner(method=method)
+        seen = []
+        plan = planner.plan
+
+        def spy(jobs, pool, now=0.0, remaining=None, plan=plan, seen=seen):
+            p = plan(jobs, pool, now, remaining)
+            seen.append((now, tuple(sorted(p.sizes.items()))))
+            return p
+
+        planner.plan = spy
+        simulate(iv, js, planner)
+        trajectories[method] = seen
+    assert len(trajectories["dp"]) > 20
+    assert trajectories["dp"] == trajectories["milp"]

@@ -134,15 +134,16 @@ class Planner:
                              self.horizon_model)
         notes: list[str] = []
         alloc = None
+        exact = prob.tie_broken()         # the MILP and the DP break exact ties the same way
         if self.method == "milp":
             try:
-                sizes, status = solve_milp(prob, self.solver, self.time_limit)
+                sizes, status = solve_milp(exact, self.solver, self.time_limit)
             except RuntimeError as e:
                 notes.append(f"{e}; fell back to the exact DP")
-                sizes, _ = solve_dp(prob)
+                sizes, _ = solve_dp(exact)
                 status = "fallback-dp"
         elif self.method == "dp":
-            sizes, status = solve_dp(prob)
+            sizes, status = solve_dp(exact)
         elif self.method == "greedy":
             sizes, status = solve_greedy(prob)
         elif self.method == "equal-share":

@@ -50,9 +50,9 @@ def solve_milp(p: SizeProblem, solver: str = "highs", time_limit: float = 10.0) 
     prob += pulp.LpAffineExpression(cap_terms) <= p.capacity, "capacity"
     prob.setObjective(pulp.LpAffineExpression(obj))
     if solver == "highs":
-        s = pulp.HiGHS(msg=False, timeLimit=time_limit)
+        s = pulp.HiGHS(msg=False, timeLimit=time_limit, gapRel=0.0, gapAbs=1e-8)   # exact, like the DP
     elif solver == "cbc":
-        s = pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit)
+        s = pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit, gapRel=0.0, gapAbs=1e-8)
     else:
         raise ValueError(f"unknown MILP solver {solver!r}: use highs or cbc")
     prob.solve(s)
