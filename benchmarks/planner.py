@@ -1,6 +1,8 @@
 """Planner solve times and objectives: size-choice MILP (HiGHS, CBC), exact DP, BFTrainer's node-level MILP.
 
 Same 20 random instances per size for every method: jobs from the ImageNet mix, random current allocations.
+dp-reference is the first DP (solvers.solve_dp_reference), timed in the same invocation: the dp/dp-reference
+ratios compare the two on the same machine and instances. CBC is skipped at 256 x 10,624 (minutes per solve).
 Prints a table, then (LAST line) one JSON object {"results": [...]}.
 Usage: python benchmarks/planner.py [--instances 20] [--data ../shared/data]
 """
@@ -14,12 +16,15 @@ from pathlib import Path
 
 import numpy as np
 
+import parsl_bft.planner.planner as planner_module
 from parsl_bft.jobs import load_jobset
 from parsl_bft.planner import JobState, Planner
+from parsl_bft.planner.solvers import solve_dp, solve_dp_reference
 
-SIZES = [(10, 64), (20, 100), (64, 1000), (64, 4734)]
+SIZES = [(10, 64), (20, 100), (64, 1000), (64, 4734), (256, 10624)]
 METHODS = {"milp-highs": dict(method="milp", solver="highs"), "milp-cbc": dict(method="milp", solver="cbc"),
-           "dp": dict(method="dp"), "node-milp-cbc": dict(method="node-milp", solver="cbc")}
+           "dp": dict(method="dp"), "dp-reference": dict(method="dp"),
+           "node-milp-cbc": dict(method="node-milp", solver="cbc")}
 NODE_MILP_LIMIT_S = 60.0
 
 
@@ -56,6 +61,10 @@ def main() -> None:
                 print(f"{J:>4} {N:>5} {name:14} skipped: {J * N:,} x-binaries (too big to finish in "
                       f"{NODE_MILP_LIMIT_S:.0f} s)")
                 continue
+            if name == "milp-cbc" and J * N > 64 * 4734:
+                print(f"{J:>4} {N:>5} {name:14} skipped (minutes per solve)")
+                continue
+            planner_module.solve_dp = solve_dp_reference if name == "dp-reference" else solve_dp
             planner = Planner(t_fwd=args.tfwd, time_limit=NODE_MILP_LIMIT_S, **kw)
             times, objs, statuses = [], [], set()
             for jobs, pool in insts:
@@ -80,7 +89,11 @@ def main() -> None:
         line = f"  -> best {best['method']} p99 {best['p99_s']:.4f} s; objectives equal: {same}"
         if "node-milp-cbc" in per:
             line += f"; node-milp-cbc p50 / best p50 = {per['node-milp-cbc']['p50_s'] / best['p50_s']:.0f}x"
+        ref_dp = per["dp-reference"]
+        line += (f"; dp / dp-reference p50 x{per['dp']['p50_s'] / ref_dp['p50_s']:.3f}, "
+                 f"p99 x{per['dp']['p99_s'] / ref_dp['p99_s']:.3f}")
         print(line)
+    planner_module.solve_dp = solve_dp
     print(json.dumps({"results": [{k: r[k] for k in ("jobs", "nodes", "method", "p50_s", "p99_s", "objective")}
                                   for r in results]}))
 

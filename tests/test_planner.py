@@ -226,3 +226,26 @@ def test_multisite_plans_one_site_per_job_and_moves_when_it_pays():
     big = ["b:n1", "b:n2", "b:n3"] + [f"c:n{i}" for i in range(8)]
     plan = msp.plan([x, y], big)
     assert sum(plan.sizes.values()) == 8 and "moves" in " ".join(plan.notes)
+
+
+@pytest.mark.parametrize("n_jobs,capacity,top", [(6, 20, 8), (40, 3000, 100), (30, 5000, 120)])
+def test_fast_dp_equals_the_reference_dp(n_jobs, capacity, top):
+    """The fast DP (separable shortcut, reach-bounded window DP) gives the reference DP's sizes, tie-breaks
+    included, on small, large-window and separable (sum of max sizes <= capacity) problems."""
+    from parsl_bft.planner.problem import SizeProblem
+    from parsl_bft.planner.solvers import solve_dp, solve_dp_reference
+
+    rng = np.random.default_rng(n_jobs)
+    for _ in range(3):
+        allowed, value = [], []
+        for j in range(n_jobs):
+            lo, hi = int(rng.integers(1, 4)), int(rng.integers(4, top + 1))
+            a = np.array([0] + list(range(lo, hi + 1)))
+            v = np.concatenate([[0.0], np.cumsum(rng.random(len(a) - 1) * 3) - rng.random() * 5])
+            v[rng.integers(1, len(a))] += 4.0 * rng.random()          # a held size: a step in the values
+            v[1:3] = np.round(v[1:3])                                  # and some exact ties
+            allowed.append(a)
+            value.append(v)
+        p = SizeProblem([f"j{j}" for j in range(n_jobs)], allowed, value, capacity)
+        fast, ref = solve_dp(p)[0], solve_dp_reference(p)[0]
+        assert fast == ref and sum(fast.values()) <= capacity

@@ -11,7 +11,54 @@ from .problem import SizeProblem
 
 
 def solve_dp(p: SizeProblem) -> tuple[dict[str, int], str]:
-    """Exact dynamic programme over capacity: O(J * C * K) with C = min(capacity, sum of max sizes)."""
+    """Exact dynamic programme over capacity, the same answers (and tie-breaks) as ``solve_dp_reference``.
+
+    - When every job can have its largest size at once (sum of max sizes <= capacity) the jobs do not interact:
+      each takes its own best size, O(J * K).
+    - Else f_j(c) = best value of the first j jobs on at most c nodes is computed only up to the nodes those
+      jobs can use (sum of their max sizes); beyond, it is flat. Candidates f(c - a_i) + v_i come from one
+      strided window view of f (no index arrays, no masks), the argmax is kept as a small integer.
+    - Small problems (capacity x sizes < 200k) go to the reference DP, which has less fixed overhead.
+    """
+    J = len(p.names)
+    tops = [int(a.max()) for a in p.allowed]
+    if sum(tops) <= p.capacity:
+        return {n: int(a[int(np.argmax(v))]) for n, a, v in zip(p.names, p.allowed, p.value)}, "optimal"
+    cap = p.capacity
+    if cap * max(len(a) for a in p.allowed) < 200_000:     # small: the plain DP has less overhead
+        return solve_dp_reference(p)
+    kmax = min(max(tops), cap)
+    f = np.zeros(1)                                # f[c], c = 0..reach
+    reach = 0
+    choices: list[np.ndarray] = []
+    alloweds: list[np.ndarray] = []
+    for a, v, top in zip(p.allowed, p.value, tops):
+        keep = a <= cap
+        a, v = a[keep], v[keep]
+        new_reach = min(cap, reach + top)
+        # g[c] = f[min(c, reach)] for c >= 0 (f is flat beyond reach), -inf for c < 0
+        g = np.empty(kmax + new_reach + 1)
+        g[:kmax] = -np.inf
+        g[kmax:kmax + reach + 1] = f
+        g[kmax + reach + 1:] = f[-1]
+        win = np.lib.stride_tricks.sliding_window_view(g, kmax + 1)    # win[c, t] = g[c + t] = f(c + t - kmax)
+        cand = win[:, kmax - a] + v                                      # cand[c, i] = f(c - a_i) + v_i
+        arg = cand.argmax(axis=1)                                        # first (smallest) size wins ties
+        f = cand[np.arange(new_reach + 1), arg]
+        choices.append(arg.astype(np.int32))
+        alloweds.append(a)
+        reach = new_reach
+    sizes: dict[str, int] = {}
+    c = reach
+    for j in range(J - 1, -1, -1):
+        k = int(alloweds[j][choices[j][min(c, len(choices[j]) - 1)]])
+        sizes[p.names[j]] = k
+        c -= k
+    return {n: sizes[n] for n in p.names}, "optimal"
+
+
+def solve_dp_reference(p: SizeProblem) -> tuple[dict[str, int], str]:
+    """The first exact DP (kept as the reference benchmarks/planner.py times the fast one against)."""
     cap = min(p.capacity, int(sum(a.max() for a in p.allowed)))
     f = np.zeros(cap + 1)                      # best value with at most c nodes, no job yet
     cs = np.arange(cap + 1)
