@@ -40,14 +40,20 @@ def place(jobs: list[JobState], sizes: dict[str, int], pool: list[str], placemen
             alloc[j.name] = j.nodes
     free = [n for n in pool if n not in held] + released
     placement.observe(alloc)
+    default_grow = type(placement).grow is Placement.grow
+    if default_grow:       # every job takes the head of one order: sort once (same result, O(N log N) not O(J N))
+        free = placement.grow(None, free, len(free), remaining)
     for j in placement.grow_order([j for j in jobs if sizes.get(j.name, 0) > j.size], sizes):
         k = sizes[j.name]
         if k > j.size:
-            got = placement.grow(j, free, k - j.size, remaining)
+            got = free[:k - j.size] if default_grow else placement.grow(j, free, k - j.size, remaining)
             if len(got) < k - j.size:
                 raise RuntimeError(f"placement: {j.name} needs {k - j.size} more nodes, {len(free)} free")
-            taken = set(got)
-            free = [n for n in free if n not in taken]
+            if default_grow:
+                free = free[len(got):]
+            else:
+                taken = set(got)
+                free = [n for n in free if n not in taken]
             alloc[j.name] = j.nodes + tuple(got)
             placement.observe(alloc)
     return alloc
