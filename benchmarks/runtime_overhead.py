@@ -46,7 +46,7 @@ SLURM_SITE = """name: bench-slurm
 scheduler: slurm
 partition: backfill
 node: {{cores: 4, gpus: 0, ranks_per_node: 2}}
-pilot_walltime: {{min_minutes: 2, max_minutes: 2}}
+pilot_walltime: {{min_minutes: 1, max_minutes: 3}}
 interchange_address: 127.0.0.1
 worker_init: "export SLURM_CONF={conf}"
 checkpoint_dir: {state}/checkpoints
@@ -55,21 +55,24 @@ objective: {{name: throughput, t_fwd_seconds: 20}}
 """
 
 
-def _kill_a_pilot_under_a_rank(ckpt: Path, after_s: float, killed: list) -> None:
-    """After ``after_s``: scancel --signal=KILL the pilot whose node runs a rank (pid files name the node)."""
+def _kill_a_pilot_under_a_rank(state: Path, after_s: float, killed: list) -> None:
+    """After ``after_s``: scancel --signal=KILL a pilot whose node runs a rank (pid files name the node) and
+    that has no notice yet (no mark; its USR1 notice may come up to 60 s early here): a loss without notice."""
     time.sleep(after_s)
-    for _ in range(120):
-        for f in ckpt.glob("*/.ranks-*.pid"):
+    env = {**os.environ, "SLURM_TIME_FORMAT": "%s"}
+    for _ in range(240):
+        for f in state.glob("**/.ranks-*.pid"):
             try:
                 node = json.loads(f.read_text())["node"]
             except (OSError, ValueError, KeyError):
                 continue
-            ids = subprocess.run(["squeue", "-h", "-p", "backfill", "-t", "R", "-w", node, "-o", "%i"],
-                                 capture_output=True, text=True).stdout.split()
-            if ids:
-                subprocess.run(["scancel", "--signal=KILL", "--full", ids[0]], check=False)
-                killed.append((time.time(), ids[0], node))
-                return
+            out = subprocess.run(["squeue", "-h", "-p", "backfill", "-t", "R", "-w", node, "-o", "%i|%e"],
+                                 capture_output=True, text=True, env=env).stdout.split()
+            for jid, end in (line.split("|") for line in out):
+                if not list(state.glob(f"runinfo/*/submit_scripts/{jid}.noticed")) and int(end) - time.time() > 90:
+                    subprocess.run(["scancel", "--signal=KILL", "--full", jid], check=False)
+                    killed.append((time.time(), jid, node))
+                    return
         time.sleep(0.5)
 
 
@@ -94,7 +97,7 @@ def measure_slurm(run_s: float = 300.0) -> dict:
         try:
             with training_session(state, str(site)) as orch:
                 orch.submit(job)
-                threading.Thread(target=_kill_a_pilot_under_a_rank, args=(state / "checkpoints", run_s / 2, killed),
+                threading.Thread(target=_kill_a_pilot_under_a_rank, args=(state, run_s / 2, killed),
                                  daemon=True).start()
                 t0 = time.monotonic()
                 summary = orch.run(timeout_s=run_s)

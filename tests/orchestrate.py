@@ -44,7 +44,7 @@ def reference_model(directory, job: str, img_steps: int = 600, world_size: int =
 def _run(orch, timeout_s, img_steps=600, img_max_nodes=2):
     futs = {j.name: orch.submit(j) for j in jobs(img_steps, img_max_nodes)}
     summary = orch.run(timeout_s=timeout_s)
-    results = {n: f.result() if f.done() else None for n, f in futs.items()}
+    results = {n: f.result() if f.done() and f.exception() is None else None for n, f in futs.items()}
     print(json.dumps({"summary": summary, "results": results}), flush=True)
 
 

@@ -196,3 +196,68 @@ def test_workloads_by_name_module_path_and_file(tmp_path):
         make_workload("no_such_module_xyz:Thing")
     with pytest.raises(ValueError, match="unknown workload 'cnn'"):
         make_workload("cnn")
+
+
+USER_WORKLOAD = '''
+import torch
+from torch.utils.data import Dataset
+from parsl_bft.train.workloads import SyntheticImages
+
+
+class Items(Dataset):                      # what a scientist writes: one (x, y) per integer index
+    def __init__(self, x, y):
+        self.x, self.y = x, y
+
+    def __len__(self):
+        return len(self.y)
+
+    def __getitem__(self, i):
+        return self.x[i], int(self.y[i])
+
+
+class MapStyle(SyntheticImages):
+    def dataset(self):
+        return Items(*super().dataset().tensors)
+'''
+
+
+def test_an_ordinary_map_style_dataset_and_a_stated_schedule_train_like_the_built_in(tmp_path):
+    """A plain map-style Dataset (``__getitem__(int) -> (x, y)``, collated item by item) trains exactly like the
+    same data as a TensorDataset, across two fragments on two ranks; a cosine schedule with warm-up, stated in
+    fractions of the run, is resumed where it was and ends at zero."""
+    (tmp_path / "user.py").write_text(USER_WORKLOAD)
+    args = {"n": 256, "schedule": "cosine", "warmup": 0.25}
+    ref, mine = tmp_path / "ref", tmp_path / "mine"
+    run_fragment(cfg(ref, steps=8, world_size=2, total_samples=8 * 32, workload_args=args))
+    for _ in range(2):
+        run_fragment(cfg(mine, steps=4, world_size=2, total_samples=8 * 32, workload="/".join(
+            [str(tmp_path), "user.py:MapStyle"]), workload_args=args))
+    a, b = model_of(ref), model_of(mine)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    sched = CheckpointStore(mine).latest().scheduler
+    assert sched["last_epoch"] == 8 and sched["_last_lr"] == [0.0]          # cosine: zero at the end of the run
+
+
+def test_lr_schedules_are_stated_in_fractions_of_the_run():
+    from parsl_bft.train.workloads import lr_schedule
+
+    def lrs(schedule, warmup=0.0, steps=10):
+        opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)
+        s = lr_schedule(opt, schedule, steps, warmup)
+        if s is None:
+            return None
+        out = []
+        for _ in range(steps):
+            out.append(round(opt.param_groups[0]["lr"], 6))
+            opt.step()
+            s.step()
+        return out
+    assert lrs(None) is None and lrs("constant") is None                 # no hidden schedule by default
+    assert lrs("step:0.1@0.5") == [1.0] * 5 + [0.1] * 5
+    assert lrs("linear") == [1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1]
+    assert lrs("constant", warmup=0.2)[:3] == [0.5, 1.0, 1.0]
+    for bad, match in (("cosine:3", "unknown schedule"), ("warm", "unknown schedule"), ("step:x", "step:GAMMA")):
+        with pytest.raises(ValueError, match=match):
+            lrs(bad)
+    with pytest.raises(ValueError, match="give the job its samples"):
+        lr_schedule(torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0), "cosine", None)

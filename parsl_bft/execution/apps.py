@@ -30,7 +30,7 @@ def fragment_node_task(cfg: dict, node_index: int, store: str) -> dict | None:
 def warm_up(barrier: str, n: int, timeout_s: float = 120.0) -> str:
     """Start this worker's rank forkserver (torch and the fragment code imported once) before any node is
     planned, so the first fragment on it starts in a second. ``n`` of these meet at ``barrier`` (a directory):
-    each waits for the others, so every one of the executor's n workers runs exactly one."""
+    each waits for the others, so every one of the executor's n workers runs exactly one (n = 1: no barrier)."""
     import os
     import socket
     import time
@@ -39,6 +39,8 @@ def warm_up(barrier: str, n: int, timeout_s: float = 120.0) -> str:
     from parsl_bft.train.launcher import start_rank_server
 
     start_rank_server()
+    if n <= 1:
+        return f"{socket.gethostname()}:{os.getpid()}"
     d = Path(barrier)
     d.mkdir(parents=True, exist_ok=True)
     (d / f"{socket.gethostname()}-{os.getpid()}").touch()

@@ -43,6 +43,17 @@ class SiteRunner:
             return FragmentHandle([self._app(cfg, i, self.addr) for i in range(nodes)])
         return FragmentHandle([self._app(cfg, self.addr)])
 
+    def prime(self, nodes: int) -> None:
+        """Pilots just joined: have their fresh workers start the rank forkserver (torch imported) now, while
+        the plan settles, not when the first fragment lands there. Fire and forget: at worst a slower start."""
+        if self.gang:
+            from parsl import python_app
+
+            from .apps import warm_up
+            app = python_app(warm_up, executors=[self.site.executor])
+            for _ in range(nodes):
+                app("", 1)
+
     def placed(self, fragment: str, nodes: int) -> dict[int, str]:
         """node index -> the node its share landed on, for the shares that have said so."""
         keys = {i: f"{fragment}/node/{i}" for i in range(nodes)}

@@ -12,7 +12,6 @@ good checkpoint along.
 from __future__ import annotations
 
 import fcntl
-import json
 import math
 import os
 import re
@@ -118,6 +117,10 @@ class JobFailed(ParslBftError):
     """A job whose own fragments failed ``max_failures`` times in a row (not reclaims)."""
 
 
+class RunStopped(ParslBftError):
+    """The run stopped (stop(), the session ended, a signal) before this job was done."""
+
+
 class _Shutdown(BaseException):
     """SIGTERM: leave the loop through the same stop-and-checkpoint path as Ctrl-C."""
 
@@ -161,6 +164,11 @@ class Orchestrator:
         self.warm_up_s = 0.0
         self._runners: dict[str, SiteRunner] = {}
         self._store = None
+        self._thread: threading.Thread | None = None   # the loop, when it runs in the background (start())
+        self._stopping = threading.Event()
+        self._arrivals: list[str] = []                 # jobs submitted while the loop runs
+        self._summary: dict | None = None
+        self._error: BaseException | None = None
         self.job_site: dict[str, str] = {}     # where each job's checkpoints are (the site it last ran at)
         for name, row in self.db.jobs().items():        # a restart: everything the last orchestrator had
             try:
@@ -193,7 +201,12 @@ class Orchestrator:
 
     # --- the scientist's API -------------------------------------------------------------------------
     def submit(self, job: TrainingJob) -> Future:
-        """Declare a job; the future resolves to the path of its final checkpoint."""
+        """Declare a job; the future resolves to the path of its final checkpoint. ``workload_args`` values may
+        be futures (a Parsl app preparing the data, another job's checkpoint): the job is declared when they
+        have resolved."""
+        inputs = {k: v for k, v in job.workload_args.items() if isinstance(v, Future)}
+        if inputs:
+            return self._submit_after(job, inputs)
         if job.name in self.jobs:
             if asdict(self.jobs[job.name]) != asdict(job):
                 raise ValueError(f"job {job.name!r} already exists with a different spec (state in {self.dir})")
@@ -203,7 +216,73 @@ class Orchestrator:
         if job.global_batch < job.max_nodes * k:
             raise ValueError(f"job {job.name!r}: global_batch {job.global_batch} < max_nodes {job.max_nodes} x "
                              f"{k} ranks per node: every rank needs at least one sample per step")
-        return self._add(job, None)
+        fut = self._add(job, None)
+        self._arrivals.append(job.name)     # the running loop (if any) picks it up at its next turn
+        return fut
+
+    def _submit_after(self, job: TrainingJob, inputs: dict[str, Future]) -> Future:
+        out: Future = Future()
+        once = threading.Lock()
+
+        def ready(_):
+            if not all(f.done() for f in inputs.values()) or not once.acquire(blocking=False):
+                return
+            if self._stopping.is_set():
+                out.set_exception(RunStopped(f"job {job.name!r}: the run stopped before its inputs were ready"))
+                return
+            try:
+                args = {k: inputs[k].result() if k in inputs else v for k, v in job.workload_args.items()}
+                inner = self.submit(replace(job, workload_args=args))
+            except BaseException as e:  # noqa: BLE001 - an upstream failure or a bad spec reaches the job's future
+                out.set_exception(e)
+                return
+            inner.add_done_callback(lambda f: out.set_exception(f.exception()) if f.exception()
+                                    else out.set_result(f.result()))
+        for f in inputs.values():
+            f.add_done_callback(ready)
+        return out
+
+    def start(self, *, progress=None) -> "Orchestrator":
+        """Run the loop in the background: futures resolve on their own, Parsl apps can wait on them, and jobs
+        submitted later join the running plan. ``wait()`` for the jobs, ``stop()`` to checkpoint and leave."""
+        if self._thread is None:
+            def loop():
+                try:
+                    self._summary = self.run(progress=progress, _background=True)
+                except BaseException as e:  # noqa: BLE001 - reaches every waiting future instead
+                    self._error = e
+                    for f in self.futures.values():
+                        if not f.done():
+                            f.set_exception(e)
+            self._thread = threading.Thread(target=loop, name="parsl-bft-orchestrator", daemon=True)
+            self._started_at = time.monotonic()
+            self._thread.start()
+        return self
+
+    def wait(self, timeout_s: float | None = None) -> bool:
+        """Until every submitted job is done (True) or ``timeout_s`` passed (False)."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while not all(f.done() for f in self.futures.values()):
+            if self._thread is not None and not self._thread.is_alive():
+                break
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
+            time.sleep(0.1)
+        return all(f.done() for f in self.futures.values())
+
+    def stop(self) -> dict | None:
+        """Leave the background loop: running fragments checkpoint, pilots are given back; futures of jobs not
+        done get ``RunStopped`` (nothing waits forever on them). Returns the summary."""
+        self._stopping.set()
+        if self._thread is not None:
+            self._thread.join()
+        for name, f in self.futures.items():
+            if not f.done():
+                f.set_exception(RunStopped(f"job {name!r} was not done when the run stopped; its newest checkpoint "
+                                           f"is kept: run again with state directory {self.dir} to continue"))
+        if self._error is not None and not isinstance(self._error, (KeyboardInterrupt, _Shutdown)):
+            raise self._error
+        return self._summary
 
     def _add(self, job: TrainingJob, row: JobRow | None) -> Future:
         """Track a job: a new one (``row`` None: persist it) or one found in the state database."""
@@ -223,8 +302,10 @@ class Orchestrator:
 
     def pending_specs(self) -> list[JobSpec]:
         """What the planner sees of the jobs not done yet (with the site's weights)."""
-        return [replace(self.jobs[n].spec(), weight=self.weights.get(n, self.jobs[n].weight))
-                for n, f in self.futures.items() if not f.done()]
+        return [self._spec(n) for n, f in self.futures.items() if not f.done()]
+
+    def _spec(self, name: str) -> JobSpec:
+        return replace(self.jobs[name].spec(), weight=self.weights.get(name, self.jobs[name].weight))
 
     def job_dir(self, name: str, site: str | None = None) -> Path:
         """A job's checkpoints and protocol files at a site (by default: the site it last ran at): under the
@@ -236,16 +317,22 @@ class Orchestrator:
         return Path(root) / name
 
     # --- the loop ------------------------------------------------------------------------------------
-    def run(self, *, progress=None, timeout_s: float | None = None) -> dict:
+    def run(self, *, progress=None, timeout_s: float | None = None, _background: bool = False) -> dict:
         """Drive every job to completion (or until ``timeout_s``); returns the run's summary. However it is
         left - done, timeout, an exception, Ctrl-C or SIGTERM - running fragments are asked to checkpoint and
-        collected, and every pilot is given back."""
+        collected, and every pilot is given back. After ``start()``: wait for the jobs (then, on timeout,
+        stop) instead."""
+        if self._thread is not None and not _background:
+            if not self.wait(timeout_s):
+                return self.stop() or {}
+            return self.summary(time.monotonic() - self._started_at)
         from ..train.launcher import serve_store
 
         # loopback only unless ranks on other nodes (pilots) must reach it
         gang = any(getattr(s.pool, "gang", False) for s in self.sites.values())
         self._store = serve_store("" if gang else "127.0.0.1")
         self._runners = {name: SiteRunner(name, s, self._store) for name, s in self.sites.items()}
+        self._arrivals.clear()
         pending = self.pending_specs()
         ctl = Controller(pending, self.curves, self.planner, max_concurrent=self.max_concurrent, model_costs=False)
         for spec in pending:
@@ -265,8 +352,7 @@ class Orchestrator:
             self.warm_up_s = time.monotonic() - t_warm
             self.pool.start()
             t_start = time.monotonic()
-            if not self._loop(ctl, t_start, progress, timeout_s):
-                why = "timeout"
+            why = self._loop(ctl, t_start, progress, timeout_s, _background)
         except BaseException as e:
             why = {"KeyboardInterrupt": "interrupted", "_Shutdown": "SIGTERM"}.get(type(e).__name__,
                                                                                    f"error: {e!r}"[:200])
@@ -280,11 +366,25 @@ class Orchestrator:
     def _on_sigterm(self, signum, frame):  # noqa: ARG002
         raise _Shutdown()
 
-    def _loop(self, ctl: Controller, t_start: float, progress, timeout_s: float | None) -> bool:
-        """Returns True when every job is done, False on timeout."""
+    def _loop(self, ctl: Controller, t_start: float, progress, timeout_s: float | None, stay: bool) -> str:
+        """Returns why it ended: every job done, timeout, or stopped (``stay``: keep going when all are done,
+        for jobs still to come, until ``stop()``)."""
         last = time.monotonic()
         changed, joined_at = True, None
-        while ctl.active or ctl.waiting:
+        while ctl.active or ctl.waiting or (stay and not self._stopping.is_set()):
+            if self._stopping.is_set():
+                return "stopped"
+            while self._arrivals:                        # submitted while we run: into the plan
+                name = self._arrivals.pop(0)
+                if not self.futures[name].done() and name not in ctl.active and \
+                        all(s.name != name for s in ctl.waiting):
+                    self._fence(name)
+                    ctl.waiting.append(self._spec(name))
+                    self.db.event("submit", job=name)
+                    changed = True
+            demand = sum(a.state.spec.max_nodes for a in ctl.active.values()) + sum(j.max_nodes for j in ctl.waiting)
+            for site in self.sites.values():             # no pilots for nodes no job could use
+                site.pool.demand = demand
             now = time.monotonic()
             dt, last = now - last, now
             self.pool_node_s += len(ctl.pool) * dt
@@ -293,6 +393,8 @@ class Orchestrator:
             for ev in self.pool.poll():
                 if ev.kind == "join":     # nodes arrive one by one: plan once they have settled
                     ctl.nodes_joined(ev.nodes, [t_start + u for u in ev.until] if ev.until else ())
+                    for site in {site_of(n) for n in ev.nodes}:
+                        self._runners[site].prime(sum(site_of(n) == site for n in ev.nodes))
                     joined_at = now
                     continue
                 changed = True
@@ -320,9 +422,9 @@ class Orchestrator:
             if progress is not None:
                 progress(self)
             if timeout_s is not None and now - t_start > timeout_s:
-                return False
+                return "timeout"
             time.sleep(self.poll_s)
-        return True
+        return "stopped" if self._stopping.is_set() else "done"
 
     def _shutdown(self, ctl: Controller, why: str) -> None:
         for name in list(self.running):

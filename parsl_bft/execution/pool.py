@@ -34,6 +34,7 @@ class PoolEvent:
 
 class EmulatedPool:
     gang = False             # a fragment's ranks all run in one task on this machine
+    demand: int | None = None   # the emulated nodes come and go by the trace, whatever the jobs need
 
     def __init__(self, intervals: IdleIntervals, *, speedup: float = 30.0, notice_s: float = 3.0,
                  repeat: bool = False, clock=time.monotonic):
@@ -128,6 +129,7 @@ class PilotPool:
     """
 
     gang = True
+    demand: int | None = None   # set by the orchestrator: nodes its jobs could use; no pilots beyond that
 
     def __init__(self, executor, *, max_nodes: int = 64, probe_s: float = 5.0, poll_s: float = 1.0,
                  notice_s: float | None = None, release_s: float = 3.0, clock=time.time):
@@ -262,6 +264,8 @@ class PilotPool:
                 live += size.get(j, 1)
                 queued += size.get(j, 1) if st.state == JobState.PENDING else 0
         want = min(len(self.provider.current_holes()) - queued, self.max_nodes - live)
+        if self.demand is not None:
+            want = min(want, self.demand - live)
         if want <= 0:
             return
         pilots_n, per = want, 1

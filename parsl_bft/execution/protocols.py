@@ -9,6 +9,7 @@ from ..planner.problem import JobState, Plan
 
 class IdlePool(Protocol):
     gang: bool                       # True: one Parsl task per node (pilots); False: all ranks in one task
+    demand: int | None               # nodes the jobs could use now (None: unknown); pilots soak no more
 
     def start(self) -> None: ...
 

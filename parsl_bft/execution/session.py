@@ -9,6 +9,8 @@
 from __future__ import annotations
 
 import os
+import signal
+import threading
 from contextlib import contextmanager
 from importlib.resources import files
 from pathlib import Path
@@ -78,7 +80,10 @@ def make_planner(site: Site):
 @contextmanager
 def training_session(state_dir: str | Path, site=None, **orchestrator_kw):
     """Load the Parsl config of one site - or of several (a list, or $PARSL_BFT_SITE with paths separated by
-    ':'): then one executor per site, a MultiPool and the multi-site planner - and yield an Orchestrator."""
+    ':'): then one executor per site, a MultiPool and the multi-site planner - and yield an Orchestrator whose
+    loop already runs in the background: submitted jobs' futures resolve on their own (Parsl apps can take them
+    as inputs); ``run()`` waits for the jobs. Leaving the session (or Ctrl-C, SIGTERM) checkpoints what still
+    trains and gives every node back."""
     import parsl
     from parsl.config import Config
 
@@ -113,7 +118,19 @@ def training_session(state_dir: str | Path, site=None, **orchestrator_kw):
             multi = MultiPool({s.name: SitePool(p, label, **site_runtime(s))
                                for s, p, label in zip(sites, pools, labels)})
             orch = Orchestrator(state_dir, multi, MultiSitePlanner(make_planner(sites[0])), **orchestrator_kw)
+        old = None
+        if threading.current_thread() is threading.main_thread():   # SIGTERM unwinds the session like Ctrl-C
+            old = signal.signal(signal.SIGTERM, _interrupt)
         try:
-            yield orch
+            yield orch.start()  # futures resolve on their own; run() waits for the jobs
         finally:
-            orch.close()        # the state directory's lock goes with the session
+            try:
+                orch.stop()     # running fragments checkpoint, pilots are given back
+            finally:
+                orch.close()    # the state directory's lock goes with the session
+                if old is not None:
+                    signal.signal(signal.SIGTERM, old)
+
+
+def _interrupt(signum, frame):  # noqa: ARG001
+    raise KeyboardInterrupt("SIGTERM")

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import inspect
 import math
 import os
 import signal
@@ -35,6 +36,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torch.utils.data import TensorDataset
 
 from .checkpoint import CheckpointStore, TrainingState, capture_rng, finite_weights, restore_rng
 from .protocol import JobDir, Progress
@@ -176,6 +178,17 @@ class _Saver:
         return self.store.save(state, fsync=self.cfg.fsync)
 
 
+def _to(device, batch):
+    """A collated batch (tensors, possibly in tuples, lists or dicts) on ``device``."""
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device)
+    if isinstance(batch, dict):
+        return {k: _to(device, v) for k, v in batch.items()}
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(_to(device, v) for v in batch)
+    return batch
+
+
 def train_rank(cfg: FragmentConfig) -> FragmentResult | None:
     """The body of one rank. Returns the result on rank 0."""
     rank, world = _rank_env()
@@ -209,7 +222,9 @@ def train_rank(cfg: FragmentConfig) -> FragmentResult | None:
             p.requires_grad_(False)
     params = [p for p in model.parameters() if p.requires_grad]
     opt = wl.build_optimizer(params)
-    sched = wl.build_scheduler(opt)
+    total_steps = -(-cfg.total_samples // cfg.global_batch) if cfg.total_samples else None
+    takes_length = "total_steps" in inspect.signature(wl.build_scheduler).parameters
+    sched = wl.build_scheduler(opt, total_steps) if takes_length else wl.build_scheduler(opt)
     state = store.latest()
     step = epoch = samples_done = pos = 0
     metrics: list[dict] = []
@@ -251,6 +266,7 @@ def train_rank(cfg: FragmentConfig) -> FragmentResult | None:
                              metrics=metrics, extra={"freeze_layers": cfg.freeze_layers})
 
     n = len(data)
+    fast = isinstance(data, TensorDataset)     # tensors indexed by a tensor of indices; others item by item
     B = cfg.global_batch
     micro = cfg.micro_batch or -(-B // world)
     perm = torch.randperm(n, generator=torch.Generator().manual_seed(cfg.seed * 1_000_003 + epoch))
@@ -278,7 +294,7 @@ def train_rank(cfg: FragmentConfig) -> FragmentResult | None:
         chunks = list(range(0, len(idx), micro))
         for i, c in enumerate(chunks):
             chunk = idx[c: c + micro]
-            batch = [t.to(device) for t in data[chunk]]
+            batch = _to(device, data[chunk] if fast else wl.collate([data[int(i)] for i in chunk]))
             last_micro = i == len(chunks) - 1
             with net.no_sync() if world > 1 and not last_micro else nullcontext():
                 loss = wl.loss(net, batch) * (len(chunk) / B)   # sum of per-sample losses / global batch

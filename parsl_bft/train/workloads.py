@@ -1,28 +1,69 @@
 """Workloads that need no download, and the interface a scientist implements for their own model.
 
 A workload is an object with:
-  ``build_model() -> nn.Module``, ``dataset() -> Dataset`` (map-style, deterministic: item i is always the
-  same), ``loss(model, batch) -> scalar tensor`` (the MEAN over the batch), ``build_optimizer(params)``,
-  ``build_scheduler(optimizer) -> scheduler | None`` and ``blocks(model) -> list[nn.Module]`` (the model's
-  layers in input-to-output order; layer freezing freezes the first L).
+  ``build_model() -> nn.Module``, ``dataset() -> Dataset`` (any map-style dataset, deterministic: item i is
+  always the same; items are combined by ``collate``, torch's default_collate unless overridden),
+  ``loss(model, batch) -> scalar tensor`` (the MEAN over the batch), ``build_optimizer(params)``,
+  ``build_scheduler(optimizer, total_steps) -> scheduler | None`` (default: the ``schedule`` named in the
+  workload's arguments - none, "cosine", "linear", "step:GAMMA@F1,F2" - stated in fractions of the whole run,
+  after ``warmup`` (a fraction too); a fragment steps it once per optimizer step and checkpoints it) and
+  ``blocks(model) -> list[nn.Module]`` (the model's layers in input-to-output order; layer freezing freezes
+  the first L).
 Subclass ``Workload`` and override what differs; pass it to a fragment as ``"package.module:factory"``.
 """
 from __future__ import annotations
 
 import importlib
 import importlib.util
+import math
 import random
 
 import torch
 from torch import nn
-from torch.utils.data import Dataset, TensorDataset
+from torch.utils.data import Dataset, TensorDataset, default_collate
+
+
+def lr_schedule(optimizer, schedule: str | None, total_steps: int | None, warmup: float = 0.0):
+    """A learning-rate schedule stated in fractions of the run, so it means the same whatever the job's size:
+    None or "constant", "cosine" (to 0 at the end), "linear" (to 0), "step:GAMMA@F1,F2,..." (multiply by GAMMA
+    at each fraction F of the run); ``warmup``: the first fraction of the run ramps up linearly."""
+    if schedule in (None, "", "constant") and not warmup:
+        return None
+    if not 0 <= warmup < 1:
+        raise ValueError(f"warmup is a fraction of the run in [0, 1), got {warmup}")
+    if total_steps is None or total_steps < 1:
+        raise ValueError(f"schedule {schedule!r} / warmup needs the run's length: give the job its samples")
+    kind, _, arg = (schedule or "constant").partition(":")
+    if kind not in ("constant", "cosine", "linear", "step") or (arg and kind != "step"):
+        raise ValueError(f"unknown schedule {schedule!r}: use constant, cosine, linear or step:GAMMA@F1,F2")
+    if kind == "step":
+        try:
+            gamma, fracs = arg.split("@")
+            gamma, marks = float(gamma), [float(f) * total_steps for f in fracs.split(",")]
+        except ValueError:
+            raise ValueError(f"schedule {schedule!r}: write step:GAMMA@F1,F2 (e.g. step:0.1@0.5,0.75)") from None
+    w = warmup * total_steps
+
+    def factor(step: int) -> float:
+        if step < w:
+            return (step + 1) / w
+        x = (step - w) / max(total_steps - w, 1)
+        if kind == "cosine":
+            return 0.5 * (1 + math.cos(math.pi * min(x, 1.0)))
+        if kind == "linear":
+            return max(1.0 - x, 0.0)
+        if kind == "step":
+            return gamma ** sum(step >= m for m in marks)
+        return 1.0
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
 class Workload:
     name = "workload"
 
-    def __init__(self, seed: int = 0, lr: float = 0.05, **kwargs):
-        self.seed, self.lr, self.kwargs = seed, lr, kwargs
+    def __init__(self, seed: int = 0, lr: float = 0.05, schedule: str | None = None, warmup: float = 0.0,
+                 **kwargs):
+        self.seed, self.lr, self.schedule, self.warmup, self.kwargs = seed, lr, schedule, warmup, kwargs
 
     def build_model(self) -> nn.Module:
         raise NotImplementedError
@@ -37,8 +78,13 @@ class Workload:
     def build_optimizer(self, params) -> torch.optim.Optimizer:
         return torch.optim.SGD(params, lr=self.lr, momentum=0.9)
 
-    def build_scheduler(self, optimizer):
-        return torch.optim.lr_scheduler.StepLR(optimizer, step_size=200, gamma=0.5)
+    def build_scheduler(self, optimizer, total_steps: int | None = None):
+        """No schedule unless the workload names one (see ``lr_schedule``)."""
+        return lr_schedule(optimizer, self.schedule, total_steps, self.warmup)
+
+    def collate(self, items: list):
+        """How items of ``dataset()`` become one batch."""
+        return default_collate(items)
 
     def blocks(self, model: nn.Module) -> list[nn.Module]:
         return list(model.children())
