@@ -253,6 +253,9 @@ class InlineRunner:
     def placed(self, fragment, nodes):  # noqa: ARG002
         return {}
 
+    def prime(self, nodes):  # noqa: ARG002
+        pass
+
     def warm_up(self, *a):
         pass
 
