@@ -23,7 +23,7 @@ LM = dict(workload="lm", global_batch=16, workload_args={"n_chars": 20_000})
 LM_STEPS = 200
 
 
-EMULATED_IMG_STEPS = 6000
+EMULATED_IMG_STEPS = 4000
 FAST_SAVES = dict(min_interval_s=1.0, max_interval_s=2.0)    # tests: many periodic saves in a short run
 
 

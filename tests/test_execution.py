@@ -96,7 +96,7 @@ def test_chaos_embedded_default_kills_ranks_the_orchestrator_and_checkpoint_writ
     assert sum(d["without_notice"] for _, _, d in failed) >= faults["rank"] // 2, failed[:3]
     for name, steps in (("img", EMULATED_IMG_STEPS), ("lm", 200)):
         check_chain(db, name, steps)
-        final = CheckpointStore(Path(rows[name].checkpoint).parent).latest()
+        final = CheckpointStore(state / "jobs" / name).latest()
         ref = reference_model(tmp_path / f"ref-{name}", name, EMULATED_IMG_STEPS)
         assert final.step == steps
         if name == "img":        # always 1 rank: bit for bit
@@ -235,3 +235,20 @@ def test_futures_resolve_on_their_own_and_feed_parsl_apps(tmp_path, monkeypatch)
     db = JobStore(tmp_path / "state" / "state.sqlite")
     assert "b" in [d["job"] for _, _, d in db.events("submit")]             # joined the running loop
     assert db.jobs()["c"].status != "done" and db.events("stop")[-1][2]["why"] == "stopped"
+
+
+@pytest.mark.timeout(900)
+def test_digits_sweep_a_parsl_pipeline_of_futures_reaches_its_accuracy(tmp_path):
+    """workflows/digits_sweep.py as a user runs it: prepare -> 4 training jobs whose data is the prepare app's
+    future -> an evaluation app per trained model -> the best; held-out accuracy >= 0.9 (the workflow asserts
+    it too), every job's model trained to its exact step count."""
+    workflow = HERE.parent / "workflows" / "digits_sweep.py"
+    r = subprocess.run([sys.executable, "-m", "parsl_bft.cli", "run", str(workflow)], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=850)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["configs"] >= 4 and out["best_accuracy"] >= 0.9 and len(out["accuracy"]) == out["configs"]
+    db = JobStore(tmp_path / "bft-state" / "digits" / "state.sqlite")
+    assert {r.status for r in db.jobs().values()} == {"done"}
+    assert all(CheckpointStore(tmp_path / "bft-state" / "digits" / "jobs" / n).latest().step == -(-1437 * 15 // 64)
+               for n in db.jobs())
