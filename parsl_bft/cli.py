@@ -373,6 +373,12 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"parsl-bft {args.cmd}: error: {_one_line(e)}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:       # Ctrl-C or SIGTERM (a session turns it into this): already cleaned up
+        if args.debug:
+            raise
+        print(f"parsl-bft {args.cmd}: interrupted: running fragments checkpointed, nodes given back; run it again "
+              "with the same state directory to continue", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

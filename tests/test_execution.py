@@ -252,3 +252,27 @@ def test_digits_sweep_a_parsl_pipeline_of_futures_reaches_its_accuracy(tmp_path)
     assert {r.status for r in db.jobs().values()} == {"done"}
     assert all(CheckpointStore(tmp_path / "bft-state" / "digits" / "jobs" / n).latest().step == -(-1437 * 15 // 64)
                for n in db.jobs())
+
+
+@pytest.mark.timeout(600)
+def test_sigterm_to_parsl_bft_run_checkpoints_and_leaves_nothing_behind(tmp_path):
+    """SIGTERM once to `parsl-bft run` mid-training: the fragments save a checkpoint newer than the signal, the
+    run exits, and no process of it (interchange, worker pool, ranks) is left."""
+    workflow = HERE.parent / "workflows" / "image_classifier.py"
+    p = subprocess.Popen([sys.executable, "-m", "parsl_bft.cli", "run", str(workflow)], cwd=tmp_path,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    state = tmp_path / "bft-state" / "image_classifier"
+    try:
+        wait_for(lambda: live_ranks(state) and list(state.glob("jobs/*/ckpt-*.h5")), timeout=300)
+        t_signal = time.time()
+        p.send_signal(signal.SIGTERM)
+        out, err = p.communicate(timeout=300)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode != 0 and "Traceback" not in err, err[-2000:]
+    newest = max(f.stat().st_mtime for f in state.glob("jobs/*/ckpt-*.h5"))
+    assert newest > t_signal                                   # the shutdown checkpoint
+    stop = JobStore(state / "state.sqlite").events("stop")[-1][2]
+    assert stop["why"] in ("interrupted", "stopped"), stop
+    wait_for(lambda: not live_ranks(state) and not our_processes(state), timeout=60)
