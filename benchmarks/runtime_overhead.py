@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -87,27 +88,29 @@ def measure_slurm(run_s: float = 300.0) -> dict:
     os.environ["SLURM_CONF"] = "/tmp/local-slurm/etc/slurm.conf"
     facility = subprocess.run(["sbatch", "--parsable", "-p", "debug", "-N", "4", "-t", "10", "-o", "/dev/null",
                                "--wrap", "sleep 600"], capture_output=True, text=True, check=True).stdout.strip()
-    with tempfile.TemporaryDirectory() as d:
-        state = Path(d) / "state"
-        site = Path(d) / "site.yaml"
-        site.write_text(SLURM_SITE.format(conf=os.environ["SLURM_CONF"], state=state))
-        killed: list = []
-        job = TrainingJob("img", workload="images", samples=32 * 10_000_000, global_batch=32, min_nodes=1,
-                          max_nodes=4, workload_args={"n": 512})
-        try:
-            with training_session(state, str(site)) as orch:
-                orch.submit(job)
-                threading.Thread(target=_kill_a_pilot_under_a_rank, args=(state, run_s / 2, killed),
-                                 daemon=True).start()
-                t0 = time.monotonic()
-                summary = orch.run(timeout_s=run_s)
-                wall = time.monotonic() - t0
-                calls = orch.pool.provider.cmd.per_minute(window_s=wall)
-                pilots = len(orch.pool.provider.submitted)
-                events = orch.db.events()
-        finally:
-            subprocess.run(["scancel", facility], capture_output=True)
-            subprocess.run(["scancel", "--user", "root"], capture_output=True)
+    d = ROOT / "out" / "runtime_overhead_slurm"          # kept: the event log says where the time went
+    shutil.rmtree(d, ignore_errors=True)
+    d.mkdir(parents=True)
+    state = Path(d) / "state"
+    site = Path(d) / "site.yaml"
+    site.write_text(SLURM_SITE.format(conf=os.environ["SLURM_CONF"], state=state))
+    killed: list = []
+    job = TrainingJob("img", workload="images", samples=32 * 10_000_000, global_batch=32, min_nodes=1,
+                      max_nodes=4, workload_args={"n": 512})
+    try:
+        with training_session(state, str(site)) as orch:
+            orch.submit(job)
+            threading.Thread(target=_kill_a_pilot_under_a_rank, args=(state, run_s / 2, killed),
+                             daemon=True).start()
+            t0 = time.monotonic()
+            summary = orch.run(timeout_s=run_s)
+            wall = time.monotonic() - t0
+            calls = orch.pool.provider.cmd.per_minute(window_s=wall)
+            pilots = len(orch.pool.provider.submitted)
+            events = orch.db.events()
+    finally:
+        subprocess.run(["scancel", facility], capture_output=True)
+        subprocess.run(["scancel", "--user", "root"], capture_output=True)
     done = [e for _, kind, e in events if kind == "fragment-done"]
     lat = [e["train_started"] - e["launched"] for e in done]
     lost = [e for _, kind, e in events if kind == "fragment-failed" and e["without_notice"]]

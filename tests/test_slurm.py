@@ -573,3 +573,29 @@ def test_capped_jobs_pack_holes_into_multi_node_pilots(tmp_path):
     clock["t"] += 1.0
     left = [e.nodes for e in pool.poll() if e.kind == "leave"]
     assert left == [("n1", "n2", "n3", "n4")]
+
+
+def test_a_pilot_on_notice_is_given_back_once_the_orchestrator_is_done_with_it():
+    """A pilot whose walltime is about to end gets its notice; once what ran there has checkpointed, the
+    orchestrator releases the node: the pilot is cancelled now (not at its time limit), so a replacement can
+    start on the node."""
+    clock = {"t": 1000.0}
+    fake = FakePilots()
+    pool = PilotPool(fake, max_nodes=1, probe_s=100.0, poll_s=0.0, clock=lambda: clock["t"])
+    pool.start()
+    fake.holes_n = 1
+    clock["t"] += 1
+    pool.poll()
+    fake.running["100"], fake.managers = ("n7", clock["t"] + 30), {"0"}
+    clock["t"] += 1
+    assert [e.kind for e in pool.poll()] == ["join"]
+    clock["t"] += 15                                     # within notice_s (20 s) of its end
+    assert [(e.kind, e.why) for e in pool.poll()] == [("notice", "walltime ends")]
+    pool.release({"n8"})                                 # not its node: nothing happens
+    clock["t"] += 1
+    pool.poll()
+    assert fake.cancelled == []
+    pool.release({"n7"})
+    clock["t"] += 1
+    pool.poll()
+    assert fake.cancelled == ["100"]

@@ -167,6 +167,7 @@ class Orchestrator:
         self._thread: threading.Thread | None = None   # the loop, when it runs in the background (start())
         self._stopping = threading.Event()
         self._arrivals: list[str] = []                 # jobs submitted while the loop runs
+        self._noticed: set[str] = set()                # nodes on notice whose pilots we have not let go yet
         self._summary: dict | None = None
         self._error: BaseException | None = None
         self.job_site: dict[str, str] = {}     # where each job's checkpoints are (the site it last ran at)
@@ -408,11 +409,18 @@ class Orchestrator:
                     for name, r in self.running.items():
                         if r.doomed & set(ev.nodes):
                             self._kill(name)
+                    self._noticed.difference_update(ev.nodes)
+                else:
+                    self._noticed.update(ev.nodes)
                 for name in ctl.nodes_left(ev.nodes):
                     self.db.event("reclaim", job=name, nodes=list(ev.nodes), by=ev.kind,
                                   **({"why": ev.why} if ev.why else {}))
             self._follow_placement(ctl)
             changed |= self._collect(ctl)
+            done_with = self._noticed - set().union(*(r.doomed for r in self.running.values()))
+            if done_with:              # checkpointed: their pilots go now, so replacements can start
+                self._noticed -= done_with
+                self.pool.release(done_with)
             if changed or (joined_at is not None and now - joined_at >= self.settle_s):
                 joined_at = None
                 ctl.replan(now)

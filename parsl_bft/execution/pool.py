@@ -107,6 +107,9 @@ class EmulatedPool:
             out.append(heapq.heappop(self._heap)[3])
         return out
 
+    def release(self, nodes) -> None:
+        """Nothing to give back early: the trace says when a node leaves."""
+
     def stop(self) -> None:
         """Nothing to give back: the emulated nodes are this machine."""
 
@@ -280,6 +283,15 @@ class PilotPool:
         self.provider.pilot_nodes = per
         self.executor.scale_out_facade(pilots_n)
 
+    def release(self, nodes) -> None:
+        """The orchestrator is done with these nodes on notice (what ran there has checkpointed): cancel their
+        pilots at the next poll instead of holding the nodes to the pilots' time limits, so that replacement
+        pilots can start on them."""
+        nodes = set(nodes)
+        for jid, held in self._nodes.items():
+            if jid in self._noticed and set(held) <= nodes and jid not in self._release:
+                self._release[jid] = -math.inf
+
     def stop(self) -> None:
         """Give every node back: cancel all pilots (also those still queued)."""
         ids = list(self._pilots())
@@ -318,7 +330,10 @@ class MultiPool:
         return [PoolEvent(e.kind, tuple(f"{name}:{n}" for n in e.nodes), e.wall, e.until)
                 for name, s in self.sites.items() for e in s.pool.poll()]
 
+    def release(self, nodes) -> None:
+        for name, s in self.sites.items():
+            s.pool.release({n.split(":", 1)[1] for n in nodes if n.startswith(f"{name}:")})
+
     def stop(self) -> None:
         for s in self.sites.values():
-            if hasattr(s.pool, "stop"):
-                s.pool.stop()
+            s.pool.stop()

@@ -15,6 +15,8 @@ class IdlePool(Protocol):
 
     def poll(self) -> list: ...      # PoolEvents due now: join | notice | leave
 
+    def release(self, nodes) -> None: ...   # done with these nodes on notice: give them back early
+
     def stop(self) -> None: ...
 
 

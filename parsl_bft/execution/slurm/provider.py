@@ -11,7 +11,8 @@ from .commands import SlurmCommands
 
 
 class SlurmPilotProvider(PilotProvider):
-    """``--time`` = the hole (within bounds) with ``--time-min`` so backfill may shorten it,
+    """``--time`` = ``--time-min`` = the hole (within bounds: on the local Slurm 22.05 pilots with a lower
+    --time-min started with that minimum as their limit even with nothing waiting, and spent most of it on notice),
     ``--signal=B:USR1@notice_s`` for the reclaim notice, the site's preemptable QOS when it has one."""
 
     STATES = {
@@ -77,7 +78,7 @@ class SlurmPilotProvider(PilotProvider):
 
     def script(self, command: str, job_name: str, minutes: int) -> str:
         opts = [f"--job-name={job_name}", f"--partition={self.partition}", f"--nodes={self.pilot_nodes}",
-                f"--time={minutes}", f"--time-min={self.walltime_min_min}", f"--signal=B:USR1@{self.notice_s}",
+                f"--time={minutes}", f"--time-min={minutes}", f"--signal=B:USR1@{self.notice_s}",
                 "--exclusive", f"--output={self.directive_path(self.script_dir + '/%j.out')}"]
         opts += [f"--qos={self.qos}"] if self.qos else []
         opts += [f"--account={self.account}"] if self.account else []
