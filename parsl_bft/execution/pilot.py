@@ -1,10 +1,10 @@
 """The scheduler-independent part of a pilot-job provider: Parsl blocks that are pilots soaking up holes.
 
 Subclasses (one sub-package per scheduler) set ``self.cmd`` (their command seam, with ``submit(script)`` and
-``cancel(ids)``) and supply the hooks: find the holes, write the batch script, read job states. This base sizes pilots to the current hole, withdraws pilots that do not start
-promptly (a queued pilot competes with the facility's jobs) and reports every normal end of an idle window -
-reclaimed, preempted, out of its hole - as TIMEOUT or SCALED_IN, never FAILED (Parsl marks an executor broken
-when all its blocks fail).
+``cancel(ids)``) and supply the hooks: survey the scheduler, look up ended jobs, write the batch script. This
+base sizes pilots to the current hole, withdraws pilots that do not start promptly (a queued pilot competes
+with the facility's jobs) and reports every normal end of an idle window - reclaimed, preempted, out of its
+hole - as TIMEOUT or SCALED_IN, never FAILED (Parsl marks an executor broken when all its blocks fail).
 """
 from __future__ import annotations
 
@@ -166,7 +166,8 @@ class PilotProvider(ExecutionProvider):
         snap = self.snapshot()
         seen = {j: (snap.jobs[j].state, snap.jobs[j].reason) for j in job_ids if j in snap.jobs}
         # submitted after the survey: the scheduler has it queued
-        seen.update({j: (_JUST_SUBMITTED, "submitted after the last survey") for j in job_ids if j not in seen and self.submitted.get(j, 0) >= snap.taken})
+        seen.update({j: (_JUST_SUBMITTED, "submitted after the last survey") for j in job_ids
+                     if j not in seen and self.submitted.get(j, 0) >= snap.taken})
         gone = [j for j in job_ids if j not in seen and j not in self._ended]
         if gone:
             self._ended.update(self.ended(gone))

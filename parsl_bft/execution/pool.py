@@ -123,10 +123,11 @@ class PilotPool:
 
     It keeps one pilot per hole (up to ``max_nodes``; several holes a pilot when the facility caps our jobs),
     launched as Parsl blocks through the executor, so Parsl's own bookkeeping (status polling, cancelling at
-    shutdown) covers them. A pilot's nodes join once it runs AND each node's worker pool has connected. It gets a notice when the scheduler signals the pilot, when its walltime ends
-    within ``notice_s``, or when a waiting facility job is planned to start on it: then its pilot is cancelled
-    ``release_s`` later (time to checkpoint), so the facility job does not wait for a pilot. It leaves when the
-    pilot stops running or its worker pool is lost.
+    shutdown) covers them. A pilot's nodes join once it runs AND each node's worker pool has connected. They get
+    a notice when the scheduler signals the pilot, when its walltime ends within ``notice_s``, or when a waiting
+    facility job is planned to start on them: then the pilot is cancelled ``release_s`` later (time to
+    checkpoint), so the facility job does not wait for a pilot; other noticed pilots go when the orchestrator
+    ``release``s their nodes. They leave when the pilot stops running or its worker pool is lost.
     HTEX decides which node runs which task, so a fragment of n ranks is n one-rank tasks (``gang``) and the
     orchestrator's books follow where the ranks landed.
     """

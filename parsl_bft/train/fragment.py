@@ -155,6 +155,9 @@ def _master_addr() -> str:
     return "127.0.0.1"
 
 
+_KEEP: list = []        # what must outlive train_rank in a rank process (see the end of train_rank)
+
+
 def _sum_hook(state, bucket):  # noqa: ARG001
     """DDP averages gradients; the loss is already divided by the GLOBAL batch, so sum instead."""
     return dist.all_reduce(bucket.buffer(), async_op=True).get_future().then(lambda f: f.value()[0])
@@ -344,7 +347,10 @@ def train_rank(cfg: FragmentConfig) -> FragmentResult | None:
         jd.write_progress(Progress(step, samples_done, last_loss, world, step, time.time(), time.time()))
     if world > 1:
         dist.barrier()
-        dist.destroy_process_group()
+        # no teardown: freeing DDP's reducer or the gloo group here can deadlock (the group's destructor joins
+        # its worker thread while holding the GIL that thread needs to free a finished barrier's tensors); the
+        # rank process exits right after this (os._exit in the forkserver child) and nothing is freed at all
+        _KEEP.append(net)
     checkpoint_s = time.perf_counter() - t2
     if rank != 0:
         return None
@@ -370,4 +376,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)          # no interpreter teardown of the process group (see the end of train_rank)
