@@ -49,7 +49,7 @@ def run_demo(out: str | Path, *, speedup: float = 30.0, console=None, fresh: boo
                 live = o.live_progress()
                 for n, t in tasks.items():
                     r = o.running.get(n)
-                    bar.update(t, completed=live[n], nodes=f"{r.size} node(s)" if r else "waiting")
+                    bar.update(t, completed=live[n], nodes=f"{r.nodes} node(s)" if r else "waiting")
             summary = orch.run(progress=progress, timeout_s=600)
         results = {n: f.result(timeout=1) if f.done() else None for n, f in futures.items()}
     t = Table(title=f"demo finished in {summary['wall_s']:.0f} s")
