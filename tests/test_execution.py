@@ -276,3 +276,20 @@ def test_sigterm_to_parsl_bft_run_checkpoints_and_leaves_nothing_behind(tmp_path
     stop = JobStore(state / "state.sqlite").events("stop")[-1][2]
     assert stop["why"] in ("interrupted", "stopped"), stop
     wait_for(lambda: not live_ranks(state) and not our_processes(state), timeout=60)
+
+
+@pytest.mark.timeout(600)
+def test_the_demo_runs_to_its_table_plot_and_json(tmp_path):
+    """The README's first command, with two small jobs: live table, final table, plot and JSON."""
+    import io
+
+    from rich.console import Console
+
+    from parsl_bft.execution.demo import run_demo
+    jobs = [dict(name=n, workload="images", samples=32 * 150, max_nodes=2, global_batch=32,
+                 workload_args={"n": 256}, rate_guess=3000.0) for n in ("small", "other")]
+    text = io.StringIO()
+    summary = run_demo(tmp_path, console=Console(file=text, width=120), warm_up=False, jobs=jobs)
+    assert {r["job"]: r["status"] for r in summary["jobs"]} == {"small": "done", "other": "done"}
+    assert (tmp_path / "demo.png").stat().st_size > 0 and "final_checkpoints" in (tmp_path / "demo.json").read_text()
+    assert "demo finished" in text.getvalue()

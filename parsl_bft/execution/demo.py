@@ -16,7 +16,8 @@ DEMO_JOBS = [
 
 
 def run_demo(out: str | Path, *, speedup: float = 30.0, console=None, fresh: bool = True,
-             warm_up: bool = True) -> dict:
+             warm_up: bool = True, jobs: list[dict] | None = None) -> dict:
+    """The demo's run; ``jobs`` (TrainingJob fields) replaces its three models (tests use small ones)."""
     import parsl
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
@@ -40,7 +41,7 @@ def run_demo(out: str | Path, *, speedup: float = 30.0, console=None, fresh: boo
     with parsl.load(local_config(workers=5, run_dir=str(out / "runinfo"))):
         orch = Orchestrator(state, pool, Planner(method="dp", objective="speedup", t_fwd=30.0), max_concurrent=3,
                             warm_up=warm_up)
-        futures = {j["name"]: orch.submit(TrainingJob(**j)) for j in DEMO_JOBS}
+        futures = {j["name"]: orch.submit(TrainingJob(**j)) for j in (jobs or DEMO_JOBS)}
         with Progress(TextColumn("{task.description:>8}"), BarColumn(), TextColumn("{task.percentage:>5.1f}%"),
                       TextColumn("{task.fields[nodes]}"), TimeElapsedColumn(), console=console) as bar:
             tasks = {n: bar.add_task(n, total=orch.jobs[n].samples, nodes="") for n in futures}
