@@ -113,7 +113,9 @@ def measure_slurm(run_s: float = 300.0) -> dict:
         subprocess.run(["scancel", "--user", "root"], capture_output=True)
     done = [e for _, kind, e in events if kind == "fragment-done"]
     lat = [e["train_started"] - e["launched"] for e in done]
-    lost = [e for _, kind, e in events if kind == "fragment-failed" and e["without_notice"]]
+    # every fragment that died rather than stopped (a pilot killed outright may still signal its batch script
+    # a moment before: the orchestrator then sees a notice it had no time to act on)
+    lost = [e for _, kind, e in events if kind == "fragment-failed"]
     queries = {k: v for k, v in calls.items() if k in ("sinfo", "squeue", "scontrol", "sacct", "sacctmgr")}
     return {"wall_s": wall, "pilots": pilots, "fragments": len(done),
             "commands_per_min": sum(calls.values()), "queries_per_min": sum(queries.values()),
@@ -123,8 +125,8 @@ def measure_slurm(run_s: float = 300.0) -> dict:
             "train_share": summary["train_share"],
             "pilot_time_training": (sum(r["train_node_s"] for r in summary["jobs"]) / summary["pool_node_s"]
                                     if summary["pool_node_s"] else 0.0),
-            "killed": len(killed), "losses_without_notice": len(lost),
-            "lost_s": [e.get("lost_s") for e in lost], "checkpoint_every_s": [e["checkpoint_every_s"] for e in lost]}
+            "killed": len(killed), "fragments_lost": len(lost),
+            "lost_s": [e.get("lost_s", 0.0) for e in lost], "checkpoint_every_s": [e["checkpoint_every_s"] for e in lost]}
 
 
 def main_slurm() -> None:
@@ -137,8 +139,8 @@ def main_slurm() -> None:
     print(f"  held node-time spent training {r['train_share']:.1%} (goal >= 90 %); pilot node-time spent training "
           f"{r['pilot_time_training']:.1%}")
     for lost, every in zip(r["lost_s"], r["checkpoint_every_s"]):
-        print(f"  loss without notice: {lost} s of training lost, checkpoint interval {every} s "
-              f"(ratio {lost / every:.2f}; goal <= 1)" if lost is not None else "  loss without notice: no progress")
+        print(f"  fragment lost (pilot killed): {lost} s of training since its last save, checkpoint interval "
+              f"{every} s (ratio {lost / every:.2f}; goal <= 1)")
     print(json.dumps(r))
 
 
