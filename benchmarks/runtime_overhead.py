@@ -57,11 +57,22 @@ objective: {{name: throughput, t_fwd_seconds: 20}}
 
 
 def _kill_a_pilot_under_a_rank(state: Path, after_s: float, killed: list) -> None:
-    """After ``after_s``: scancel --signal=KILL a pilot whose node runs a rank (pid files name the node) and
-    that has no notice yet (no mark; its USR1 notice may come up to 60 s early here): a loss without notice."""
+    """After ``after_s``, once the running fragment has saved periodically and trained on since: scancel
+    --signal=KILL a pilot whose node runs one of its ranks (pid files name the node) and that has no notice
+    yet (no mark; its USR1 notice may come up to 60 s early here): a loss without notice."""
+    from parsl_bft.execution.jobstore import JobStore
+    from parsl_bft.train.protocol import JobDir
+
     time.sleep(after_s)
     env = {**os.environ, "SLURM_TIME_FORMAT": "%s"}
-    for _ in range(240):
+    db = JobStore(state / "state.sqlite", readonly=True)
+    for _ in range(600):
+        time.sleep(0.5)
+        launches = db.events("launch")
+        pr = JobDir(state / "checkpoints" / "img").progress()
+        if not launches or pr is None or pr.t < launches[-1][0] or pr.saved_at < launches[-1][0] \
+                or pr.step <= pr.saved_step:
+            continue
         for f in state.glob("**/.ranks-*.pid"):
             try:
                 node = json.loads(f.read_text())["node"]
@@ -74,7 +85,6 @@ def _kill_a_pilot_under_a_rank(state: Path, after_s: float, killed: list) -> Non
                     subprocess.run(["scancel", "--signal=KILL", "--full", jid], check=False)
                     killed.append((time.time(), jid, node))
                     return
-        time.sleep(0.5)
 
 
 def measure_slurm(run_s: float = 300.0) -> dict:
@@ -126,7 +136,7 @@ def measure_slurm(run_s: float = 300.0) -> dict:
             "pilot_time_training": (sum(r["train_node_s"] for r in summary["jobs"]) / summary["pool_node_s"]
                                     if summary["pool_node_s"] else 0.0),
             "killed": len(killed), "fragments_lost": len(lost),
-            "lost_s": [e.get("lost_s", 0.0) for e in lost], "checkpoint_every_s": [e["checkpoint_every_s"] for e in lost]}
+            "lost_s": [e.get("lost_s") for e in lost], "checkpoint_every_s": [e["checkpoint_every_s"] for e in lost]}
 
 
 def main_slurm() -> None:
@@ -140,7 +150,8 @@ def main_slurm() -> None:
           f"{r['pilot_time_training']:.1%}")
     for lost, every in zip(r["lost_s"], r["checkpoint_every_s"]):
         print(f"  fragment lost (pilot killed): {lost} s of training since its last save, checkpoint interval "
-              f"{every} s (ratio {lost / every:.2f}; goal <= 1)")
+              f"{every} s (ratio {lost / every:.2f}; goal <= 1)" if lost is not None else
+              "  fragment lost (pilot killed) before it reported any progress: only its start-up was lost")
     print(json.dumps(r))
 
 
