@@ -19,6 +19,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .hostlist import expand_hostlist
+
 # Assumed link speeds (GB/s) when a source does not say: a node's injection bandwidth inside its group, and
 # one job's share of the group's uplinks when nothing else uses them (a 2:1 tapered fat tree).
 DEFAULT_INTRA_GBPS = 25.0
@@ -100,34 +102,11 @@ class Topology:
 
 
 # --- Slurm --------------------------------------------------------------------------------------------------
-def expand_hostlist(text: str) -> list[str]:
-    """'n[1-3,5],gpu07' -> n1 n2 n3 n5 gpu07; several brackets and text after them kept; padding kept."""
-    parts, depth, cur = [], 0, ""
-    for ch in text.strip():
-        depth += (ch == "[") - (ch == "]")
-        if ch == "," and depth == 0:
-            parts.append(cur)
-            cur = ""
-        else:
-            cur += ch
-    parts.append(cur)
-    out: list[str] = []
-    for p in filter(None, parts):
-        out += _expand_one(p)
-    return out
-
-
-def _expand_one(item: str) -> list[str]:
-    m = re.search(r"\[([^\]]*)\]", item)
-    if not m:
-        return [item]
-    head, tail, out = item[:m.start()], item[m.end():], []
-    for part in m.group(1).split(","):
-        lo, _, hi = part.partition("-")
-        if not lo.isdigit() or (hi and not hi.isdigit()):
-            raise TopologyError(f"bad host range {part!r} in {item!r}")
-        out += [n for i in range(int(lo), int(hi or lo) + 1) for n in _expand_one(f"{head}{i:0{len(lo)}d}{tail}")]
-    return out
+def _hosts(text: str) -> tuple[str, ...]:
+    try:
+        return expand_hostlist(text)
+    except ValueError as e:
+        raise TopologyError(str(e)) from None
 
 
 def parse_slurm_topology(text: str, *, gpus_per_node: int = 1, intra_gbps: float = DEFAULT_INTRA_GBPS,
@@ -145,7 +124,7 @@ def parse_slurm_topology(text: str, *, gpus_per_node: int = 1, intra_gbps: float
             raise TopologyError(f"{source} line {lineno}: no SwitchName= in {line!r}")
         if "Nodes" not in fields or fields.get("Switches"):
             continue
-        for n in expand_hostlist(fields["Nodes"]):
+        for n in _hosts(fields["Nodes"]):
             if n in groups and groups[n] != name:
                 raise TopologyError(f"{source} line {lineno}: node {n} is under leaf switches {groups[n]} and {name}")
             groups[n] = name
@@ -218,7 +197,7 @@ def topology_from_dict(doc: Mapping, source: str = "topology section") -> Topolo
         raise TopologyError(f"{source}: give exactly one of 'groups' or 'hostname'")
     groups: dict[str, str] = {}
     for g, members in (doc.get("groups") or {}).items():
-        names = expand_hostlist(members) if isinstance(members, str) else [str(m) for m in members]
+        names = _hosts(members) if isinstance(members, str) else [str(m) for m in members]
         for n in names:
             if n in groups:
                 raise TopologyError(f"{source}: node {n} is in groups {groups[n]} and {g}")

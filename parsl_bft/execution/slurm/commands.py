@@ -7,6 +7,7 @@ import re
 from dataclasses import dataclass
 from datetime import datetime
 
+from ...hostlist import expand_hostlist
 from ..commands import SchedulerCommands, SchedulerError, run_local
 from ..pilot import QueueJob
 
@@ -65,40 +66,6 @@ def parse_sinfo_nodes(text: str) -> list[NodeRecord]:
         if name not in seen:
             seen.add(name)
             out.append(NodeRecord(name, state))
-    return out
-
-
-def expand_hostlist(text: str) -> tuple[str, ...]:
-    """Slurm's compressed host lists: 'n[1-3,5],gpu07' -> ('n1', 'n2', 'n3', 'n5', 'gpu07'); text after a bracket
-    and several brackets are kept ('n[1-2]-ib' -> ('n1-ib', 'n2-ib'); 'r[1-2]n[01-02]' -> 4 names);
-    zero padding follows the lower bound."""
-    out: list[str] = []
-    for item in _split_outside_brackets(text.strip()):
-        out += _expand_one(item)
-    return tuple(n for n in out if n and n not in ("(null)", "N/A"))
-
-
-def _split_outside_brackets(text: str) -> list[str]:
-    parts, depth, cur = [], 0, []
-    for ch in text:
-        depth += (ch == "[") - (ch == "]")
-        if ch == "," and depth == 0:
-            parts.append("".join(cur))
-            cur = []
-        else:
-            cur.append(ch)
-    parts.append("".join(cur))
-    return [p for p in parts if p]
-
-
-def _expand_one(item: str) -> list[str]:
-    m = re.search(r"\[([^\]]*)\]", item)
-    if not m:
-        return [item]
-    head, tail, out = item[:m.start()], item[m.end():], []
-    for part in m.group(1).split(","):
-        lo, _, hi = part.partition("-")
-        out += [n for i in range(int(lo), int(hi or lo) + 1) for n in _expand_one(f"{head}{i:0{len(lo)}d}{tail}")]
     return out
 
 
