@@ -2,6 +2,7 @@
 still runs, and read the event log's chain of committed steps."""
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -83,3 +84,23 @@ def assert_same_training(final, ref, steps: int) -> None:
     assert final.step == steps, (final.step, steps)
     tail, ref_tail = [m["loss"] for m in final.metrics[-20:]], [m["loss"] for m in ref.metrics[-20:]]
     assert abs(sum(tail) - sum(ref_tail)) / sum(ref_tail) < 0.05, (sum(tail) / 20, sum(ref_tail) / 20)
+
+
+def kill_a_rank(state, rng) -> bool:
+    """SIGKILL one of the training ranks still running under ``state`` (chosen by ``rng``, so a seeded schedule
+    stays seeded). False when none runs any more."""
+    pids = live_ranks(state)
+    if not pids:
+        return False
+    try:
+        os.kill(rng.choice(sorted(pids)), signal.SIGKILL)
+        return True
+    except ProcessLookupError:
+        return False
+
+
+def break_next_checkpoint_write(chaos_log, proc) -> None:
+    """Arm the checkpoint fault (PARSL_BFT_CHAOS_ARM=chaos_log): the next save, periodic or final, dies half-way.
+    Returns once it has fired, or ``proc`` (the orchestrator) has ended."""
+    (chaos_log / "save_optimizer").touch()
+    wait_for(lambda: not (chaos_log / "save_optimizer").exists() or proc.poll() is not None, timeout=300)

@@ -18,7 +18,8 @@ from parsl_bft.train.protocol import JobDir
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from harness import assert_same_training, check_chain, finish, live_ranks, our_processes, start_orchestrator, wait_for  # noqa: E402
+from harness import (assert_same_training, break_next_checkpoint_write, check_chain, finish,  # noqa: E402
+                     kill_a_rank, live_ranks, our_processes, start_orchestrator, wait_for)
 from orchestrate import EMULATED_IMG_STEPS, reference_model  # noqa: E402
 
 
@@ -67,16 +68,10 @@ def test_chaos_embedded_default_kills_ranks_the_orchestrator_and_checkpoint_writ
         if p.poll() is not None:
             break                                    # everything finished before the schedule did
         time.sleep(rng.uniform(0.5, 4.0))
-        pids = live_ranks(state)
-        if kind == "rank" and pids:
-            try:
-                os.kill(rng.choice(sorted(pids)), signal.SIGKILL)
-                faults["rank"] += 1
-            except ProcessLookupError:
-                pass
+        if kind == "rank":
+            faults["rank"] += kill_a_rank(state, rng)
         elif kind == "checkpoint write":
-            (chaos_log / "save_optimizer").touch()      # the next save, periodic or final, dies half-way
-            wait_for(lambda: not (chaos_log / "save_optimizer").exists() or p.poll() is not None, timeout=300)
+            break_next_checkpoint_write(chaos_log, p)
         elif kind == "orchestrator" and p.poll() is None:
             os.killpg(p.pid, signal.SIGKILL)
             p.wait()

@@ -220,7 +220,7 @@ def test_chaos_on_real_slurm_pilots(slurm, tmp_path):
     the orchestrator (then restarted) and a checkpoint write half-way. Both jobs still finish with the model an
     uninterrupted run gives, the event log shows one unbroken chain of steps, no facility job waited for a
     pilot, and no pilot or process is left."""
-    from harness import live_ranks, our_processes, start_orchestrator
+    from harness import break_next_checkpoint_write, kill_a_rank, live_ranks, our_processes, start_orchestrator
     rng = random.Random(CHAOS_SEED)
     state, chaos_log = tmp_path / "state", tmp_path / "chaos"
     chaos_log.mkdir()
@@ -258,16 +258,10 @@ def test_chaos_on_real_slurm_pilots(slurm, tmp_path):
                     faults["pilot"] += 1
                     killed.add(victim)
             elif kind == "rank":
-                pids = wait_for(lambda: live_ranks(state) or orch.poll() is not None, 120, 0.3)
-                try:
-                    if isinstance(pids, list):
-                        os.kill(rng.choice(sorted(pids)), signal.SIGKILL)
-                        faults["rank"] += 1
-                except ProcessLookupError:
-                    pass
+                wait_for(lambda: live_ranks(state) or orch.poll() is not None, 120, 0.3)
+                faults["rank"] += kill_a_rank(state, rng)
             elif kind == "checkpoint write":
-                (chaos_log / "save_optimizer").touch()        # the next save, periodic or final, dies half-way
-                wait_for(lambda: not (chaos_log / "save_optimizer").exists() or orch.poll() is not None, 300, 0.3)
+                break_next_checkpoint_write(chaos_log, orch)
             elif kind == "orchestrator":       # its pilots lose their interchange: their worker pools exit
                 killed.update(subprocess.run(["squeue", "-h", "-p", "backfill", "-o", "%i"], capture_output=True,
                                              text=True).stdout.split())
@@ -545,13 +539,20 @@ def test_scheduler_commands_per_minute_do_not_grow_with_the_number_of_pilots(tmp
     assert sum(per_minute[8].values()) <= budget, per_minute[8]
 
 
-def test_pilots_respect_the_facility_cap_on_jobs_per_user(tmp_path):
+def capped_pool(tmp_path, job_limit: int):
+    """A PilotPool (up to 8 nodes) with a real Slurm provider on a canned cluster that caps our jobs, on a test
+    clock: (clock, cluster, provider, pool)."""
     clock = {"t": 1_800_000_000.0}
-    cluster = CannedCluster(lambda: clock["t"], job_limit=3)
+    cluster = CannedCluster(lambda: clock["t"], job_limit=job_limit)
     prov = SlurmPilotProvider("debug", commands=SlurmCommands(cluster), script_dir=str(tmp_path))
     prov.clock = lambda: clock["t"]
     pool = PilotPool(CannedExecutor(prov, cluster), max_nodes=8, probe_s=1.0, poll_s=1.0, clock=lambda: clock["t"])
     pool.start()
+    return clock, cluster, prov, pool
+
+
+def test_pilots_respect_the_facility_cap_on_jobs_per_user(tmp_path):
+    clock, cluster, _, pool = capped_pool(tmp_path, 3)
     for _ in range(30):
         clock["t"] += 1.0
         pool.poll()
@@ -561,12 +562,7 @@ def test_pilots_respect_the_facility_cap_on_jobs_per_user(tmp_path):
 def test_capped_jobs_pack_holes_into_multi_node_pilots(tmp_path):
     """Capped at 2 jobs, 8 nodes wanted: two 4-node pilots, each starting a worker pool per node with srun; their
     nodes join once every node's worker pool connected."""
-    clock = {"t": 1_800_000_000.0}
-    cluster = CannedCluster(lambda: clock["t"], job_limit=2)
-    prov = SlurmPilotProvider("debug", commands=SlurmCommands(cluster), script_dir=str(tmp_path))
-    prov.clock = lambda: clock["t"]
-    pool = PilotPool(CannedExecutor(prov, cluster), max_nodes=8, probe_s=1.0, poll_s=1.0, clock=lambda: clock["t"])
-    pool.start()
+    clock, cluster, prov, pool = capped_pool(tmp_path, 2)
     joined = []
     for _ in range(10):
         clock["t"] += 1.0
