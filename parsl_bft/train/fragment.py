@@ -68,6 +68,7 @@ class FragmentConfig:
     checkpoint_every_s: float | None = None   # periodic saves (None: only when the fragment stops)
     fragment_id: str = ""             # names this launch in the store, pid and error files ("" = a fresh one)
     ranks_per_node: int = 1           # a gang task starts this many ranks on its node (its accelerators)
+    loop: str | None = None           # a user's training function ('file.py:fn'), instead of the workload loop
 
     def __post_init__(self) -> None:
         if self.world_size < 1:
@@ -192,8 +193,23 @@ def _to(device, batch):
     return batch
 
 
-def train_rank(cfg: FragmentConfig) -> FragmentResult | None:
-    """The body of one rank. Returns the result on rank 0."""
+@dataclass
+class RankSetup:
+    """What every rank of a fragment has once it started: who it is, its device, its job's files."""
+
+    rank: int
+    world: int
+    kv: dist.Store | None
+    device: torch.device
+    use_cuda: bool
+    jd: JobDir
+    store: CheckpointStore
+    saver: _Saver
+    t0: float                          # perf_counter at the start (deadline_s counts from here)
+
+
+def open_rank(cfg: FragmentConfig) -> RankSetup:
+    """Signals, the launcher handshake, threads, determinism, the device and the job's checkpoint store."""
     rank, world = _rank_env()
     if world != cfg.world_size:
         raise FragmentFailed(f"launcher started {world} ranks, fragment expects {cfg.world_size}")
@@ -203,17 +219,62 @@ def train_rank(cfg: FragmentConfig) -> FragmentResult | None:
     if kv is not None:                     # tell the launcher that signals may now be forwarded safely
         kv.set(f"ready/{rank}", "1")
     torch.set_num_threads(cfg.threads_per_rank)
-    if cfg.deterministic:
-        torch.use_deterministic_algorithms(True)
     use_cuda = cfg.backend == "nccl" or (cfg.backend == "auto" and torch.cuda.is_available())
+    if cfg.deterministic:
+        if use_cuda:       # deterministic cuBLAS needs a fixed workspace, set before the first matmul
+            os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True)
     device = torch.device(f"cuda:{_local_rank(rank) % max(torch.cuda.device_count(), 1)}" if use_cuda else "cpu")
     if use_cuda:
         torch.cuda.set_device(device)
-
-    t0 = time.perf_counter()
     jd = JobDir(cfg.checkpoint_dir)
     store = CheckpointStore(cfg.checkpoint_dir, keep=cfg.keep)
-    saver = _Saver(cfg, store, jd)
+    return RankSetup(rank, world, kv, device, use_cuda, jd, store, _Saver(cfg, store, jd), time.perf_counter())
+
+
+def join_group(cfg: FragmentConfig, rs: RankSetup) -> None:
+    """The process group of the fragment's ranks (through the launcher's store, else MASTER_ADDR/PORT)."""
+    if rs.world == 1:
+        return
+    timeout = timedelta(seconds=cfg.timeout_s)
+    backend = "nccl" if rs.use_cuda else "gloo"
+    if rs.kv is not None:
+        dist.init_process_group(backend, store=dist.PrefixStore("pg", rs.kv), rank=rs.rank, world_size=rs.world,
+                                timeout=timeout)
+    else:
+        dist.init_process_group(backend, rank=rs.rank, world_size=rs.world, timeout=timeout,
+                                init_method=f"tcp://{_master_addr()}:{os.environ.get('MASTER_PORT', '29500')}")
+
+
+def step_flags(cfg: FragmentConfig, rs: RankSetup, loss: float) -> tuple[float, bool, bool]:
+    """The end of a step, on every rank: one small all-reduce of the step's loss and everyone's stop flags
+    (notice: a signal or the STOP file; the deadline), so all ranks stop at the same step."""
+    stop = _STOP["flag"] or (cfg.watch_stop and rs.jd.stop_file.exists())
+    late = cfg.deadline_s is not None and time.perf_counter() - rs.t0 >= cfg.deadline_s
+    flags = torch.tensor([loss, float(stop), float(late)], dtype=torch.float64)
+    if rs.world > 1:
+        flags = flags.to(rs.device)
+        dist.all_reduce(flags)
+        flags = flags.cpu()
+    return float(flags[0]), bool(flags[1] > 0), bool(flags[2] > 0)
+
+
+def close_rank(rs: RankSetup, keep) -> None:
+    if rs.world > 1:
+        dist.barrier()
+        # no teardown: freeing DDP's reducer or the gloo group here can deadlock (the group's destructor joins
+        # its worker thread while holding the GIL that thread needs to free a finished barrier's tensors); the
+        # rank process exits right after this (os._exit in the forkserver child) and nothing is freed at all
+        _KEEP.append(keep)
+
+
+def train_rank(cfg: FragmentConfig) -> FragmentResult | None:
+    """The body of one rank. Returns the result on rank 0."""
+    if cfg.loop:
+        from .context import run_loop
+        return run_loop(cfg)
+    rs = open_rank(cfg)
+    rank, world, device, jd, store, saver, t0 = rs.rank, rs.world, rs.device, rs.jd, rs.store, rs.saver, rs.t0
     wl = make_workload(cfg.workload, **{"seed": cfg.seed, **cfg.workload_args})
     data = wl.dataset()
     model = wl.build_model().to(device)
@@ -247,16 +308,9 @@ def train_rank(cfg: FragmentConfig) -> FragmentResult | None:
 
     t1 = time.perf_counter()
     net = model
+    join_group(cfg, rs)
     if world > 1:
-        backend = "nccl" if use_cuda else "gloo"
-        timeout = timedelta(seconds=cfg.timeout_s)
-        if kv is not None:
-            dist.init_process_group(backend, store=dist.PrefixStore("pg", kv), rank=rank, world_size=world,
-                                    timeout=timeout)
-        else:
-            dist.init_process_group(backend, rank=rank, world_size=world, timeout=timeout,
-                                    init_method=f"tcp://{_master_addr()}:{os.environ.get('MASTER_PORT', '29500')}")
-        net = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device] if use_cuda else None,
+        net = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device] if rs.use_cuda else None,
                                                         broadcast_buffers=False)
         net.register_comm_hook(None, _sum_hook)
     rendezvous_s = time.perf_counter() - t1
@@ -311,20 +365,13 @@ def train_rank(cfg: FragmentConfig) -> FragmentResult | None:
         samples_done += B
         if os.environ.get("PARSL_BFT_FAULT") == f"rank{rank}:step{step}":
             os.kill(os.getpid(), signal.SIGKILL)          # fault injection for tests
-        stop = _STOP["flag"] or (cfg.watch_stop and jd.stop_file.exists())
-        late = cfg.deadline_s is not None and time.perf_counter() - t0 >= cfg.deadline_s
-        flags = torch.tensor([loss_sum, float(stop), float(late)], dtype=torch.float64)
-        if world > 1:                          # one small all-reduce: the step's loss and everyone's stop flags
-            flags = flags.to(device)
-            dist.all_reduce(flags)
-            flags = flags.cpu()
-        last_loss = float(flags[0])
+        last_loss, stop, late = step_flags(cfg, rs, loss_sum)
         if not math.isfinite(last_loss):       # every rank sees the same all-reduced loss: all stop here
             raise FragmentFailed(f"job {cfg.job}: the loss is {last_loss} at step {step}: not saving (the last "
                                  "finite checkpoint stays)")
         metrics.append({"step": step, "loss": last_loss, "world": world})
-        if flags[1] > 0 or flags[2] > 0:
-            stopped_by = "signal" if flags[1] > 0 else "deadline"
+        if stop or late:
+            stopped_by = "signal" if stop else "deadline"
             break
         if rank == 0:
             now = time.time()
@@ -345,12 +392,7 @@ def train_rank(cfg: FragmentConfig) -> FragmentResult | None:
     if rank == 0:
         ckpt = str(saver.save(snapshot()))
         jd.write_progress(Progress(step, samples_done, last_loss, world, step, time.time(), time.time()))
-    if world > 1:
-        dist.barrier()
-        # no teardown: freeing DDP's reducer or the gloo group here can deadlock (the group's destructor joins
-        # its worker thread while holding the GIL that thread needs to free a finished barrier's tensors); the
-        # rank process exits right after this (os._exit in the forkserver child) and nothing is freed at all
-        _KEEP.append(net)
+    close_rank(rs, net)
     checkpoint_s = time.perf_counter() - t2
     if rank != 0:
         return None
@@ -358,8 +400,8 @@ def train_rank(cfg: FragmentConfig) -> FragmentResult | None:
     res = FragmentResult(cfg.job, world, start_step, step, done, samples_done, train_s, restore_s, rendezvous_s,
                          checkpoint_s, done / train_s if train_s > 0 else 0.0, stopped_by, last_loss, ckpt,
                          [str(e) for e in store.skipped], train_started, saves, save_s / saves if saves else 0.0)
-    if kv is not None:
-        kv.set("result", json.dumps(asdict(res)))
+    if rs.kv is not None:
+        rs.kv.set("result", json.dumps(asdict(res)))
     return res
 
 
