@@ -228,24 +228,59 @@ def test_multisite_plans_one_site_per_job_and_moves_when_it_pays():
     assert sum(plan.sizes.values()) == 8 and "moves" in " ".join(plan.notes)
 
 
-@pytest.mark.parametrize("n_jobs,capacity,top", [(6, 20, 8), (40, 3000, 100), (30, 5000, 120)])
-def test_fast_dp_equals_the_reference_dp(n_jobs, capacity, top):
-    """The fast DP (separable shortcut, reach-bounded window DP) gives the reference DP's sizes, tie-breaks
-    included, on small, large-window and separable (sum of max sizes <= capacity) problems."""
+def random_size_problem(rng, n_jobs, capacity, top, shape):
+    """'walk': increasing, not concave, with a step and exact ties; 'planner': concave speedup-like values with
+    the rescale step at a held size (what build_problem makes); 'jagged': noise on a rising trend."""
     from parsl_bft.planner.problem import SizeProblem
-    from parsl_bft.planner.solvers import solve_dp, solve_dp_reference
 
-    rng = np.random.default_rng(n_jobs)
-    for _ in range(3):
-        allowed, value = [], []
-        for j in range(n_jobs):
-            lo, hi = int(rng.integers(1, 4)), int(rng.integers(4, top + 1))
-            a = np.array([0] + list(range(lo, hi + 1)))
+    allowed, value = [], []
+    for j in range(n_jobs):
+        lo, hi = int(rng.integers(1, 4)), int(rng.integers(4, top + 1))
+        a = np.array([0] + list(range(lo, hi + 1)))
+        if shape == "walk":
             v = np.concatenate([[0.0], np.cumsum(rng.random(len(a) - 1) * 3) - rng.random() * 5])
             v[rng.integers(1, len(a))] += 4.0 * rng.random()          # a held size: a step in the values
             v[1:3] = np.round(v[1:3])                                  # and some exact ties
-            allowed.append(a)
-            value.append(v)
-        p = SizeProblem([f"j{j}" for j in range(n_jobs)], allowed, value, capacity)
+        elif shape == "planner":
+            held = int(rng.choice(a[: min(len(a), 40)]))
+            u = 10.0 * a / (1.0 + rng.uniform(0.0, 0.05) * np.maximum(a - 1, 0))
+            u_now = float(u[a == held][0])
+            v = u - np.where(a > held, rng.uniform(10, 20) * u_now / 10, np.where(a < held, 11.0 * u_now / 10, 0.0))
+        else:
+            v = rng.normal(0.0, 5.0, len(a)) + 0.5 * a
+        allowed.append(a)
+        value.append(v)
+    return SizeProblem([f"j{j}" for j in range(n_jobs)], allowed, value, capacity)
+
+
+@pytest.mark.parametrize("shape", ["walk", "planner", "jagged"])
+@pytest.mark.parametrize("n_jobs,capacity,top", [(6, 20, 8), (40, 1500, 100), (30, 1000, 120), (120, 2500, 64)])
+def test_fast_dp_is_exact(n_jobs, capacity, top, shape):
+    """solve_dp (separable shortcut, Lagrangian core, window DP) reaches the reference DP's objective on
+    structured and structureless values; the window DP also makes the reference's tie-breaks."""
+    from parsl_bft.planner.solvers import _solve_window, solve_dp, solve_dp_reference
+
+    rng = np.random.default_rng(n_jobs + capacity)
+    for _ in range(3):
+        p = random_size_problem(rng, n_jobs, capacity, top, shape)
         fast, ref = solve_dp(p)[0], solve_dp_reference(p)[0]
-        assert fast == ref and sum(fast.values()) <= capacity
+        assert p.feasible(fast)
+        assert p.objective(fast) == pytest.approx(p.objective(ref), rel=1e-12, abs=1e-9)
+        assert _solve_window(p) == ref
+
+
+def test_dp_equals_milp_on_a_large_horizon_aware_plan(imagenet):
+    """60 jobs on 1,500 nodes, some of them about to leave (hazard values are not concave): the DP's core
+    method reaches the MILP's objective."""
+    rng = np.random.default_rng(7)
+    pool = [f"n{i:04d}" for i in range(1500)]
+    jobs, free = [], list(pool)
+    for spec in imagenet.jobs[:60]:
+        k = int(rng.choice([0, 0, 1, 4, 16, 32]))
+        jobs.append(JobState(spec, imagenet.curve(spec), tuple(free[:k])))
+        free = free[k:]
+    remaining = {n: float(rng.uniform(20.0, 3600.0)) for n in pool}
+    plans = [Planner(method=m, horizon_aware=True, t_fwd=60.0).plan(jobs, pool, remaining=remaining)
+             for m in ("dp", "milp")]
+    assert plans[0].objective == pytest.approx(plans[1].objective, rel=1e-9)
+    assert sum(plans[0].sizes.values()) <= len(pool)

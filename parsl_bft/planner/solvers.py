@@ -11,22 +11,119 @@ from .problem import SizeProblem
 
 
 def solve_dp(p: SizeProblem) -> tuple[dict[str, int], str]:
-    """Exact dynamic programme over capacity, the same answers (and tie-breaks) as ``solve_dp_reference``.
+    """Exact: the same objective as the MILP and ``solve_dp_reference``, fast where values are near concave.
 
-    - When every job can have its largest size at once (sum of max sizes <= capacity) the jobs do not interact:
-      each takes its own best size, O(J * K).
-    - Else f_j(c) = best value of the first j jobs on at most c nodes is computed only up to the nodes those
-      jobs can use (sum of their max sizes); beyond, it is flat. Candidates f(c - a_i) + v_i come from one
-      strided window view of f (no index arrays, no masks), the argmax is kept as a small integer.
-    - Small problems (capacity x sizes < 200k) go to the reference DP, which has less fixed overhead.
+    - When every job can have its best size at once the jobs do not interact: each takes it, O(J * K).
+    - Small problems (capacity x sizes < SMALL) go to the reference DP, which has the least fixed overhead.
+    - Else a Lagrangian core (``_solve_core``): a price per node splits the problem into one choice per job and
+      bounds how far from its priced choice any better plan can put a job; the exact DP runs on that core only.
+      Concave speedup curves with a rescale step at the current size make the core a few sizes per job; when
+      concavity fails the core grows, up to the whole problem (``_solve_window``) - exact either way.
     """
+    best = [int(a[int(np.argmax(v))]) for a, v in zip(p.allowed, p.value)]
+    if sum(best) <= p.capacity:
+        return dict(zip(p.names, best)), "optimal"
+    if p.capacity * max(len(a) for a in p.allowed) < SMALL:
+        return solve_dp_reference(p)
+    return _solve_core(p), "optimal"
+
+
+SMALL = 20_000           # capacity x sizes below which the reference DP is quickest
+
+
+CORE_TRY = 1e-5          # first core: sizes within this fraction of the bound of their job's priced choice
+
+
+def _solve_core(p: SizeProblem) -> dict[str, int]:
+    """Price nodes at lam, the multiplier of the capacity constraint: L(lam) = sum_j max_k (v_j(k) - lam k)
+    + lam * capacity bounds every plan (UB = min over lam). A plan's loss is the sum over jobs of
+    d_j(k_j) = max_k (v_j(k) - lam k) - (v_j(k_j) - lam k_j) >= 0 and its value is at most UB - loss, so a plan
+    better than a known one (value LB) has every d_j(k_j) <= UB - LB: only those sizes (the core) need the DP.
+    A first, narrow core (d <= CORE_TRY * |UB|) usually holds the optimum already: its DP value LB proves it
+    when UB - LB <= the width; else the core widened to UB - LB is exact by the argument above."""
+    J = len(p.names)
+    K = max(len(a) for a in p.allowed)
+    A = np.zeros((J, K), dtype=np.int64)
+    V = np.full((J, K), -np.inf)
+    for j, (a, v) in enumerate(zip(p.allowed, p.value)):
+        A[j], V[j, :len(a)] = a[0], v         # padding: a real size at value -inf
+        A[j, :len(a)] = a
+    rows = np.arange(J)
+    cap = p.capacity
+    if int(A.min(axis=1).sum()) > cap:          # nothing fits: the reference DP's (infeasible) answer
+        return _solve_window(p)
+
+    def priced(lam: float) -> tuple[np.ndarray, float]:
+        pick = (V - lam * A).argmax(axis=1)
+        return pick, float((V[rows, pick] - lam * A[rows, pick]).sum()) + lam * cap
+
+    # bisection for the price where the priced sizes cross capacity; lam_hi always fits
+    lo, hi = 0.0, float(np.max(V.max(axis=1) - V[rows, A.argmin(axis=1)])) + 1.0
+    ub, lam = priced(hi)[1], hi
+    for _ in range(60):
+        mid = 0.5 * (lo + hi)
+        pick, val = priced(mid)
+        if val < ub:
+            ub, lam = val, mid
+        if A[rows, pick].sum() > cap:
+            lo = mid
+        else:
+            hi = mid
+        if hi - lo <= 1e-12 * hi:
+            break
+    fits = priced(hi)[0]                      # a plan that fits: every core keeps it (the DP stays feasible)
+    M = V - lam * A
+    loss = M.max(axis=1)[:, None] - M
+    tol = 1e-9 * max(1.0, abs(ub))
+    width = CORE_TRY * max(1.0, abs(ub))
+    for _ in range(2):                          # the second core contains every better plan: no third
+        core = loss <= width + tol
+        core[rows, fits] = True
+        sizes, value = _solve_on(p, A, V, core)
+        if ub - value <= width + tol:
+            break
+        width = ub - value
+    return sizes
+
+
+def _solve_on(p: SizeProblem, A: np.ndarray, V: np.ndarray, core: np.ndarray) -> tuple[dict[str, int], float]:
+    """Exact DP restricted to the core sizes: jobs with one core size are fixed; the others choose their size
+    above their smallest core size from what the fixed ones and those minimums leave."""
+    fixed: dict[str, int] = {}
+    names, low, allowed, value = [], [], [], []
+    for j, name in enumerate(p.names):
+        order = np.argsort(A[j][core[j]], kind="stable")
+        a, v = A[j][core[j]][order], V[j][core[j]][order]
+        if len(a) == 1:
+            fixed[name] = int(a[0])
+            continue
+        names.append(name)
+        low.append(int(a[0]))
+        allowed.append(a - a[0])
+        value.append(v)
+    sizes = dict(fixed)
+    if names:
+        sub = SizeProblem(names, allowed, value, p.capacity - sum(fixed.values()) - sum(low))
+        best = [int(a[int(np.argmax(v))]) for a, v in zip(allowed, value)]
+        if sum(best) <= sub.capacity:
+            picked = dict(zip(names, best))
+        elif sub.capacity * max(len(a) for a in allowed) < SMALL:
+            picked = solve_dp_reference(sub)[0]
+        else:
+            picked = _solve_window(sub)
+        sizes.update({n: lo + picked[n] for n, lo in zip(names, low)})
+    sizes = {n: sizes[n] for n in p.names}
+    return sizes, p.objective(sizes)
+
+
+def _solve_window(p: SizeProblem) -> dict[str, int]:
+    """The full exact DP over capacity, the reference DP's answers and tie-breaks, faster on large pools:
+    f_j(c) = best value of the first j jobs on at most c nodes is computed only up to the nodes those jobs can
+    use (sum of their max sizes); beyond, it is flat. Candidates f(c - a_i) + v_i come from one strided window
+    view of f (no index arrays, no masks), the argmax is kept as a small integer."""
     J = len(p.names)
     tops = [int(a.max()) for a in p.allowed]
-    if sum(tops) <= p.capacity:
-        return {n: int(a[int(np.argmax(v))]) for n, a, v in zip(p.names, p.allowed, p.value)}, "optimal"
     cap = p.capacity
-    if cap * max(len(a) for a in p.allowed) < 200_000:     # small: the plain DP has less overhead
-        return solve_dp_reference(p)
     kmax = min(max(tops), cap)
     f = np.zeros(1)                                # f[c], c = 0..reach
     reach = 0
@@ -54,7 +151,9 @@ def solve_dp(p: SizeProblem) -> tuple[dict[str, int], str]:
         k = int(alloweds[j][choices[j][min(c, len(choices[j]) - 1)]])
         sizes[p.names[j]] = k
         c -= k
-    return {n: sizes[n] for n in p.names}, "optimal"
+    return {n: sizes[n] for n in p.names}
+
+
 
 
 def solve_dp_reference(p: SizeProblem) -> tuple[dict[str, int], str]:
