@@ -288,3 +288,36 @@ def test_the_demo_runs_to_its_table_plot_and_json(tmp_path):
     assert {r["job"]: r["status"] for r in summary["jobs"]} == {"small": "done", "other": "done"}
     assert (tmp_path / "demo.png").stat().st_size > 0 and "final_checkpoints" in (tmp_path / "demo.json").read_text()
     assert "demo finished" in text.getvalue()
+
+
+@pytest.mark.timeout(600)
+def test_a_users_own_training_loop_trains_on_idle_nodes_like_one_uninterrupted_run(tmp_path):
+    """workflows/digits_loop.py's train(ctx), unchanged, as a job on the embedded default: a second node joins
+    (the job grows), a notice stops a fragment half-way; the final model is the one of the same function run once
+    without interruption, to within float reordering (SGD)."""
+    from parsl_bft.execution import TrainingJob, training_session
+    from parsl_bft.train.fragment import FragmentConfig
+    from parsl_bft.train.launcher import run_fragment
+    loop = str(HERE.parent / "workflows" / "digits_loop.py") + ":train"
+    steps = 1200
+    trace = tmp_path / "idle.csv"
+    trace.write_text("node,idle_start,idle_end\nn1,0,1000000\nn2,2,1000000\n")
+    site = tmp_path / "steady.yaml"
+    site.write_text(STEADY_SITE.format(trace=trace))
+    with training_session(tmp_path / "state", str(site)) as trainer:
+        fut = trainer.submit(TrainingJob("mine", loop=loop, samples=64 * steps, global_batch=64, max_nodes=2,
+                                         rate_guess=20_000.0, t_up=1.0, t_down=1.0))
+        jd = JobDir(trainer.job_dir("mine"))
+        wait_for(lambda: fut.done() or ((p := jd.progress()) is not None and p.step >= 100))
+        jd.request_stop()                                      # as a reclaim notice does
+        final = CheckpointStore(Path(fut.result(timeout=500)).parent).latest()
+    ref = tmp_path / "ref"
+    run_fragment(FragmentConfig(job="mine", workload="unused", loop=loop, checkpoint_dir=str(ref), global_batch=64,
+                                total_samples=64 * steps, fsync=False))
+    want = CheckpointStore(ref).latest()
+    assert final.step == want.step == steps
+    diff = max(float((final.model["model"][k] - want.model["model"][k]).abs().max()) for k in want.model["model"])
+    assert diff < 1e-3, diff
+    db = JobStore(tmp_path / "state" / "state.sqlite")
+    check_chain(db, "mine", steps)
+    assert len(db.events("launch")) >= 2                       # the notice ended a fragment, the job resumed

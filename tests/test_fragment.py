@@ -4,6 +4,8 @@ import signal
 import threading
 import time
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -261,3 +263,45 @@ def test_lr_schedules_are_stated_in_fractions_of_the_run():
             lrs(bad)
     with pytest.raises(ValueError, match="give the job its samples"):
         lr_schedule(torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0), "cosine", None)
+
+
+LOOP = str(Path(__file__).resolve().parent.parent / "workflows" / "digits_loop.py") + ":train"
+
+
+def loop_cfg(d, **kw):
+    return cfg(d, workload="unused", loop=LOOP, global_batch=64, workload_args={}, **kw)
+
+
+def test_a_users_own_training_loop_resumes_exactly_across_fragments_and_world_sizes(tmp_path):
+    """workflows/digits_loop.py's train(ctx) (an ordinary PyTorch loop plus ctx calls, a map-style Dataset):
+    three fragments on 1, 2 and 1 ranks, stopped by step bounds and by a notice, give the model of one
+    uninterrupted run (SGD; world sizes only reorder float additions); the budget ends it as "done"."""
+    ref, mine = tmp_path / "ref", tmp_path / "mine"
+    total = 30 * 64
+    r = run_fragment(loop_cfg(ref, total_samples=total))
+    assert (r.end_step, r.stopped_by) == (30, "done")
+    run_fragment(loop_cfg(mine, steps=10, total_samples=total))
+    JobDir(mine).request_stop()                              # a notice: stops at its first step
+    r = run_fragment(loop_cfg(mine, world_size=2, total_samples=total))
+    assert (r.start_step, r.end_step, r.stopped_by) == (10, 11, "signal")
+    JobDir(mine).clear_stop()
+    run_fragment(loop_cfg(mine, steps=9, world_size=2, total_samples=total))
+    r = run_fragment(loop_cfg(mine, total_samples=total))
+    assert (r.start_step, r.end_step, r.samples_done, r.stopped_by) == (20, 30, total, "done")
+    a, b = CheckpointStore(ref).latest(), CheckpointStore(mine).latest()
+    assert (a.step, a.epoch, a.data_position) == (b.step, b.epoch, b.data_position) == (30, 1, 8 * 64)  # 22 a epoch
+    diff = max(float((a.model["model"][k] - b.model["model"][k]).abs().max()) for k in a.model["model"])
+    assert diff < 1e-4, diff
+    assert [m["step"] for m in b.metrics] == list(range(1, 31)) and {m["world"] for m in b.metrics} == {1, 2}
+
+
+def test_a_training_loop_that_forgets_to_save_fails_with_what_to_do(tmp_path):
+    (tmp_path / "bad.py").write_text(
+        "def train(ctx):\n"
+        "    for idx in ctx.batches(256):\n"
+        "        if ctx.should_stop():\n"
+        "            break\n")
+    with pytest.raises(FragmentFailed, match=r"call ctx.save\(state\) before returning"):
+        run_fragment(cfg(tmp_path / "j", loop=f"{tmp_path / 'bad.py'}:train", steps=3))
+    with pytest.raises(ValueError, match="cannot load training function"):
+        train_rank(cfg(tmp_path / "k", loop=f"{tmp_path / 'bad.py'}:nope", steps=3))

@@ -53,9 +53,20 @@ class TrainingJob:
     t_down: float = 10.0
     weight: float = 1.0
     rate_guess: float = 1000.0     # samples/s on one node until measured (fragments feed real rates back)
+    loop: str | None = None        # the user's own training function, 'file.py:fn' (parsl_bft.train.context)
+    deterministic: bool = True     # torch deterministic algorithms (bit-for-bit resumes; off: faster kernels)
 
     def __post_init__(self) -> None:
         check_job_name(self.name)
+        if self.loop is not None:
+            mod, _, fn = str(self.loop).rpartition(":")
+            if not mod or not fn:
+                raise ValueError(f"job {self.name!r}: loop {self.loop!r}: write 'my_script.py:train' or "
+                                 "'package.module:train'")
+            if mod.endswith(".py"):       # ranks run in other directories: the file by its absolute path
+                if not Path(mod).is_file():
+                    raise ValueError(f"job {self.name!r}: loop {self.loop!r}: no such file {mod}")
+                self.loop = f"{Path(mod).resolve()}:{fn}"
 
     def spec(self) -> JobSpec:
         return JobSpec(self.name, self.name, self.min_nodes, self.max_nodes, self.t_up, self.t_down,
@@ -474,7 +485,7 @@ class Orchestrator:
         cfg = dict(job=name, workload=job.workload, checkpoint_dir=str(jd.path), world_size=len(nodes) * k,
                    global_batch=job.global_batch, total_samples=job.samples, workload_args=job.workload_args,
                    generation=self.generation, timeout_s=30.0, checkpoint_every_s=interval, fragment_id=fragment,
-                   ranks_per_node=k)
+                   ranks_per_node=k, loop=job.loop, deterministic=job.deterministic)
         resume = _newest_step(jd.path)
         handle = self._runners[site].launch(cfg, len(nodes))
         self.running[name] = _Running(handle, len(nodes), fragment, site, time.time(), resume, interval)
@@ -519,9 +530,11 @@ class Orchestrator:
             row = self.db.job(name)
             a = ctl.active.get(name)
             held_s = max(time.time() - r.launched, 0.0) * r.nodes
+            finished = False       # the user's training function returned on its own: the job is done
             try:
                 res = r.handle.result()
                 done, ckpt = int(res["samples_done"]), res["checkpoint"]
+                finished = res["stopped_by"] == "finished"
                 self.failures[name] = 0
                 k = self.sites[r.site].ranks_per_node
                 self.db.event("fragment-done", job=name, fragment=r.fragment, size=r.nodes, ranks=res["world_size"],
@@ -572,7 +585,7 @@ class Orchestrator:
                            **({"node_s": a.node_seconds} if a is not None else {}))
             if a is not None:
                 a.state.samples_done = done
-            if done >= self.jobs[name].samples:
+            if done >= self.jobs[name].samples or finished:
                 if a is not None:
                     ctl.job_finished(name, time.monotonic())
                 self.db.update(name, status="done", size=0)

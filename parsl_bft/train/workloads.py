@@ -17,6 +17,8 @@ import importlib
 import importlib.util
 import math
 import random
+import sys
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -202,17 +204,17 @@ class _Embed(nn.Module):
 WORKLOADS = {"images": SyntheticImages, "lm": TinyLM}
 
 
-def make_workload(spec: str, **kwargs) -> Workload:
-    """'images' | 'lm' | 'package.module:factory' | '/path/to/file.py:factory' (a class or function returning a
-    Workload). A file path works in every rank process without touching PYTHONPATH."""
-    if spec in WORKLOADS:
-        return WORKLOADS[spec](**kwargs)
-    if ":" not in spec:
-        raise ValueError(f"unknown workload {spec!r}: use {', '.join(WORKLOADS)}, 'package.module:factory' "
-                         "or '/path/to/file.py:factory'")
+def load_attr(spec: str, what: str = "workload") -> object:
+    """``'package.module:name'`` or ``'/path/to/file.py:name'``: the object it names. A file path works in every
+    rank process without touching PYTHONPATH (its directory joins sys.path, so it may import its siblings)."""
     mod, _, attr = spec.rpartition(":")
+    if not mod or not attr:
+        raise ValueError(f"{what} {spec!r}: write 'package.module:name' or '/path/to/file.py:name'")
     try:
         if mod.endswith(".py"):
+            folder = str(Path(mod).resolve().parent)
+            if folder not in sys.path:
+                sys.path.insert(0, folder)
             loader = importlib.util.spec_from_file_location(f"parsl_bft_user_{abs(hash(mod))}", mod)
             if loader is None or loader.loader is None:
                 raise ImportError(f"no such file: {mod}")
@@ -220,7 +222,17 @@ def make_workload(spec: str, **kwargs) -> Workload:
             loader.loader.exec_module(module)
         else:
             module = importlib.import_module(mod)
-        factory = getattr(module, attr)
+        return getattr(module, attr)
     except (ImportError, AttributeError, FileNotFoundError) as e:
-        raise ValueError(f"cannot load workload {spec!r}: {e}") from None
-    return factory(**kwargs)
+        raise ValueError(f"cannot load {what} {spec!r}: {e}") from None
+
+
+def make_workload(spec: str, **kwargs) -> Workload:
+    """'images' | 'lm' | 'package.module:factory' | '/path/to/file.py:factory' (a class or function returning a
+    Workload)."""
+    if spec in WORKLOADS:
+        return WORKLOADS[spec](**kwargs)
+    if ":" not in spec:
+        raise ValueError(f"unknown workload {spec!r}: use {', '.join(WORKLOADS)}, 'package.module:factory' "
+                         "or '/path/to/file.py:factory'")
+    return load_attr(spec)(**kwargs)
