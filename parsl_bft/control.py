@@ -37,7 +37,7 @@ class ActiveJob:
 
     @property
     def rate(self) -> float:
-        return self.state.curve.rate(self.state.size) * self.rate_scale
+        return self.state.rate() * self.rate_scale
 
     def charge(self, samples: float, reclaim: bool) -> None:
         """Losses come out of progress (never below zero: a job cannot lose more than it has done)."""
@@ -78,6 +78,7 @@ class Controller:
     model_costs: bool = True     # the simulator charges modelled losses; the runtime's losses are real
     pool: dict[str, float] = field(default_factory=dict)        # idle node -> expected end of idleness
     predictor: object | None = None   # idle.predict: predicted remaining idle time (else the ``until`` given)
+    layers: dict = field(default_factory=dict)    # model -> planner.freeze.LayerThroughput (layer elasticity)
     waiting: deque = field(init=False)
     active: dict[str, ActiveJob] = field(default_factory=dict)
     done: list[ActiveJob] = field(default_factory=list)
@@ -137,7 +138,8 @@ class Controller:
     def admit(self, t: float) -> None:
         while self.waiting and len(self.active) < self.max_concurrent and self.waiting[0].submit <= t:
             spec = self.waiting.popleft()
-            self.active[spec.name] = ActiveJob(JobState(spec, self.curves[spec.model]), admitted_at=t)
+            self.active[spec.name] = ActiveJob(JobState(spec, self.curves[spec.model],
+                                                        layers=self.layers.get(spec.model)), admitted_at=t)
 
     def next_submit(self) -> float:
         return self.waiting[0].submit if self.waiting and len(self.active) < self.max_concurrent else math.inf
@@ -158,11 +160,14 @@ class Controller:
         self.solve_times.append(plan.solve_s)
         for a in self.active.values():
             k = plan.sizes[a.name]
-            if k != a.state.size and a.state.size:     # starting from 0 nodes costs nothing (rate 0)
+            level = plan.freeze.get(a.name, a.state.freeze)
+            restart = k != a.state.size or (k and level != a.state.freeze)     # a new level restarts too
+            if restart and a.state.size:     # starting from 0 nodes costs nothing (rate 0)
                 s = a.state.spec
-                lost = (s.t_up if k > a.state.size else s.t_down) * a.rate
+                lost = (s.t_up if k >= a.state.size else s.t_down) * a.rate
                 a.charge(lost if self.model_costs else 0.0, reclaim=False)
             a.state.nodes = plan.allocation[a.name]
+            a.state.freeze = level
         return plan
 
     @property

@@ -2,15 +2,17 @@
 from __future__ import annotations
 
 import csv
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from .csvio import parse_number, read_rows, read_small_text
 from .errors import BadRows, InputError
-from .scaling import ScalingCurve, read_scaling_csv
+from .scaling import LayerProfile, ScalingCurve, read_scaling_table
 
 JOB_COLUMNS = ["name", "model", "min_nodes", "max_nodes", "t_up", "t_down", "samples", "submit"]
-OPTIONAL_COLUMNS = ["weight", "deadline"]
+OPTIONAL_COLUMNS = ["weight", "deadline", "freeze", "accuracy_budget", "unfreeze"]
+OPTIONAL_DEFAULTS = {"weight": 1.0, "deadline": None, "freeze": "off", "accuracy_budget": 0.0, "unfreeze": False}
+FREEZE_MODES = ("off", "auto")
 MAX_JOB_NODES = 1_000_000       # sanity cap, as for machines (idle.swf.MAX_NODES)
 
 
@@ -20,6 +22,9 @@ class JobSpec:
 
     t_up / t_down: seconds of progress lost when the job grows / shrinks (charged at its current rate).
     samples: work to do. submit: unix time it becomes eligible. weight and deadline feed the objectives.
+    freeze: "off" (default: every layer trains) or "auto" (the planner may freeze a prefix of the model's layers
+    while the predicted accuracy cost stays within ``accuracy_budget``, a fraction: 0.005 = half a point);
+    levels only go up unless ``unfreeze``.
     """
 
     name: str
@@ -32,6 +37,9 @@ class JobSpec:
     submit: float = 0.0
     weight: float = 1.0
     deadline: float | None = None
+    freeze: str = "off"
+    accuracy_budget: float = 0.0
+    unfreeze: bool = False
 
     def __post_init__(self) -> None:
         problems = []
@@ -54,6 +62,14 @@ class JobSpec:
             problems.append(("samples", f"must be > 0, got {self.samples}"))
         if not self.weight > 0:
             problems.append(("weight", f"must be > 0, got {self.weight}"))
+        if self.freeze not in FREEZE_MODES:
+            problems.append(("freeze", f"must be one of {', '.join(FREEZE_MODES)}, got {self.freeze!r}"))
+        if not 0 <= self.accuracy_budget <= 1:
+            problems.append(("accuracy_budget", f"must be a fraction in [0, 1] (0.005 = half an accuracy point), "
+                                                f"got {self.accuracy_budget}"))
+        elif self.freeze == "auto" and self.accuracy_budget == 0:
+            problems.append(("accuracy_budget", "freeze='auto' needs a budget > 0 (e.g. 0.005): with 0 nothing "
+                                                "may ever be frozen"))
         if problems:
             field, msg = problems[0]
             raise JobSpecError(field, f"job {self.name!r}: {msg}")
@@ -71,6 +87,7 @@ class JobSet:
 
     jobs: list[JobSpec]
     curves: dict[str, ScalingCurve]
+    layers: dict[str, LayerProfile] = field(default_factory=dict)   # models measured at freeze levels
 
     def __post_init__(self) -> None:
         names = set()
@@ -81,6 +98,14 @@ class JobSet:
             if j.model not in self.curves:
                 raise ValueError(f"job {j.name!r}: no scaling curve for model {j.model!r} "
                                  f"(have: {', '.join(sorted(self.curves))})")
+            if j.freeze != "off":
+                prof = self.layers.get(j.model)
+                if prof is None:
+                    raise ValueError(f"job {j.name!r}: freeze={j.freeze!r} but model {j.model!r} has no freeze "
+                                     "levels in its scaling file (parsl-bft profile --freeze-levels 0,1,...)")
+                if prof.n_layers < 2:
+                    raise ValueError(f"job {j.name!r}: model {j.model!r} has {prof.n_layers} layer: nothing to "
+                                     "freeze while something still trains")
 
     def curve(self, job: JobSpec) -> ScalingCurve:
         return self.curves[job.model]
@@ -101,6 +126,12 @@ def read_jobs_csv(path: str | Path, *, lenient: bool = False) -> list[JobSpec]:
                 num["weight"] = parse_number(p, line, "weight", row["weight"])
             if row.get("deadline"):
                 num["deadline"] = parse_number(p, line, "deadline", row["deadline"])
+            if row.get("accuracy_budget"):
+                num["accuracy_budget"] = parse_number(p, line, "accuracy_budget", row["accuracy_budget"])
+            if row.get("freeze"):
+                num["freeze"] = row["freeze"]
+            if row.get("unfreeze"):
+                num["unfreeze"] = _parse_bool(p, line, "unfreeze", row["unfreeze"])
             try:
                 job = JobSpec(name=row["name"], model=row["model"], **num)  # type: ignore[arg-type]
             except JobSpecError as e:
@@ -114,8 +145,17 @@ def read_jobs_csv(path: str | Path, *, lenient: bool = False) -> list[JobSpec]:
     return jobs
 
 
+def _parse_bool(source: str, line: int, field_name: str, text) -> bool:
+    v = str(text).strip().lower()
+    if v in ("true", "yes", "1"):
+        return True
+    if v in ("false", "no", "0"):
+        return False
+    raise InputError(source, line, field_name, f"expected true or false, got {text!r}")
+
+
 def write_jobs_csv(path: str | Path, jobs: list[JobSpec]) -> None:
-    extra = [c for c in OPTIONAL_COLUMNS if any(getattr(j, c) not in (None, 1.0) for j in jobs)]
+    extra = [c for c in OPTIONAL_COLUMNS if any(getattr(j, c) != OPTIONAL_DEFAULTS[c] for j in jobs)]
     with open(path, "w", newline="") as fh:
         w = csv.writer(fh)
         w.writerow(JOB_COLUMNS + extra)
@@ -138,9 +178,11 @@ def jobs_from_dicts(items: list[dict], source: str = "<python>") -> list[JobSpec
         for f in ("min_nodes", "max_nodes"):
             if f in item:
                 item[f] = int(parse_number(source, i, f, str(item[f]), kind=int))
-        for f in ("t_up", "t_down", "samples", "submit", "weight", "deadline"):
+        for f in ("t_up", "t_down", "samples", "submit", "weight", "deadline", "accuracy_budget"):
             if item.get(f) is not None:
                 item[f] = parse_number(source, i, f, str(item[f]))
+        if "unfreeze" in item:
+            item["unfreeze"] = _parse_bool(source, i, "unfreeze", item["unfreeze"])
         try:
             out.append(JobSpec(**item))
         except TypeError as e:
@@ -182,10 +224,13 @@ def read_jobset_yaml(path: str | Path) -> JobSet:
         raise InputError(str(p), 0, "jobs", "expected a mapping with a 'jobs' list")
     jobs = jobs_from_dicts(doc["jobs"], str(p))
     curves: dict[str, ScalingCurve] = {}
+    layers: dict[str, LayerProfile] = {}
     if "scaling_csv" in doc:
         if not isinstance(doc["scaling_csv"], str):
             raise InputError(str(p), 0, "scaling_csv", "expected a file name")
-        curves.update(read_scaling_csv(p.parent / doc["scaling_csv"]))
+        table = read_scaling_table(p.parent / doc["scaling_csv"])
+        curves.update(table.curves)
+        layers.update(table.layers)
     scaling = doc.get("scaling") or {}
     if not isinstance(scaling, dict):
         raise InputError(str(p), 0, "scaling", "expected a mapping model -> {nodes: samples/s}")
@@ -197,7 +242,7 @@ def read_jobset_yaml(path: str | Path) -> JobSet:
         except (ValueError, TypeError, OverflowError) as e:
             raise InputError(str(p), 0, f"scaling.{model}", str(e)) from None
     try:
-        return JobSet(jobs, curves)
+        return JobSet(jobs, curves, layers)
     except ValueError as e:
         raise InputError(str(p), 0, None, str(e)) from None
 
@@ -213,6 +258,7 @@ def load_jobset(jobs: str | Path, scaling: str | Path | None = None, *, lenient:
             raise InputError(str(jp), 0, None, "no scaling file given and none found beside it (X.scaling.csv)")
         scaling = guess
     try:
-        return JobSet(read_jobs_csv(jp, lenient=lenient), read_scaling_csv(scaling, lenient=lenient))
+        table = read_scaling_table(scaling, lenient=lenient)
+        return JobSet(read_jobs_csv(jp, lenient=lenient), table.curves, table.layers)
     except ValueError as e:
         raise InputError(str(jp), 0, "model", str(e)) from None

@@ -4,6 +4,11 @@ Between two measured sizes a and b the curve is the global Amdahl fit f(n) plus 
 correction (P(a) - f(a) .. P(b) - f(b)), so it passes through every measurement and follows Amdahl's shape
 where a table is sparse (1, 8, 64 nodes). Outside the table f(n) is scaled to meet the nearest measurement.
 A dense table (1, 2, 4, ...) is then practically piecewise-linear, like BFTrainer's interpolation.
+
+Layer elasticity: optional columns ``freeze,layers,frozen_compute,frozen_params`` say a row was measured with the
+model's first ``freeze`` of ``layers`` layers frozen, which hold those shares of its compute and parameters
+(``parsl-bft profile --freeze-levels``). Rows without them (and every older file) are level 0; the level-0 rows
+make the ``ScalingCurve``, the others a ``LayerProfile`` (planner/freeze.py predicts the levels in between).
 """
 from __future__ import annotations
 
@@ -17,6 +22,7 @@ from .csvio import parse_number, read_rows
 from .errors import BadRows, InputError
 
 SCALING_COLUMNS = ["model", "nodes", "samples_per_sec"]
+FREEZE_COLUMNS = ["freeze", "layers", "frozen_compute", "frozen_params"]
 
 
 def fit_amdahl(nodes: np.ndarray, rates: np.ndarray) -> tuple[float, float]:
@@ -105,11 +111,71 @@ class ScalingCurve:
         return ScalingCurve(self.model, {**self.points, n: rate})
 
 
+@dataclass
+class LayerProfile:
+    """What was measured of one model with layers frozen. ``shares[f]`` = (frozen share of compute, of parameters)
+    with the first f of ``n_layers`` layers frozen (f = 0: (0, 0)); ``points[(nodes, f)]`` = samples/s, f >= 1."""
+
+    model: str
+    n_layers: int
+    shares: dict[int, tuple[float, float]]
+    points: dict[tuple[int, int], float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.n_layers < 1:
+            raise ValueError(f"layer profile {self.model!r}: layers must be >= 1, got {self.n_layers}")
+        self.shares = {0: (0.0, 0.0), **self.shares}
+        for f, (c, q) in self.shares.items():
+            if not 0 <= f < self.n_layers:
+                raise ValueError(f"layer profile {self.model!r}: freeze level {f} is not in 0..{self.n_layers - 1} "
+                                 "(at least one layer must train)")
+            if not (0 <= c <= 1 and 0 <= q <= 1):
+                raise ValueError(f"layer profile {self.model!r}: frozen shares at level {f} must be fractions, "
+                                 f"got compute={c} params={q}")
+        missing = sorted({f for _, f in self.points} - set(self.shares))
+        if missing:
+            raise ValueError(f"layer profile {self.model!r}: level {missing[0]} measured without its frozen shares")
+
+    @property
+    def levels(self) -> list[int]:
+        """Freeze levels the planner may choose (those whose shares are known)."""
+        return sorted(self.shares)
+
+
+@dataclass
+class ScalingTable:
+    curves: dict[str, ScalingCurve]
+    layers: dict[str, LayerProfile]
+
+
 def read_scaling_csv(path: str | Path, *, lenient: bool = False) -> dict[str, ScalingCurve]:
-    """Read ``model,nodes,samples_per_sec`` rows into one curve per model."""
+    """Read ``model,nodes,samples_per_sec`` rows into one curve per model (level-0 rows of layered files)."""
+    return read_scaling_table(path, lenient=lenient).curves
+
+
+def _freeze_fields(p: str, line: int, row: dict[str, str]) -> tuple[int, int, float, float] | None:
+    """(level, layers, compute share, param share) of a row that has the freeze columns filled, else None."""
+    if not row.get("freeze") and not row.get("layers"):
+        return None
+    f = int(parse_number(p, line, "freeze", row.get("freeze") or "0", kind=int, minimum=0))
+    n = int(parse_number(p, line, "layers", row.get("layers", ""), kind=int, minimum=1))
+    if f >= n:
+        raise InputError(p, line, "freeze", f"level {f} freezes all {n} layers: at least one must train")
+    shares = []
+    for c in ("frozen_compute", "frozen_params"):
+        x = parse_number(p, line, c, row.get(c) or "0", minimum=0)
+        if x > 1:
+            raise InputError(p, line, c, f"a share of the model, in [0, 1]; got {x:g}")
+        shares.append(x)
+    return f, n, shares[0], shares[1]
+
+
+def read_scaling_table(path: str | Path, *, lenient: bool = False) -> ScalingTable:
+    """Level-0 curves and, for models measured with layers frozen, their ``LayerProfile``."""
     p = str(path)
     bad = BadRows(lenient)
     points: dict[str, dict[int, float]] = {}
+    frozen: dict[str, dict] = {}
     for line, row in read_rows(path, SCALING_COLUMNS, bad):
         try:
             model = row["model"]
@@ -122,24 +188,48 @@ def read_scaling_csv(path: str | Path, *, lenient: bool = False) -> dict[str, Sc
             if not MIN_RATE <= r <= MAX_RATE:
                 raise InputError(p, line, "samples_per_sec", f"{r:g} is outside the sane range "
                                                              f"{MIN_RATE:g} .. {MAX_RATE:g} samples/s")
-            if n in points.get(model, {}):
-                raise InputError(p, line, "nodes", f"duplicate measurement for {model} at {n} nodes")
+            ff = _freeze_fields(p, line, row)
+            level = ff[0] if ff else 0
+            if ff:
+                prof = frozen.setdefault(model, {"layers": ff[1], "shares": {}, "points": {}})
+                if prof["layers"] != ff[1]:
+                    raise InputError(p, line, "layers", f"{model} has {prof['layers']} layers on an earlier row")
+                if prof["shares"].setdefault(level, ff[2:]) != ff[2:]:
+                    raise InputError(p, line, "frozen_compute", f"{model} level {level}: other shares than an "
+                                                                 "earlier row")
+            if (level and (n, level) in frozen[model]["points"]) or (not level and n in points.get(model, {})):
+                raise InputError(p, line, "nodes", f"duplicate measurement for {model} at {n} nodes"
+                                                   + (f", freeze level {level}" if level else ""))
         except InputError as e:
             bad.add(e)
             continue
-        points.setdefault(model, {})[n] = r
+        if level:
+            frozen[model]["points"][(n, level)] = r
+        else:
+            points.setdefault(model, {})[n] = r
     if not points:
-        raise InputError(p, 0, None, "no scaling rows")
+        raise InputError(p, 0, None, "no scaling rows" + (" at freeze level 0" if frozen else ""))
+    lost = sorted(set(frozen) - set(points))
+    if lost:
+        raise InputError(p, 0, "freeze", f"model {lost[0]} has rows only with layers frozen: measure level 0 too")
     curves = {m: ScalingCurve(m, pts) for m, pts in points.items()}
+    try:
+        layers = {m: LayerProfile(m, d["layers"], d["shares"], d["points"]) for m, d in frozen.items()}
+    except ValueError as e:
+        raise InputError(p, 0, "freeze", str(e)) from None
     bad.warn()
-    return curves
+    return ScalingTable(curves, layers)
 
 
-def write_scaling_csv(path: str | Path, curves: dict[str, ScalingCurve] | list[tuple[str, int, float]]) -> None:
+def write_scaling_csv(path: str | Path, curves: dict[str, ScalingCurve] | list[tuple]) -> None:
+    """Rows (model, nodes, samples/s) or (model, nodes, samples/s, freeze, layers, frozen_compute,
+    frozen_params); the freeze columns are written when any row has them."""
     rows = (curves if isinstance(curves, list)
             else [(c.model, n, r) for c in curves.values() for n, r in c.points.items()])
+    layered = any(len(r) > 3 for r in rows)
     with open(path, "w", newline="") as fh:
         w = csv.writer(fh)
-        w.writerow(SCALING_COLUMNS)
-        for model, n, r in rows:
-            w.writerow([model, n, f"{r:.6g}"])
+        w.writerow(SCALING_COLUMNS + (FREEZE_COLUMNS if layered else []))
+        for model, n, r, *rest in rows:
+            extra = [rest[0], rest[1], f"{rest[2]:.6g}", f"{rest[3]:.6g}"] if rest else ["", "", "", ""]
+            w.writerow([model, n, f"{r:.6g}"] + (extra if layered else []))

@@ -125,6 +125,17 @@ class DeadlineAware(Objective):
         return urgency * near_done * Speedup().utility(job, ks, now)
 
 
+class AverageJCT(Objective):
+    """Minimise average job completion time: a second at k nodes is worth the share of the job's remaining work
+    it does, P(k) / remaining (the shortest-remaining-time-first rule as a rate: short jobs first, and among
+    equal ones the size that finishes them soonest). With layer elasticity P is the effective rate."""
+
+    name = "jct"
+
+    def utility(self, job, ks, now):
+        return job.curve.table(max(1, int(ks.max())))[ks] / max(job.remaining, 1.0)
+
+
 @dataclass
 class UserDefined(Objective):
     """The administrator's or user's own metric: ``fn(job, k) -> value per second``."""
@@ -138,7 +149,7 @@ class UserDefined(Objective):
 
 OBJECTIVES: dict[str, Callable[[], Objective]] = {
     "throughput": Throughput, "speedup": Speedup, "weighted": Weighted, "proportional": ProportionalFair,
-    "maxmin": MaxMinFair, "deadline": DeadlineAware,
+    "maxmin": MaxMinFair, "deadline": DeadlineAware, "jct": AverageJCT,
 }
 
 
@@ -151,5 +162,5 @@ def make_objective(name: str | Objective) -> Objective:
         raise ValueError(f"unknown objective {name!r}; choose from {', '.join(OBJECTIVES)}") from None
 
 
-__all__ = ["Objective", "Throughput", "Speedup", "Weighted", "ProportionalFair", "MaxMinFair", "DeadlineAware",
+__all__ = ["AverageJCT", "Objective", "Throughput", "Speedup", "Weighted", "ProportionalFair", "MaxMinFair", "DeadlineAware",
            "UserDefined", "make_objective", "OBJECTIVES"]

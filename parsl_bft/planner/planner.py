@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .freeze import best_levels
 from .objectives import Objective, make_objective
 from .placement import Placement, place
 from .problem import JobState, Plan, SizeProblem
@@ -17,7 +18,8 @@ METHODS = ("milp", "dp", "greedy", "equal-share", "node-milp")
 
 def build_problem(jobs: list[JobState], pool_size: int, objective: Objective, t_fwd: float, now: float = 0.0,
                   remaining: dict[str, float] | None = None, free_remaining: np.ndarray | None = None,
-                  net_factor=None, horizon_model: str = "hazard") -> SizeProblem:
+                  net_factor=None, horizon_model: str = "hazard",
+                  levels: dict[str, dict[int, int]] | None = None) -> SizeProblem:
     """Values v[j,k] = gain of running at size k over the horizon - rescale cost(C_j -> k) at the current rate.
 
     Without horizon information the gain is T_fwd * U_j(k) (BFTrainer). With it (``remaining``: expected idle
@@ -32,6 +34,11 @@ def build_problem(jobs: list[JobState], pool_size: int, objective: Objective, t_
     job's own nodes carry no such term: their reclaim costs the same pause as giving them up now (sunk).
     ``net_factor(job, sizes)`` (a topology's predicted slowdown per size, ``netcost.size_factors``) scales the
     gain: a size that must spread over contended groups is worth less.
+    Layer elasticity: a job that may be frozen (``JobState.layers`` set, ``spec.freeze`` "auto") is valued at
+    each size with its best allowed freeze level (``freeze.best_levels``: the utility times
+    P(n, f) (1 - penalty(f)) / P(n, 0)); changing level at the same size costs a restart (t_up). The levels
+    chosen go to ``levels`` (job -> one level per allowed size), so the size problem keeps one value per
+    (job, size) and every solver stays exact for the joint choice.
     """
     allowed, values = [], []
     for j in jobs:
@@ -40,20 +47,36 @@ def build_problem(jobs: list[JobState], pool_size: int, objective: Objective, t_
         a = np.array([0] + list(range(s.min_nodes, hi + 1)), dtype=np.int64)
         if j.size and j.size not in set(a.tolist()):   # the pool shrank under a held size: keep it choosable
             a = np.unique(np.append(a, j.size))
-        u_all = objective.utility(j, np.arange(max(int(a.max()), j.size, 1) + 1), now)
-        u, u_now = u_all[a], float(u_all[j.size])
-        if remaining is None:
-            gain = t_fwd * u
-        elif horizon_model == "hazard":
-            gain = t_fwd * u * (1.0 - s.t_down * _hazard(j, a, remaining, free_remaining))
-        else:
-            held = np.sort([remaining.get(n, math.inf) for n in j.nodes])[::-1]
-            gain = np.array([_horizon_gain(held, int(k), u_all, free_remaining, t_fwd, s.t_down) for k in a])
-        if net_factor is not None:
-            gain = gain * net_factor(j, a)
+        ks = np.arange(max(int(a.max()), j.size, 1) + 1)
+        u_base = objective.utility(j, ks, now)
+        choice = best_levels(j, ks, j.layers)
+        u_now = float(u_base[j.size] * choice.current[j.size])
+
+        def gain_of(u_all: np.ndarray) -> np.ndarray:
+            u = u_all[a]
+            if remaining is None:
+                gain = t_fwd * u
+            elif horizon_model == "hazard":
+                gain = t_fwd * u * (1.0 - s.t_down * _hazard(j, a, remaining, free_remaining))
+            else:
+                held = np.sort([remaining.get(n, math.inf) for n in j.nodes])[::-1]
+                gain = np.array([_horizon_gain(held, int(k), u_all, free_remaining, t_fwd, s.t_down) for k in a])
+            return gain * net_factor(j, a) if net_factor is not None else gain
+
         cost = np.where(a > j.size, s.t_up * u_now, np.where(a < j.size, s.t_down * u_now, 0.0))
+        value, level = gain_of(u_base * choice.factor) - cost, choice.level[a]
+        i = int(np.flatnonzero(a == j.size)[0])
+        if j.size and level[i] != j.freeze:
+            # at its own size a new level means a restart: keep the current one unless the gain pays for it
+            stay = gain_of(u_base * choice.current)[i]
+            if stay >= value[i] - s.t_up * u_now:
+                level[i], value[i] = j.freeze, stay
+            else:
+                value[i] -= s.t_up * u_now
         allowed.append(a)
-        values.append(gain - cost)
+        values.append(value)
+        if levels is not None:
+            levels[j.name] = dict(zip(a.tolist(), level.tolist()))
     narrowed = objective.restrict(jobs, allowed, pool_size)
     values = [v[np.isin(a, b)] for v, a, b in zip(values, allowed, narrowed)]
     return SizeProblem([j.name for j in jobs], narrowed, values, pool_size)
@@ -130,8 +153,9 @@ class Planner:
         if self.network is not None:
             from .netcost import size_factors
             net_factor = size_factors(self.network, jobs, pool)
+        levels: dict[str, dict[int, int]] = {}
         prob = build_problem(jobs, len(pool), self.objective, self.t_fwd, now, rem, free_rem, net_factor,
-                             self.horizon_model)
+                             self.horizon_model, levels)
         notes: list[str] = []
         alloc = None
         exact = prob.tie_broken()         # the MILP and the DP break exact ties the same way
@@ -156,11 +180,14 @@ class Planner:
             sizes = {n: len(v) for n, v in alloc.items()}
         if alloc is None:
             alloc = place(jobs, sizes, pool, self.placement, remaining)   # known lifetimes: always use them
-        rates, costs = {}, {}
+        rates, costs, freeze = {}, {}, {}
         for j in jobs:
             k = sizes[j.name]
-            rates[j.name] = j.curve.rate(k)
-            now_rate = j.curve.rate(j.size)
-            costs[j.name] = (j.spec.t_up if k > j.size else j.spec.t_down if k < j.size else 0.0) * now_rate
+            freeze[j.name] = levels[j.name].get(k, j.freeze) if k else j.freeze   # idle: keeps its level
+            rates[j.name] = j.layers.rate(k, freeze[j.name]) if j.layers is not None else j.curve.rate(k)
+            now_rate = j.rate()
+            pause = j.spec.t_up if k > j.size or (k and freeze[j.name] != j.freeze) else \
+                j.spec.t_down if k < j.size else 0.0
+            costs[j.name] = pause * now_rate
         return Plan(alloc, sizes, rates, costs, prob.objective(sizes), self.method, status,
-                    time.perf_counter() - t0, notes)
+                    time.perf_counter() - t0, notes, freeze)

@@ -23,6 +23,15 @@ class JobState:
     curve: ScalingCurve
     nodes: tuple[str, ...] = ()          # nodes it holds now (reclaimed ones already removed)
     samples_done: float = 0.0
+    freeze: int = 0                      # layers frozen now (layer elasticity, planner/freeze.py)
+    accuracy_spent: float = 0.0          # of spec.accuracy_budget, by the penalty of the levels it trained at
+    grad_stats: dict | None = None       # the last per-layer gradient statistics its fragments reported
+    layers: object | None = None         # a freeze.LayerThroughput when its model was measured with layers frozen
+
+    def rate(self, n: int | None = None) -> float:
+        """Samples/s on n nodes (default: its own) at its freeze level."""
+        n = self.size if n is None else n
+        return self.layers.rate(n, self.freeze) if self.layers is not None and self.freeze else self.curve.rate(n)
 
     @property
     def name(self) -> str:
@@ -50,6 +59,7 @@ class Plan:
     status: str                          # optimal | feasible (time limit) | fallback-dp | heuristic
     solve_s: float
     notes: list[str] = field(default_factory=list)
+    freeze: dict[str, int] = field(default_factory=dict)   # layers each job should have frozen (layer elasticity)
 
     def changed(self, jobs: list[JobState]) -> list[str]:
         return [j.name for j in jobs if self.sizes.get(j.name, 0) != j.size]

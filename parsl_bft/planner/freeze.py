@@ -1,0 +1,187 @@
+"""Layer elasticity (after IceFrog, with parsl-bft's own models): what freezing the first f layers of a model
+buys in throughput, what it costs in training progress, and which level a job should run at. No Parsl here.
+
+Layer-aware throughput. The level-0 curve P(n) gives the time of one sample, 1/P(n); its Amdahl fit splits it
+into a part that shrinks with n (compute, share (1-s)/n over s + (1-s)/n) and a part that does not
+(synchronisation and other serial overheads). Freezing a prefix that holds a share c of the compute and q of
+the parameters removes the prefix's backward pass (beta * c of the compute) and its gradients from the
+all-reduce (gamma * q of the rest):
+    1/P(n, f) = 1/P(n) * (par(n) * (1 - beta c_f) + ser(n) * (1 - gamma q_f)).
+beta and gamma are fitted (least squares, linear) on the measured (n, f) points; measured points are used as
+they are, the model fills the gaps; ``heldout_mape`` reports leave-one-out error.
+
+Frozen penalty. Fragments record, per layer, the L1 norm of its gradient summed over intervals of steps
+(train/freezing.py). A layer's plasticity is how fast that norm still changes, r_i = |g_prev - g_now| / g_prev
+(AutoFreeze's rate); its weight in the learning is its share of the gradient norm. Freezing the first k layers
+loses   penalty(k) = sum_{i<k} share_i * min(1, r_i / median(r))   of the job's progress: a layer that has
+settled (small r, little gradient) costs ~nothing, one still changing as fast as the median layer costs its whole
+share. Effective progress = P(n, f) * (1 - penalty(f)).
+
+Budget. A job with ``accuracy_budget`` B has spent sum(penalty * samples trained at that level / samples). A
+level is allowed only if staying at it to the end keeps the spend within B (spent + penalty * remaining share);
+levels only go up unless the job allows unfreezing. Without statistics (a job that has not trained yet) only
+level 0 is allowed: nothing is frozen on faith.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..scaling import LayerProfile, ScalingCurve
+
+BETA0, GAMMA0 = 2.0 / 3.0, 1.0    # backward ~ 2/3 of a layer's compute; a frozen layer sends no gradient
+
+
+@dataclass
+class LayerThroughput:
+    """Samples/s at (nodes, freeze level) from a model's level-0 curve and its measured layer profile."""
+
+    curve: ScalingCurve
+    profile: LayerProfile
+    beta: float = field(init=False)
+    gamma: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.beta, self.gamma = self._fit(self.profile.points)
+
+    def _split(self, n: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Shares of a sample's time that shrink with n (compute) and that do not (serial, synchronisation)."""
+        s = self.curve.serial_fraction
+        n = np.maximum(np.asarray(n, dtype=float), 1.0)
+        par = (1 - s) / n
+        return par / (s + par), s / (s + par)
+
+    def _fit(self, points: dict[tuple[int, int], float]) -> tuple[float, float]:
+        if not points:
+            return BETA0, GAMMA0
+        ns = np.array([n for n, _ in points])
+        c = np.array([self.profile.shares[f][0] for _, f in points])
+        q = np.array([self.profile.shares[f][1] for _, f in points])
+        par, ser = self._split(ns)
+        base = np.array([self.curve.rate(int(n)) for n in ns])
+        saved = 1.0 - base / np.array(list(points.values()))       # share of the level-0 time saved
+        a = np.column_stack([par * c, ser * q])
+        if not np.any(a[:, 1]):                                     # no serial time measured: gamma stays a prior
+            beta = float(np.linalg.lstsq(a[:, :1], saved, rcond=None)[0][0])
+            return float(np.clip(beta, 0.0, 1.0)), GAMMA0
+        beta, gamma = np.linalg.lstsq(a, saved, rcond=None)[0]
+        return float(np.clip(beta, 0.0, 1.0)), float(np.clip(gamma, 0.0, 1.0))
+
+    def predict(self, n: int, f: int, beta: float | None = None, gamma: float | None = None) -> float:
+        """The model's samples/s (measured points not substituted)."""
+        if n <= 0:
+            return 0.0
+        c, q = self.profile.shares[f]
+        par, ser = self._split(np.array([n]))
+        b = self.beta if beta is None else beta
+        g = self.gamma if gamma is None else gamma
+        return float(self.curve.rate(n) / (par[0] * (1 - b * c) + ser[0] * (1 - g * q)))
+
+    def rate(self, n: int, f: int) -> float:
+        if f == 0 or n <= 0:
+            return self.curve.rate(n)
+        return self.profile.points.get((n, f)) or self.predict(n, f)
+
+    def speedup(self, n: int, f: int) -> float:
+        """P(n, f) / P(n, 0)."""
+        return self.rate(n, f) / self.curve.rate(n) if n > 0 else 1.0
+
+    def heldout_mape(self) -> float | None:
+        """Mean absolute percentage error predicting each measured frozen point from a fit without it."""
+        pts = self.profile.points
+        if len(pts) < 2:
+            return None
+        errs = []
+        for key, r in pts.items():
+            b, g = self._fit({k: v for k, v in pts.items() if k != key})
+            errs.append(abs(self.predict(key[0], key[1], b, g) - r) / r)
+        return float(np.mean(errs))
+
+
+# --- penalty -----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GradStats:
+    """Per-layer gradient L1 norms summed over the last two recording intervals (input-to-output order);
+    a layer that was frozen in an interval has no entry (nan) there."""
+
+    prev: tuple[float, ...]
+    now: tuple[float, ...]
+
+    @classmethod
+    def from_dict(cls, d: dict | None) -> "GradStats | None":
+        """From a fragment's report (train/freezing.py): None until two intervals are complete."""
+        if not d or not d.get("prev") or not d.get("now"):
+            return None
+        return cls(tuple(float(x) for x in d["prev"]), tuple(float(x) for x in d["now"]))
+
+    def plasticity(self) -> np.ndarray:
+        prev, now = np.array(self.prev), np.array(self.now)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.where(prev > 0, np.abs(prev - now) / prev, np.inf)
+
+
+def penalty_curve(stats: GradStats | None, n_layers: int) -> np.ndarray:
+    """penalty[k] = progress lost with the first k layers frozen, k = 0..n_layers-1 (see the module doc).
+    Layers without statistics (frozen before, or none yet) cost their whole share: unknown is not free."""
+    out = np.ones(n_layers)
+    out[0] = 0.0
+    if stats is None or len(stats.now) != n_layers:
+        return out
+    now = np.array(stats.now)
+    r = stats.plasticity()
+    known = np.isfinite(r) & np.isfinite(now)
+    if not known.any() or not np.nansum(now[known]) > 0:
+        return out
+    share = np.where(known, now, 0.0) / np.nansum(now[known])
+    med = float(np.median(r[known]))
+    cost = np.where(known, share * np.minimum(1.0, r / med if med > 0 else np.where(r > 0, 1.0, 0.0)), 1.0)
+    return np.minimum(1.0, np.concatenate([[0.0], np.cumsum(cost)[:-1]]))
+
+
+def allowed_levels(spec, current: int, penalty: np.ndarray, spent: float, remaining_share: float,
+                   levels: list[int]) -> list[int]:
+    """Levels a job may run at next: within its budget if it stayed there to the end; only up unless it may
+    unfreeze. The current level stays allowed (a job is never forced to change level by its own statistics)."""
+    if spec.freeze == "off":
+        return [0]
+    out = []
+    for f in levels:
+        if f < current and not spec.unfreeze:
+            continue
+        if f == current or spent + penalty[f] * remaining_share <= spec.accuracy_budget + 1e-12:
+            out.append(f)
+    return out or [current]
+
+
+@dataclass
+class FreezeChoice:
+    """For one job, per size: the best level, its effective-rate factor P(n, f) (1 - penalty(f)) / P(n, 0), and
+    that factor at the job's current level."""
+
+    level: np.ndarray
+    factor: np.ndarray
+    current: np.ndarray
+
+
+def best_levels(job, sizes: np.ndarray, model: LayerThroughput | None) -> FreezeChoice:
+    """The level that maximises effective progress at each size (ties: the lower level)."""
+    k = len(sizes)
+    if model is None or (job.spec.freeze == "off" and not job.freeze):
+        return FreezeChoice(np.full(k, job.freeze, dtype=np.int64), np.ones(k), np.ones(k))
+    pen = penalty_curve(GradStats.from_dict(job.grad_stats), model.profile.n_layers)
+
+    def factor(f: int) -> np.ndarray:
+        return np.array([model.speedup(int(n), f) for n in sizes]) * (1 - pen[f])
+
+    share = job.remaining / job.spec.samples
+    levels = allowed_levels(job.spec, job.freeze, pen, job.accuracy_spent, share, model.profile.levels)
+    best_f = np.zeros(k, dtype=np.int64)
+    best_x = np.full(k, -np.inf)
+    for f in levels:
+        x = factor(f)
+        better = x > best_x + 1e-12
+        best_f[better], best_x[better] = f, x[better]
+    return FreezeChoice(best_f, best_x, factor(job.freeze))

@@ -1,0 +1,146 @@
+"""Layer elasticity: declaring it, the layer-aware throughput and penalty models, and the planner's choice."""
+import numpy as np
+import pytest
+
+from parsl_bft.errors import InputError
+from parsl_bft.jobs import JobSet, JobSpec, load_jobset, read_jobs_csv, write_jobs_csv
+from parsl_bft.planner import Planner
+from parsl_bft.planner.freeze import GradStats, LayerThroughput, penalty_curve
+from parsl_bft.planner.problem import JobState
+from parsl_bft.scaling import LayerProfile, ScalingCurve, read_scaling_csv, read_scaling_table, write_scaling_csv
+
+CURVE = ScalingCurve("m", {1: 100.0, 2: 190.0, 4: 340.0, 8: 560.0})
+SHARES = {1: (0.3, 0.1), 2: (0.6, 0.3), 3: (0.9, 0.8)}
+# layers 0 and 1 have settled (their gradient norm no longer changes), 2 and 3 still learn
+SETTLED = {"prev": [10.0, 5.0, 8.0, 9.0], "now": [10.0, 5.0, 6.0, 3.0]}
+
+
+def profile(points=None) -> LayerThroughput:
+    return LayerThroughput(CURVE, LayerProfile("m", 4, SHARES, points or {}))
+
+
+def job(name="a", budget=0.01, stats=SETTLED, freeze="auto", level=0, **kw) -> JobState:
+    spec = JobSpec(name, "m", 1, 8, 1.0, 1.0, 1e6, freeze=freeze, accuracy_budget=budget if freeze != "off" else 0,
+                   **kw)
+    return JobState(spec, CURVE, grad_stats=stats, layers=profile(), freeze=level)
+
+
+# --- declaring it ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kw, field", [({"freeze": "auto", "accuracy_budget": -0.1}, "accuracy_budget"),
+                                       ({"freeze": "auto", "accuracy_budget": 0.0}, "accuracy_budget"),
+                                       ({"freeze": "sometimes", "accuracy_budget": 0.01}, "freeze")])
+def test_bad_freeze_declarations_name_the_field(kw, field):
+    with pytest.raises(ValueError) as e:
+        JobSpec("a", "m", 1, 2, 0, 0, 10, **kw)
+    assert e.value.field == field
+
+
+def test_freeze_columns_round_trip_and_old_files_still_read(tmp_path):
+    jobs = [JobSpec("a", "m", 1, 4, 1, 1, 100), JobSpec("b", "m", 1, 4, 1, 1, 100, freeze="auto",
+                                                          accuracy_budget=0.005, unfreeze=True)]
+    write_jobs_csv(tmp_path / "x.jobs.csv", jobs)
+    assert read_jobs_csv(tmp_path / "x.jobs.csv") == jobs
+    write_jobs_csv(tmp_path / "old.jobs.csv", jobs[:1])        # defaults only: no new columns written
+    assert "freeze" not in (tmp_path / "old.jobs.csv").read_text()
+    write_scaling_csv(tmp_path / "old.scaling.csv", [("m", 1, 100.0), ("m", 2, 190.0)])
+    assert read_scaling_csv(tmp_path / "old.scaling.csv")["m"].points == {1: 100.0, 2: 190.0}
+    with pytest.raises(InputError, match="no freeze levels"):
+        load_jobset(tmp_path / "x.jobs.csv", tmp_path / "old.scaling.csv")
+    write_scaling_csv(tmp_path / "x.scaling.csv", [("m", 1, 100.0), ("m", 2, 190.0),
+                                                   ("m", 1, 120.0, 1, 3, 0.3, 0.1), ("m", 2, 260.0, 2, 3, 0.6, 0.4)])
+    js = load_jobset(tmp_path / "x.jobs.csv")
+    assert js.curves["m"].points == {1: 100.0, 2: 190.0}      # level-0 rows only
+    assert js.layers["m"].levels == [0, 1, 2] and js.layers["m"].points == {(1, 1): 120.0, (2, 2): 260.0}
+
+
+def test_bad_layer_rows_and_one_layer_models(tmp_path):
+    p = tmp_path / "s.scaling.csv"
+    p.write_text("model,nodes,samples_per_sec,freeze,layers,frozen_compute,frozen_params\nm,1,10,2,2,0.5,0.5\n")
+    with pytest.raises(InputError, match="freezes all 2 layers"):
+        read_scaling_table(p)
+    p.write_text("model,nodes,samples_per_sec,freeze,layers,frozen_compute,frozen_params\nm,1,10,1,3,1.5,0.5\n")
+    with pytest.raises(InputError, match="frozen_compute"):
+        read_scaling_table(p)
+    p.write_text("model,nodes,samples_per_sec,freeze,layers,frozen_compute,frozen_params\nm,1,10,1,3,0.5,0.5\n"
+                 "k,1,10,,,,\n")
+    with pytest.raises(InputError, match="measure level 0 too"):
+        read_scaling_table(p)
+    one = LayerProfile("m", 1, {})
+    with pytest.raises(ValueError, match="1 layer"):
+        JobSet([JobSpec("a", "m", 1, 2, 0, 0, 10, freeze="auto", accuracy_budget=0.01)], {"m": CURVE}, {"m": one})
+
+
+# --- models ------------------------------------------------------------------------------------------------
+
+
+def test_throughput_model_recovers_its_parameters_and_reports_heldout_error():
+    truth = profile()
+    truth.beta, truth.gamma = 0.55, 0.8
+    pts = {(n, f): truth.predict(n, f) for n in (1, 2, 8) for f in (1, 2, 3)}
+    fitted = profile(pts)
+    assert fitted.beta == pytest.approx(0.55, abs=1e-6) and fitted.gamma == pytest.approx(0.8, abs=1e-6)
+    assert fitted.rate(4, 2) == pytest.approx(truth.predict(4, 2))       # an unmeasured pair
+    assert fitted.heldout_mape() == pytest.approx(0.0, abs=1e-9)
+    noisy = profile({k: v * (1.1 if k[0] == 8 else 1.0) for k, v in pts.items()})
+    assert noisy.heldout_mape() > 0.01
+    assert noisy.rate(8, 3) == pts[(8, 3)] * 1.1                         # measured points are used as they are
+
+
+def test_penalty_is_free_for_settled_layers_and_costly_for_learning_ones():
+    pen = penalty_curve(GradStats.from_dict(SETTLED), 4)
+    assert pen[0] == 0 and pen[1] == 0 and pen[2] == 0       # layers 0, 1: no change left
+    assert pen[3] > 0.2                                       # layer 2 still changes faster than the median
+    learning = penalty_curve(GradStats.from_dict({"prev": [10, 5, 8, 9], "now": [5, 2.5, 4, 4.5]}), 4)
+    assert np.all(np.diff(learning) > 0) and learning[1] == pytest.approx(5 / 16)
+    assert list(penalty_curve(None, 4)) == [0, 1, 1, 1]      # no statistics yet: nothing is free
+
+
+# --- planning ----------------------------------------------------------------------------------------------
+
+
+NODES = [f"n{i}" for i in range(8)]
+
+
+@pytest.mark.parametrize("method", ["milp", "dp"])
+def test_planner_freezes_what_pays_within_the_budget(method):
+    plan = Planner(method=method).plan([job()], NODES)
+    assert plan.sizes == {"a": 8} and plan.freeze == {"a": 2}               # settled prefix: free speed
+    assert plan.rates["a"] == pytest.approx(profile().rate(8, 2))
+    tight = Planner(method=method).plan([job(budget=0.01, stats={"prev": [10, 5, 8, 9], "now": [5, 2.5, 4, 4.5]})],
+                                         NODES)
+    assert tight.freeze == {"a": 0}                                         # every layer still learns: too dear
+    off = Planner(method=method).plan([job(freeze="off")], NODES)
+    assert off.freeze == {"a": 0} and off.rates["a"] == CURVE.rate(8)
+
+
+def test_budget_bounds_the_level_and_levels_only_go_up():
+    # level 3 costs 0.25 of progress; half the job is left, so it spends 0.125: allowed with 0.2, not with 0.1
+    def with_budget(b, level=0, **kw):
+        j = job(budget=b, level=level, **kw)
+        j.samples_done = 5e5
+        j.nodes = tuple(NODES)
+        return Planner(method="dp", t_fwd=1e4).plan([j], NODES).freeze["a"]
+
+    assert with_budget(0.1) == 2
+    spent = job(budget=0.2)
+    spent.accuracy_spent = 0.1                               # 0.1 + 0.125 > 0.2: level 3 is out
+    spent.samples_done, spent.nodes = 5e5, tuple(NODES)
+    assert Planner(method="dp", t_fwd=1e4).plan([spent], NODES).freeze["a"] == 2
+    assert with_budget(0.2) == 3          # 3.02x at 0.75 of the progress beats 1.58x at no cost
+    # frozen at 3 with everything settled below: it stays (no unfreezing), or goes down only when allowed
+    unsettled = {"prev": [10, 5, 8, 9], "now": [5, 2.5, 4, 4.5]}
+    assert with_budget(0.5, level=3, stats=unsettled) == 3
+    assert with_budget(0.5, level=3, stats=unsettled, unfreeze=True) < 3
+
+
+def test_a_level_change_at_the_same_size_must_pay_its_restart():
+    j = job()
+    j.nodes = tuple(NODES)
+    slow = job()
+    slow.nodes = tuple(NODES)
+    cheap = Planner(method="dp", t_fwd=100.0).plan([j], NODES)
+    assert cheap.freeze["a"] == 2 and cheap.rescale_cost["a"] > 0
+    dear = Planner(method="dp", t_fwd=0.01).plan([slow], NODES)   # 1 s of restart for 0.01 s of gain: stay
+    assert dear.freeze["a"] == 0 and dear.rescale_cost["a"] == 0
