@@ -32,27 +32,42 @@ class SiteRunner:
     def __init__(self, name: str, site: SitePool, store):
         from parsl import python_app
 
-        from .apps import fragment_node_task, fragment_task
+        from .apps import fragment_task
         self.name, self.site, self.store = name, site, store
         self.gang = bool(getattr(site.pool, "gang", False))
         self.addr = f"{store_host(site.executor, self.gang)}:{store.port}"
-        self._app = python_app(fragment_node_task if self.gang else fragment_task, executors=[site.executor])
+        self._app = python_app(fragment_task, executors=[site.executor])     # all ranks in one task
+        self._apps: dict[tuple[str, str], object] = {}
 
-    def launch(self, cfg: dict, nodes: int) -> FragmentHandle:
+    def _app_on(self, fn, node: str):
+        """``fn`` as an app of the executor that runs tasks on ``node`` (its group's lane; pools without
+        lanes: the site's one executor)."""
+        from parsl import python_app
+
+        lane = getattr(self.site.pool, "executor_label", None)
+        label = (lane(node) if lane else None) or self.site.executor
+        key = (fn.__name__, label)
+        if key not in self._apps:
+            self._apps[key] = python_app(fn, executors=[label])
+        return self._apps[key]
+
+    def launch(self, cfg: dict, nodes: tuple[str, ...]) -> FragmentHandle:
+        """Run a fragment on the planned ``nodes`` (the site's own names): a gang's share i goes to where
+        ``nodes[i]`` is."""
         if self.gang:
-            return FragmentHandle([self._app(cfg, i, self.addr) for i in range(nodes)])
+            from .apps import fragment_node_task
+            return FragmentHandle([self._app_on(fragment_node_task, n)(cfg, i, self.addr)
+                                   for i, n in enumerate(nodes)])
         return FragmentHandle([self._app(cfg, self.addr)])
 
-    def prime(self, nodes: int) -> None:
-        """Pilots just joined: have their fresh workers start the rank forkserver (torch imported) now, while
-        the plan settles, not when the first fragment lands there. Fire and forget: at worst a slower start."""
+    def prime(self, nodes: list[str]) -> None:
+        """Pilots just joined on ``nodes``: have their fresh workers start the rank forkserver (torch imported)
+        now, while the plan settles, not when the first fragment lands there. Fire and forget: at worst a
+        slower start."""
         if self.gang:
-            from parsl import python_app
-
             from .apps import warm_up
-            app = python_app(warm_up, executors=[self.site.executor])
-            for _ in range(nodes):
-                app("", 1)
+            for n in nodes:
+                self._app_on(warm_up, n)("", 1)
 
     def placed(self, fragment: str, nodes: int) -> dict[int, str]:
         """node index -> the node its share landed on, for the shares that have said so."""

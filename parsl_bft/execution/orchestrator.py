@@ -136,6 +136,11 @@ class _Shutdown(BaseException):
     """SIGTERM: leave the loop through the same stop-and-checkpoint path as Ctrl-C."""
 
 
+def _local(node: str) -> str:
+    """A node's name at its site (multi-site ids are 'site:node')."""
+    return node.split(":", 1)[1] if site_of(node) else node
+
+
 def _newest_step(d: Path) -> int:
     paths = CheckpointStore(d).paths()
     return int(paths[0].stem.split("-")[1]) if paths else 0
@@ -406,7 +411,7 @@ class Orchestrator:
                 if ev.kind == "join":     # nodes arrive one by one: plan once they have settled
                     ctl.nodes_joined(ev.nodes, [t_start + u for u in ev.until] if ev.until else ())
                     for site in {site_of(n) for n in ev.nodes}:
-                        self._runners[site].prime(sum(site_of(n) == site for n in ev.nodes))
+                        self._runners[site].prime([_local(n) for n in ev.nodes if site_of(n) == site])
                     joined_at = now
                     continue
                 changed = True
@@ -487,9 +492,9 @@ class Orchestrator:
                    generation=self.generation, timeout_s=30.0, checkpoint_every_s=interval, fragment_id=fragment,
                    ranks_per_node=k, loop=job.loop, deterministic=job.deterministic)
         resume = _newest_step(jd.path)
-        handle = self._runners[site].launch(cfg, len(nodes))
+        handle = self._runners[site].launch(cfg, tuple(map(_local, nodes)))
         self.running[name] = _Running(handle, len(nodes), fragment, site, time.time(), resume, interval)
-        self.db.event("launch", job=name, size=len(nodes), ranks=len(nodes) * k, fragment=fragment,
+        self.db.event("launch", job=name, size=len(nodes), ranks=len(nodes) * k, fragment=fragment, nodes=list(nodes),
                       resume_step=resume, checkpoint_every_s=round(interval, 2), **({"site": site} if site else {}))
 
     def _request_stop(self, name: str, why: str) -> None:
@@ -518,6 +523,8 @@ class Orchestrator:
                     ctl.bind(name, node, r.placed)
                     if node in ctl.active[name].state.nodes:
                         r.placed.add(node)
+            if len(r.placed) == r.nodes:     # where its ranks run (the plan's nodes, or swapped within a group)
+                self.db.event("placed", job=name, fragment=r.fragment, nodes=sorted(r.placed))
 
     def _collect(self, ctl: Controller) -> bool:
         changed = False
