@@ -1,5 +1,7 @@
 """Layer elasticity: declaring it, the layer-aware throughput and penalty models, and the planner's choice."""
 import numpy as np
+import torch
+from torch import nn
 import pytest
 
 from parsl_bft.errors import InputError
@@ -144,3 +146,85 @@ def test_a_level_change_at_the_same_size_must_pay_its_restart():
     assert cheap.freeze["a"] == 2 and cheap.rescale_cost["a"] > 0
     dear = Planner(method="dp", t_fwd=0.01).plan([slow], NODES)   # 1 s of restart for 0.01 s of gain: stay
     assert dear.freeze["a"] == 0 and dear.rescale_cost["a"] == 0
+
+
+# --- fragments ---------------------------------------------------------------------------------------------
+
+
+def fragment(d, **kw):
+    from parsl_bft.train.fragment import FragmentConfig
+    return FragmentConfig(**{**dict(job="a", workload="images", checkpoint_dir=str(d), global_batch=32,
+                                    workload_args={"n": 256, "width": 8}, fsync=False), **kw})
+
+
+def test_fragments_restore_across_freeze_levels(tmp_path):
+    """0 -> 2 frozen -> 0: the frozen blocks' weights stay bit-for-bit while frozen, the still-trainable ones keep
+    their momentum across the change, the checkpoint records the level, and unfrozen blocks train again."""
+    from parsl_bft.train.checkpoint import CheckpointStore
+    from parsl_bft.train.fragment import train_rank
+
+    store = CheckpointStore(tmp_path)
+    train_rank(fragment(tmp_path, steps=3))
+    before = store.latest()
+    train_rank(fragment(tmp_path, steps=3, freeze_layers=2))
+    during = store.latest()
+    assert during.extra["freeze_layers"] == 2 and during.step == 6
+    frozen = [k for k in before.model if k.startswith(("0.", "1."))]
+    assert frozen and all(torch.equal(during.model[k], before.model[k]) for k in frozen)
+    assert all(not torch.equal(during.model[k], before.model[k]) for k in before.model if k.startswith("3."))
+    names = [k for k in before.model if k.startswith(("2.", "3."))]
+    assert len(during.optimizer["state"]) == len(names)
+    train_rank(fragment(tmp_path, steps=3, freeze_layers=0))
+    after = store.latest()
+    assert after.extra["freeze_layers"] == 0 and len(after.optimizer["state"]) == len(before.model)
+    assert all(not torch.equal(after.model[k], during.model[k]) for k in frozen if k.endswith("weight"))
+
+
+def test_momentum_carries_over_a_freeze_change():
+    from parsl_bft.train.freezing import carry_optimizer_state, freeze_prefix
+
+    def build(params):
+        return torch.optim.SGD(params, lr=0.1, momentum=0.9)
+
+    net = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4), nn.Linear(4, 2))
+    opt = build(list(net.parameters()))
+    net(torch.randn(3, 4)).sum().backward()
+    opt.step()
+    saved = opt.state_dict()
+    net2 = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4), nn.Linear(4, 2))
+    net2.load_state_dict(net.state_dict())
+    blocks = list(net2.children())
+    opt2 = build(freeze_prefix(net2, blocks, 1))
+    opt2.load_state_dict(carry_optimizer_state(saved, net2, blocks, 0, opt2, build))
+    # net2's trainable params are old indices 2..5; their momentum buffers are the old ones
+    for j, i in enumerate(range(2, 6)):
+        assert torch.equal(opt2.state_dict()["state"][j]["momentum_buffer"], saved["state"][i]["momentum_buffer"])
+    assert not blocks[0].training and not blocks[0].weight.requires_grad
+    with pytest.raises(ValueError, match="at least one must train"):
+        freeze_prefix(net2, blocks, 3)
+    with pytest.raises(ValueError, match="1 layer"):
+        freeze_prefix(nn.Linear(2, 2), [nn.Linear(2, 2)], 1)
+
+
+def test_gradient_statistics_roll_over_intervals_and_keep_frozen_layers():
+    from parsl_bft.train.freezing import GradRecorder
+
+    net = nn.Sequential(nn.Linear(2, 2, bias=False), nn.Linear(2, 1, bias=False))
+    blocks = list(net.children())
+    rec = GradRecorder(blocks, 0, every=1, interval=2)
+    for step, scale in enumerate([1.0, 1.0, 3.0, 3.0]):
+        net.zero_grad()
+        (scale * net(torch.ones(1, 2))).sum().backward()
+        rec.record(step)
+        if step == 1:
+            assert rec.report() == {}                         # one interval: no rate of change yet
+    stats = GradStats.from_dict(rec.report())
+    assert np.allclose(stats.plasticity(), [2.0, 2.0])       # the gradient tripled in both layers
+    frozen = GradRecorder(blocks, 1, restored=rec.state(), every=1, interval=2)
+    for step in range(2):
+        net.zero_grad()
+        net(torch.ones(1, 2)).sum().backward()
+        frozen.record(step)
+    again = GradStats.from_dict(frozen.report())
+    assert again.now[0] == stats.now[0] and again.prev[0] == stats.prev[0]   # frozen: as it was
+    assert again.now[1] == pytest.approx(stats.now[1] / 3)

@@ -39,6 +39,7 @@ import torch.distributed as dist
 from torch.utils.data import TensorDataset
 
 from .checkpoint import CheckpointStore, TrainingState, capture_rng, finite_weights, restore_rng
+from .freezing import GradRecorder, carry_optimizer_state, freeze_prefix
 from .protocol import JobDir, Progress
 from .workloads import make_workload
 
@@ -106,6 +107,7 @@ class FragmentResult:
     train_started: float = 0.0        # unix time the first step began (node joined -> training latency)
     periodic_saves: int = 0
     periodic_save_s: float = 0.0      # mean time of one periodic save (what Young/Daly calls C)
+    grad_stats: dict = field(default_factory=dict)   # per-layer gradient statistics (train/freezing.py)
 
 
 class FragmentFailed(RuntimeError):
@@ -279,12 +281,10 @@ def train_rank(cfg: FragmentConfig) -> FragmentResult | None:
     data = wl.dataset()
     model = wl.build_model().to(device)
     blocks = wl.blocks(model)
-    if cfg.freeze_layers > len(blocks):
-        raise FragmentFailed(f"freeze_layers={cfg.freeze_layers} but the model has {len(blocks)} blocks")
-    for b in blocks[: cfg.freeze_layers]:
-        for p in b.parameters():
-            p.requires_grad_(False)
-    params = [p for p in model.parameters() if p.requires_grad]
+    try:
+        params = freeze_prefix(model, blocks, cfg.freeze_layers)
+    except ValueError as e:
+        raise FragmentFailed(str(e)) from None
     opt = wl.build_optimizer(params)
     total_steps = -(-cfg.total_samples // cfg.global_batch) if cfg.total_samples else None
     takes_length = "total_steps" in inspect.signature(wl.build_scheduler).parameters
@@ -294,8 +294,9 @@ def train_rank(cfg: FragmentConfig) -> FragmentResult | None:
     metrics: list[dict] = []
     if state is not None:
         model.load_state_dict(state.model)
-        if state.extra.get("freeze_layers", 0) == cfg.freeze_layers and state.optimizer is not None:
-            opt.load_state_dict(state.optimizer)
+        if state.optimizer is not None:     # written at another freeze level: renumbered
+            opt.load_state_dict(carry_optimizer_state(state.optimizer, model, blocks,
+                                                      state.extra.get("freeze_layers", 0), opt, wl.build_optimizer))
         if sched is not None and state.scheduler is not None:
             sched.load_state_dict(state.scheduler)
         if state.rng:
@@ -304,6 +305,7 @@ def train_rank(cfg: FragmentConfig) -> FragmentResult | None:
         metrics = state.metrics
     else:
         torch.manual_seed(cfg.seed)
+    grads = GradRecorder(blocks, cfg.freeze_layers, state.extra.get("grad_stats") if state is not None else None)
     restore_s = time.perf_counter() - t0
 
     t1 = time.perf_counter()
@@ -320,7 +322,8 @@ def train_rank(cfg: FragmentConfig) -> FragmentResult | None:
                              scheduler=sched.state_dict() if sched is not None else None, rng=capture_rng(),
                              step=step, epoch=epoch, samples_done=samples_done, data_position=pos,
                              job={"name": cfg.job, "workload": cfg.workload, "global_batch": B},
-                             metrics=metrics, extra={"freeze_layers": cfg.freeze_layers})
+                             metrics=metrics, extra={"freeze_layers": cfg.freeze_layers,
+                                                     "grad_stats": grads.state()})
 
     n = len(data)
     fast = isinstance(data, TensorDataset)     # tensors indexed by a tensor of indices; others item by item
@@ -357,6 +360,8 @@ def train_rank(cfg: FragmentConfig) -> FragmentResult | None:
                 loss = wl.loss(net, batch) * (len(chunk) / B)   # sum of per-sample losses / global batch
                 loss.backward()
             loss_sum += float(loss.detach())
+        if rank == 0:
+            grads.record(step)
         opt.step()
         if sched is not None:
             sched.step()
@@ -399,7 +404,8 @@ def train_rank(cfg: FragmentConfig) -> FragmentResult | None:
     done = samples_done - start_samples
     res = FragmentResult(cfg.job, world, start_step, step, done, samples_done, train_s, restore_s, rendezvous_s,
                          checkpoint_s, done / train_s if train_s > 0 else 0.0, stopped_by, last_loss, ckpt,
-                         [str(e) for e in store.skipped], train_started, saves, save_s / saves if saves else 0.0)
+                         [str(e) for e in store.skipped], train_started, saves, save_s / saves if saves else 0.0,
+                         grads.report())
     if rs.kv is not None:
         rs.kv.set("result", json.dumps(asdict(res)))
     return res

@@ -1,0 +1,96 @@
+"""The fragment's side of layer elasticity: freezing a prefix of the model's layers, carrying optimizer state
+across freeze levels, and the per-layer gradient statistics the planner's penalty model reads
+(planner/freeze.py). A layer is one entry of ``Workload.blocks(model)``.
+
+A frozen layer has requires_grad off and is in eval mode (its normalisation statistics stop too): backward stops
+at the first trainable layer, DDP registers only trainable parameters (nothing of the prefix is all-reduced) and
+the optimizer never sees the prefix, so its weights stay bit-for-bit what the checkpoint had.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+RECORD_EVERY = 5         # steps between two gradient-norm samples (one pass over the gradients: cheap)
+INTERVAL = 50            # steps per statistics interval; the penalty compares the last two
+
+
+def freeze_prefix(model: nn.Module, blocks: list[nn.Module], k: int) -> list[nn.Parameter]:
+    """Freeze the first k blocks; returns the parameters left to train, in model order."""
+    if not 0 <= k < max(len(blocks), 1) or (k and len(blocks) < 2):
+        raise ValueError(f"freeze_layers={k}: the model has {len(blocks)} layer(s) and at least one must train")
+    frozen = {id(p) for b in blocks[:k] for p in b.parameters()}
+    for b in blocks[:k]:
+        b.eval()
+        for p in b.parameters():
+            p.requires_grad_(False)
+    return [p for p in model.parameters() if id(p) not in frozen]
+
+
+def _names_in_optimizer_order(model: nn.Module, optimizer: torch.optim.Optimizer) -> list[str]:
+    name = {id(p): n for n, p in model.named_parameters()}
+    return [name[id(p)] for g in optimizer.param_groups for p in g["params"]]
+
+
+def carry_optimizer_state(saved: dict, model: nn.Module, blocks: list[nn.Module], saved_level: int,
+                          optimizer: torch.optim.Optimizer, build_optimizer) -> dict:
+    """``saved`` (an optimizer state_dict written at ``saved_level``) renumbered for ``optimizer``, built at the
+    current level: parameters trainable at both levels keep their state (momentum, Adam moments), newly
+    unfrozen ones start fresh, newly frozen ones drop theirs; hyperparameters (a schedule's lr) carry over."""
+    frozen_then = {id(p) for b in blocks[:saved_level] for p in b.parameters()}
+    then = build_optimizer([p for p in model.parameters() if id(p) not in frozen_then])
+    old_index = {n: i for i, n in enumerate(_names_in_optimizer_order(model, then))}
+    out = optimizer.state_dict()
+    state = {}
+    for j, n in enumerate(_names_in_optimizer_order(model, optimizer)):
+        i = old_index.get(n)
+        if i is not None and i in saved["state"]:
+            state[j] = saved["state"][i]
+    groups = []
+    for gi, g in enumerate(out["param_groups"]):
+        old = saved["param_groups"][min(gi, len(saved["param_groups"]) - 1)]
+        groups.append({**{k: v for k, v in old.items() if k != "params"}, "params": g["params"]})
+    return {"state": state, "param_groups": groups}
+
+
+class GradRecorder:
+    """Per-layer L1 norms of the gradient, summed every ``every`` steps over intervals of ``interval`` steps.
+    Frozen layers keep the values they had when they were frozen (their plasticity stays what it was).
+    ``state()`` goes into the checkpoint so intervals span fragments; ``report()`` is what the planner reads."""
+
+    def __init__(self, blocks: list[nn.Module], frozen: int, restored: dict | None = None,
+                 every: int = RECORD_EVERY, interval: int = INTERVAL):
+        self.blocks, self.frozen, self.every, self.interval = blocks, frozen, every, interval
+        n = len(blocks)
+        r = restored if restored and len(restored.get("acc", [])) == n else {}
+        self.prev = list(r.get("prev") or [math.nan] * n)
+        self.now = list(r.get("now") or [math.nan] * n)
+        self.acc = list(r.get("acc") or [0.0] * n)
+        self.start = int(r.get("start", -1))
+
+    def record(self, step: int) -> None:
+        """After backward (gradients all-reduced), before the optimizer step; ``step`` counts from 0."""
+        if step % self.every:
+            return
+        if self.start < 0:
+            self.start = step
+        with torch.no_grad():
+            for i, b in enumerate(self.blocks[self.frozen:], self.frozen):
+                self.acc[i] += sum(float(p.grad.abs().sum()) for p in b.parameters() if p.grad is not None)
+        if step - self.start + self.every >= self.interval:
+            for i in range(self.frozen, len(self.blocks)):
+                self.prev[i], self.now[i] = self.now[i], self.acc[i]
+            self.acc = [0.0] * len(self.blocks)
+            self.start = -1
+
+    def state(self) -> dict:
+        return {"prev": self.prev, "now": self.now, "acc": self.acc, "start": self.start}
+
+    def report(self) -> dict:
+        """{"prev": [...], "now": [...]} per layer once two intervals of the trainable layers are complete, else {}
+        (layers frozen before they had statistics stay nan: the penalty model counts them as costly)."""
+        if any(math.isnan(x) for x in self.prev[self.frozen:] + self.now[self.frozen:]):
+            return {}
+        return {"prev": list(self.prev), "now": list(self.now)}
