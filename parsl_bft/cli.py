@@ -238,8 +238,18 @@ def cmd_status(args) -> int:
         for name, r in db.jobs().items():
             total = r.spec.get("samples") or 0
             share = r.train_node_s / r.node_s if r.node_s else 0.0
-            t.add_row(name, r.status, f"{r.samples_done / total:.1%} of {total:,}" if total else "?", str(r.size),
-                      str(r.fragments), str(r.rescales), f"{r.node_s:.0f}", f"{share:.0%}")
+    if args.new_run:
+        os.environ["PARSL_BFT_NEW_RUN"] = "1"
+    if not args.quiet:
+        os.environ["PARSL_BFT_PROGRESS"] = "1"     # the workflow's training_session shows live bars
+            done, loss = r.samples_done, ""
+            live = JobDir(db.meta(f"dir:{name}") or Path(args.state) / "jobs" / name).progress()
+            if live is not None:            # a running fragment's own report: newer than the database
+                done, loss = max(done, live.samples_done), f", loss {live.loss:.4g}"
+            t.add_row(name, r.status, f"{min(done, total) / total:.1%} of {total:,}{loss}" if total else "?",
+                      str(r.size), str(r.fragments), str(r.rescales), f"{r.node_s:.0f}", f"{share:.0%}")
+            if r.status == "failed":
+                failed[name] = next((d["error"] for _, _, d in reversed(db.events("failed")) if d["job"] == name), "")
         last = db.events()[-5:]
     except (sqlite3.DatabaseError, ValueError, TypeError) as e:
         raise StateError(damaged_advice(db_path, e)) from None
@@ -254,6 +264,8 @@ def cmd_sites(args) -> int:
 
     if args.action == "show":
         if len(args.files) != 1:
+    from .train.protocol import JobDir
+    from rich.text import Text
             raise UsageError("sites show takes one site file")
         print(show_config(load_site(args.files[0])), end="")
         return 0
@@ -262,6 +274,7 @@ def cmd_sites(args) -> int:
         try:
             site = load_site(f)
             note = f" ({len(site.unverified)} unverified: {', '.join(site.unverified)})" if site.unverified else ""
+    failed = {}
             print(f"{f}: ok, {site.scheduler} site '{site.name}'{note}")
         except SiteError as e:
             print(f"parsl-bft sites: error: {_one_line(e)}", file=sys.stderr)
@@ -272,6 +285,8 @@ def cmd_sites(args) -> int:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="parsl-bft", description="Train DNNs on the idle nodes of supercomputers.")
     p.add_argument("--debug", action="store_true", help="show the traceback of an error, not just its message")
+    for name, err in failed.items():
+        _console().print(Text.assemble((f"{name} failed: ", "bold red"), err))
     sub = p.add_subparsers(dest="cmd", required=True)
 
     d = sub.add_parser("demo", help="the main demo on the embedded default (the local machine)")
@@ -310,6 +325,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--jobs", required=True, help="X.jobs.csv (X.scaling.csv beside it) or a YAML job set")
     s.add_argument("--scaling", help="X.scaling.csv if not beside the jobs file")
     from .planner import METHODS, OBJECTIVES
+    r.add_argument("--new-run", action="store_true", help="start afresh: the workflow's old state directory is "
+                   "kept aside (renamed), so jobs whose spec changed may keep their names")
+    r.add_argument("--quiet", action="store_true", help="no live progress bars (on stderr)")
     s.add_argument("--planner", choices=[m for m in METHODS if m != "node-milp"], default="milp")
     s.add_argument("--solver", choices=["highs", "cbc"], default="highs", help="MILP solver")
     s.add_argument("--objective", choices=list(OBJECTIVES), default="speedup")
@@ -371,7 +389,8 @@ def main(argv: list[str] | None = None) -> int:
     except (ParslBftError, ValueError) as e:
         if args.debug:
             raise
-        print(f"parsl-bft {args.cmd}: error: {_one_line(e)}", file=sys.stderr)
+        msg = str(e) if "Traceback" in str(e) else _one_line(e)    # a failed job: the rank's whole traceback
+        print(f"parsl-bft {args.cmd}: error: {msg}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:       # Ctrl-C or SIGTERM (a session turns it into this): already cleaned up
         if args.debug:

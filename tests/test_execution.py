@@ -321,3 +321,42 @@ def test_a_users_own_training_loop_trains_on_idle_nodes_like_one_uninterrupted_r
     db = JobStore(tmp_path / "state" / "state.sqlite")
     check_chain(db, "mine", steps)
     assert len(db.events("launch")) >= 2                       # the notice ended a fragment, the job resumed
+
+
+def test_status_reads_live_progress_and_shows_a_failed_jobs_traceback(tmp_path, capsys, monkeypatch):
+    """`parsl-bft status` between fragment ends: the running fragment's own report (83 %, not the 0 % the
+    database holds until the fragment ends), and the whole traceback of a job that failed."""
+    from parsl_bft.cli import main
+    from parsl_bft.train.protocol import Progress
+    monkeypatch.setenv("COLUMNS", "250")
+    state = tmp_path / "state"
+    state.mkdir()
+    db = JobStore(state / "state.sqlite")
+    for name in ("train", "broken"):
+        db.add(name, {"name": name, "samples": 1000})
+    db.update("train", status="running", size=2)
+    JobDir(state / "jobs" / "train").ensure().write_progress(Progress(13, 832, 0.25, 2, 10, time.time(), time.time()))
+    db.update("broken", status="failed")
+    db.event("failed", job="broken", error="rank 1 on h failed first: ValueError: lr 10 is too large\n"
+                                           "Traceback (most recent call last):\n  File \"user.py\", line 2, in check")
+    db.close()
+    assert main(["status", str(state)]) == 0
+    out = capsys.readouterr().out
+    assert "83.2% of 1,000, loss 0.25" in out
+    assert "broken failed: rank 1 on h failed first: ValueError: lr 10 is too large" in out and "in check" in out
+
+
+def test_a_changed_spec_says_what_changed_and_how_to_start_afresh(tmp_path):
+    from parsl_bft.execution.orchestrator import Orchestrator, TrainingJob
+    from parsl_bft.execution.session import set_aside
+    orch = Orchestrator(tmp_path / "s", EmulatedPool.pattern(nodes=1, period_s=10.0, cycles=1), planner=None)
+    orch.submit(TrainingJob("a", samples=100))
+    with pytest.raises(ValueError, match=r"another spec \(samples 100 -> 200\).*--new-run"):
+        orch.submit(TrainingJob("a", samples=200))
+    with pytest.raises(Exception, match="in use by another orchestrator"):
+        set_aside(tmp_path / "s")                                  # not while it runs
+    orch.close()
+    old = set_aside(tmp_path / "s")
+    assert (old / "state.sqlite").exists() and not (tmp_path / "s").exists()
+    with pytest.raises(ValueError, match="no such file"):
+        TrainingJob("b", loop="missing.py:train")

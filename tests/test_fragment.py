@@ -305,3 +305,26 @@ def test_a_training_loop_that_forgets_to_save_fails_with_what_to_do(tmp_path):
         run_fragment(cfg(tmp_path / "j", loop=f"{tmp_path / 'bad.py'}:train", steps=3))
     with pytest.raises(ValueError, match="cannot load training function"):
         train_rank(cfg(tmp_path / "k", loop=f"{tmp_path / 'bad.py'}:nope", steps=3))
+
+
+def test_a_failed_ranks_whole_traceback_and_output_reach_the_error_and_stay_on_disk(tmp_path):
+    (tmp_path / "user.py").write_text(
+        "def check(lr):\n"
+        "    raise ValueError(f'lr {lr} is too large')\n"
+        "def train(ctx):\n"
+        "    print(f'hello from rank {ctx.rank}', flush=True)\n"
+        "    if ctx.rank == 1:\n"
+        "        check(10.0)\n"
+        "    for idx in ctx.batches(256):\n"
+        "        if ctx.should_stop():\n"
+        "            break\n"
+        "    ctx.save({'w': idx})\n")
+    d = tmp_path / "j"
+    with pytest.raises(FragmentFailed) as e:
+        run_fragment(cfg(d, loop=f"{tmp_path / 'user.py'}:train", steps=3, world_size=2, timeout_s=10))
+    msg = str(e.value)
+    assert "ValueError: lr 10.0 is too large" in msg and "in check" in msg and "in train" in msg   # whole traceback
+    log = Path(msg.rsplit("output: ", 1)[1].rstrip(")"))
+    assert log.parent == d / "logs" and "hello from rank 1" in log.read_text()
+    run_fragment(cfg(d, loop=f"{tmp_path / 'user.py'}:train", steps=3))      # a good fragment's output stays too
+    assert any("hello from rank 0" in f.read_text() for f in (d / "logs").glob("*-rank0.log"))

@@ -20,12 +20,12 @@ def run_demo(out: str | Path, *, speedup: float = 30.0, console=None, fresh: boo
     """The demo's run; ``jobs`` (TrainingJob fields) replaces its three models (tests use small ones)."""
     import parsl
     from rich.console import Console
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.table import Table
 
     from ..planner import Planner
     from ..plots import plot_allocation
     from .config import local_config
+    from .live import LiveBars
     from .orchestrator import Orchestrator, TrainingJob
     from .pool import EmulatedPool
 
@@ -42,16 +42,8 @@ def run_demo(out: str | Path, *, speedup: float = 30.0, console=None, fresh: boo
         orch = Orchestrator(state, pool, Planner(method="dp", objective="speedup", t_fwd=30.0), max_concurrent=3,
                             warm_up=warm_up)
         futures = {j["name"]: orch.submit(TrainingJob(**j)) for j in (jobs or DEMO_JOBS)}
-        with Progress(TextColumn("{task.description:>8}"), BarColumn(), TextColumn("{task.percentage:>5.1f}%"),
-                      TextColumn("{task.fields[nodes]}"), TimeElapsedColumn(), console=console) as bar:
-            tasks = {n: bar.add_task(n, total=orch.jobs[n].samples, nodes="") for n in futures}
-
-            def progress(o):
-                live = o.live_progress()
-                for n, t in tasks.items():
-                    r = o.running.get(n)
-                    bar.update(t, completed=live[n], nodes=f"{r.nodes} node(s)" if r else "waiting")
-            summary = orch.run(progress=progress, timeout_s=600)
+        with LiveBars(console) as bars:
+            summary = orch.run(progress=bars, timeout_s=600)
         results = {n: f.result(timeout=1) if f.done() else None for n, f in futures.items()}
     t = Table(title=f"demo finished in {summary['wall_s']:.0f} s")
     for c in ("job", "status", "samples", "fragments", "rescales", "reclaims", "node-s held", "E_used"):

@@ -225,8 +225,13 @@ class Orchestrator:
         if inputs:
             return self._submit_after(job, inputs)
         if job.name in self.jobs:
-            if asdict(self.jobs[job.name]) != asdict(job):
-                raise ValueError(f"job {job.name!r} already exists with a different spec (state in {self.dir})")
+            old, new = asdict(self.jobs[job.name]), asdict(job)
+            if old != new:
+                changed = ", ".join(f"{k} {old[k]!r} -> {new[k]!r}" for k in new if old.get(k) != new[k])
+                raise ValueError(f"job {job.name!r} already exists in {self.dir} with another spec ({changed}): "
+                                 "give the changed job a new name, use another state directory, or start afresh "
+                                 "with `parsl-bft run --new-run` (training_session(new_run=True)), which keeps the "
+                                 "old state aside")
             return self.futures[job.name]
         job.spec()                          # validates sizes etc. with a clear message
         k = max(s.ranks_per_node for s in self.sites.values())
@@ -483,6 +488,7 @@ class Orchestrator:
             self._fence(name)
         jd = JobDir(self.job_dir(name))
         jd.clear_stop()
+        self.db.set_meta(f"dir:{name}", str(jd.path))      # where `parsl-bft status` finds its live progress
         k = self.sites[site].ranks_per_node
         hole_left = min((ctl.pool.get(n, math.inf) for n in nodes), default=math.inf) - time.monotonic()
         interval = self.policy.interval(len(nodes), hole_left)
@@ -562,7 +568,8 @@ class Orchestrator:
             except Exception as e:   # a killed or failed fragment: resume from the last good checkpoint
                 r.killed |= type(e).__name__ == "ManagerLost"     # its node's worker pool died with the node
                 errors = jd.errors(r.fragment)
-                err = errors[0].summary() if errors else str(e)
+                err = (f"{errors[0].summary()}\n(rank {errors[0].rank}'s output: "
+                       f"{jd.log_path(r.fragment, errors[0].rank)})" if errors else str(e))
                 fstore = CheckpointStore(jd.path)
                 st = fstore.latest()
                 done, ckpt = (st.samples_done, str(fstore.latest_path)) if st else (0, None)
@@ -571,7 +578,8 @@ class Orchestrator:
                 lost = {}
                 if p is not None and p.t >= r.launched and p.step >= r.resume_step:
                     lost = {"lost_steps": p.step - p.saved_step, "lost_s": round(p.t - p.saved_at, 3)}
-                self.db.event("fragment-failed", job=name, fragment=r.fragment, error=err[:2000], reclaimed=r.killed,
+                self.db.event("fragment-failed", job=name, fragment=r.fragment, error=err[-4000:],
+                              reclaimed=r.killed,
                               without_notice=without_notice, resume_step=r.resume_step,
                               saved_step=st.step if st else 0, checkpoint_every_s=round(r.interval_s, 2), **lost)
                 self.policy.observe_training(held_s, lost_without_notice=without_notice)
@@ -607,7 +615,7 @@ class Orchestrator:
         if name in ctl.active:
             ctl.job_finished(name, time.monotonic())
         self.db.update(name, status="failed", size=0)
-        self.db.event("failed", job=name, error=err[:2000])
+        self.db.event("failed", job=name, error=err[-20_000:])
         if not self.futures[name].done():
             self.futures[name].set_exception(JobFailed(
                 f"job {name}: {self.max_failures} fragments failed in a row; last: {err} "
@@ -628,15 +636,20 @@ class Orchestrator:
 
     # --- reporting -----------------------------------------------------------------------------------
     def live_progress(self) -> dict[str, float]:
+        """Samples done per job, including what running fragments have reported since they started."""
         out = {}
         rows = self.db.jobs()
-        for name, job in self.jobs.items():
+        for name, job in list(self.jobs.items()):
             done = rows[name].samples_done if name in rows else 0
-            p = JobDir(self.job_dir(name)).progress()
+            p = self.last_report(name)
             if p is not None:
                 done = max(done, p.samples_done)
             out[name] = min(done, job.samples)
         return out
+
+    def last_report(self, name: str):
+        """The newest progress report of the job's fragments (step, samples, loss, ranks), or None."""
+        return JobDir(self.job_dir(name)).progress()
 
     def summary(self, wall_s: float) -> dict:
         rows = []

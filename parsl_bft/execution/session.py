@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import threading
-from contextlib import contextmanager
+import time
+from contextlib import contextmanager, nullcontext
 from importlib.resources import files
 from pathlib import Path
 
@@ -78,17 +80,35 @@ def make_planner(site: Site):
 
 
 @contextmanager
-def training_session(state_dir: str | Path, site=None, **orchestrator_kw):
+def training_session(state_dir: str | Path, site=None, *, new_run: bool | None = None, progress=None,
+                     **orchestrator_kw):
     """Load the Parsl config of one site - or of several (a list, or $PARSL_BFT_SITE with paths separated by
     ':'): then one executor per site, a MultiPool and the multi-site planner - and yield an Orchestrator whose
     loop already runs in the background: submitted jobs' futures resolve on their own (Parsl apps can take them
     as inputs); ``run()`` waits for the jobs. Leaving the session (or Ctrl-C, SIGTERM) checkpoints what still
-    trains and gives every node back."""
+    trains and gives every node back.
+
+    ``new_run`` (default: $PARSL_BFT_NEW_RUN, set by `parsl-bft run --new-run`): set the old state aside and start
+    afresh (jobs whose spec changed keep their names). ``progress``: a callback per loop turn (default: live
+    bars on stderr when $PARSL_BFT_PROGRESS is 1, as under `parsl-bft run`)."""
     import parsl
     from parsl.config import Config
 
     from .config import ensure_venv_on_path
     from .orchestrator import Orchestrator, lock_state_dir
+def set_aside(state_dir: Path) -> Path | None:
+    """A fresh run in ``state_dir``: the old state (jobs, checkpoints, event log) is renamed, not deleted, to
+    ``<state_dir>.old-<time>``; refused while an orchestrator holds it."""
+    from .orchestrator import lock_state_dir
+
+    if not (state_dir / "state.sqlite").exists():
+        return None
+    lock_state_dir(state_dir).close()
+    old = state_dir.with_name(f"{state_dir.name}.old-{time.strftime('%Y%m%d-%H%M%S')}")
+    state_dir.rename(old)
+    return old
+
+
     from .pool import MultiPool, SitePool
 
     if site is None and os.environ.get("PARSL_BFT_SITE"):
@@ -110,6 +130,10 @@ def training_session(state_dir: str | Path, site=None, **orchestrator_kw):
         labels = [c.executors[0].label for c in configs]
         pools = [make_pool(s, dfk.executors[label]) for s, label in zip(sites, labels)]
         orchestrator_kw.setdefault("weights", sites[0].objective.weights)
+    if new_run if new_run is not None else os.environ.get("PARSL_BFT_NEW_RUN") == "1":
+        old = set_aside(Path(state_dir))
+        if old is not None:
+            print(f"parsl-bft: a new run; the previous state is kept in {old}", file=sys.stderr)
         if len(sites) == 1:
             orch = Orchestrator(state_dir, pools[0], make_planner(sites[0]), executor=labels[0],
                                 **site_runtime(sites[0]), **orchestrator_kw)
@@ -122,7 +146,8 @@ def training_session(state_dir: str | Path, site=None, **orchestrator_kw):
         if threading.current_thread() is threading.main_thread():   # SIGTERM unwinds the session like Ctrl-C
             old = signal.signal(signal.SIGTERM, _interrupt)
         try:
-            yield orch.start()  # futures resolve on their own; run() waits for the jobs
+            with progress if hasattr(progress, "__enter__") else nullcontext():
+                yield orch.start(progress=progress)  # futures resolve on their own; run() waits for the jobs
         finally:
             try:
                 orch.stop()     # running fragments checkpoint, pilots are given back
@@ -133,4 +158,7 @@ def training_session(state_dir: str | Path, site=None, **orchestrator_kw):
 
 
 def _interrupt(signum, frame):  # noqa: ARG001
+        if progress is None and os.environ.get("PARSL_BFT_PROGRESS") == "1":
+            from .live import LiveBars
+            progress = LiveBars()
     raise KeyboardInterrupt("SIGTERM")

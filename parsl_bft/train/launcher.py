@@ -71,7 +71,8 @@ def run_fragment(cfg: FragmentConfig, *, env: dict | None = None, ranks: list[in
     kv = store_client(store, cfg.fragment_id, cfg.timeout_s)
     cfg_file = jd.path / f".cfg-{socket.gethostname()}-{cfg.fragment_id}-{ranks[0]}.json"
     cfg_file.write_text(json.dumps(asdict(cfg)))
-    logs = [jd.path / f".log-{cfg.fragment_id}-rank{r}" for r in ranks]
+    logs = [jd.log_path(cfg.fragment_id, r) for r in ranks]
+    logs[0].parent.mkdir(exist_ok=True)
     procs = []
     for i, r in enumerate(ranks):
         e = {**os.environ, **(env or {}), "RANK": str(r), "WORLD_SIZE": str(cfg.world_size), "LOCAL_RANK": str(i),
@@ -109,8 +110,9 @@ def run_fragment(cfg: FragmentConfig, *, env: dict | None = None, ranks: list[in
         for p in procs:
             if p.poll() is None:
                 p.kill()
-        for f in [cfg_file, pids, *logs]:
+        for f in (cfg_file, pids):
             f.unlink(missing_ok=True)
+        jd.prune_logs()                         # rank output stays on disk, the newest few fragments' of it
         if len(ranks) == cfg.world_size:        # all ranks were ours: their error records are reported
             jd.forget_fragment(cfg.fragment_id)
         del server
@@ -134,8 +136,11 @@ def _fail(cfg: FragmentConfig, jd: JobDir, procs: list, ranks: list[int], logs: 
         i = signalled[0] if signalled else next(i for i, c in enumerate(codes) if c not in (None, 0))
         tail = logs[i].read_text(errors="replace").strip().splitlines()[-12:] if logs[i].exists() else []
         detail = ("\n" + "\n".join(tail)) if tail else ""
-        raise FragmentFailed(f"fragment of {cfg.job}: rank {ranks[i]} exited with {codes[i]}{detail}")
-    raise FragmentFailed(f"fragment of {cfg.job}: {errors[0].summary()}")
+        raise FragmentFailed(f"fragment of {cfg.job}: rank {ranks[i]} exited with {codes[i]}{detail}\n"
+                             f"(its output: {logs[i]})")
+    first = errors[0]
+    log = jd.log_path(cfg.fragment_id, first.rank)
+    raise FragmentFailed(f"fragment of {cfg.job}: {first.summary()}\n(rank {first.rank}'s output: {log})")
 
 
 def run_gang_task(cfg: FragmentConfig, node_index: int, store: str) -> FragmentResult | None:
@@ -179,8 +184,10 @@ def _rank_entry(cfg_file: str, env: dict, log_path: str, job_dir: str, fragment:
     os.environ.clear()
     os.environ.update(env)
     fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    os.dup2(fd, 2)       # a file, not a pipe: a chatty rank must never block on stderr
+    os.dup2(fd, 1)       # a file, not a pipe: a chatty rank must never block on its output
+    os.dup2(fd, 2)
     os.close(fd)
+    sys.stdout = open(1, "w", buffering=1, closefd=False)
     sys.stderr = open(2, "w", buffering=1, closefd=False)
     try:
         main(["--config", cfg_file])

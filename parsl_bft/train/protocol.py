@@ -61,7 +61,7 @@ class RankError:
     message: str
     traceback: str
 
-    def summary(self, lines: int = 12) -> str:
+    def summary(self, lines: int = 200) -> str:
         tb = "\n".join(self.traceback.rstrip().splitlines()[-lines:])
         return f"rank {self.rank} on {self.host} failed first: {self.kind}: {self.message}\n{tb}"
 
@@ -142,6 +142,18 @@ class JobDir:
         return killed
 
     # --- failures ------------------------------------------------------------------------------------
+    # --- rank output ----------------------------------------------------------------------------------
+    KEEP_LOGS = 32            # the newest rank logs kept per job (a failed rank's among them)
+
+    def log_path(self, fragment: str, rank: int) -> Path:
+        """Where rank ``rank`` of ``fragment`` writes its stdout and stderr."""
+        return self.path / "logs" / f"{fragment}-rank{rank}.log"
+
+    def prune_logs(self) -> None:
+        logs = sorted((self.path / "logs").glob("*.log"), key=lambda f: f.stat().st_mtime if f.exists() else 0)
+        for f in logs[: -self.KEEP_LOGS]:
+            f.unlink(missing_ok=True)
+
     def errors_dir(self, fragment: str) -> Path:
         return self.path / ".errors" / fragment
 

@@ -1,0 +1,36 @@
+"""Live per-job progress bars (rich) for a running orchestrator: the demo's, and `parsl-bft run`'s on stderr."""
+from __future__ import annotations
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+
+class LiveBars:
+    """A progress callback for ``Orchestrator.run/start``: one bar per job (jobs submitted later get theirs when
+    they arrive), filled from the fragments' live progress reports, with the nodes each job holds now. Use it as
+    a context manager around the run."""
+
+    def __init__(self, console: Console | None = None):
+        self.bar = Progress(TextColumn("{task.description:>10}"), BarColumn(), TextColumn("{task.percentage:>5.1f}%"),
+                            TextColumn("{task.fields[nodes]}"), TextColumn("{task.fields[loss]}"), TimeElapsedColumn(),
+                            console=console or Console(stderr=True))
+        self.tasks: dict[str, int] = {}
+
+    def __enter__(self) -> "LiveBars":
+        self.bar.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.bar.stop()
+
+    def __call__(self, orch) -> None:
+        live = orch.live_progress()
+        for name, done in live.items():
+            if name not in self.tasks:
+                self.tasks[name] = self.bar.add_task(name, total=orch.jobs[name].samples, nodes="", loss="")
+            r = orch.running.get(name)
+            p = orch.last_report(name)
+            finished = orch.futures[name].done()
+            self.bar.update(self.tasks[name], completed=done,
+                            nodes="done" if finished else f"{r.nodes} node(s)" if r else "waiting",
+                            loss=f"loss {p.loss:.4g}" if p is not None and p.loss == p.loss else "")
