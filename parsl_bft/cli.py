@@ -213,6 +213,10 @@ def cmd_run(args) -> int:
             return 2
         os.environ["PARSL_BFT_SITE"] = os.pathsep.join(str(Path(s).resolve()) for s in sites)
         _console().print(f"sites: {', '.join(names)}")
+    if args.new_run:
+        os.environ["PARSL_BFT_NEW_RUN"] = "1"
+    if not args.quiet:
+        os.environ["PARSL_BFT_PROGRESS"] = "1"     # the workflow's training_session shows live bars
     sys.argv = [str(path), *rest]
     sys.path.insert(0, str(path.resolve().parent))
     runpy.run_path(str(path), run_name="__main__")
@@ -226,6 +230,8 @@ def cmd_status(args) -> int:
     import sqlite3
 
     from .execution.jobstore import JobStore, StateError, damaged_advice
+    from .train.protocol import JobDir
+    from rich.text import Text
 
     db_path = Path(args.state) / "state.sqlite"
     if not db_path.is_file():
@@ -234,14 +240,11 @@ def cmd_status(args) -> int:
     t = Table(title=f"parsl-bft jobs in {args.state}")
     for c in ("job", "status", "progress", "nodes now", "fragments", "rescales", "node-s held", "training share"):
         t.add_column(c, justify="right")
+    failed = {}
     try:
         for name, r in db.jobs().items():
             total = r.spec.get("samples") or 0
             share = r.train_node_s / r.node_s if r.node_s else 0.0
-    if args.new_run:
-        os.environ["PARSL_BFT_NEW_RUN"] = "1"
-    if not args.quiet:
-        os.environ["PARSL_BFT_PROGRESS"] = "1"     # the workflow's training_session shows live bars
             done, loss = r.samples_done, ""
             live = JobDir(db.meta(f"dir:{name}") or Path(args.state) / "jobs" / name).progress()
             if live is not None:            # a running fragment's own report: newer than the database
@@ -254,6 +257,8 @@ def cmd_status(args) -> int:
     except (sqlite3.DatabaseError, ValueError, TypeError) as e:
         raise StateError(damaged_advice(db_path, e)) from None
     _console().print(t)
+    for name, err in failed.items():
+        _console().print(Text.assemble((f"{name} failed: ", "bold red"), err))
     for ts, kind, d in last:
         _console().print(f"  {kind:15} {json.dumps(d)[:100]}")
     return 0
@@ -264,8 +269,6 @@ def cmd_sites(args) -> int:
 
     if args.action == "show":
         if len(args.files) != 1:
-    from .train.protocol import JobDir
-    from rich.text import Text
             raise UsageError("sites show takes one site file")
         print(show_config(load_site(args.files[0])), end="")
         return 0
@@ -274,7 +277,6 @@ def cmd_sites(args) -> int:
         try:
             site = load_site(f)
             note = f" ({len(site.unverified)} unverified: {', '.join(site.unverified)})" if site.unverified else ""
-    failed = {}
             print(f"{f}: ok, {site.scheduler} site '{site.name}'{note}")
         except SiteError as e:
             print(f"parsl-bft sites: error: {_one_line(e)}", file=sys.stderr)
@@ -285,8 +287,6 @@ def cmd_sites(args) -> int:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="parsl-bft", description="Train DNNs on the idle nodes of supercomputers.")
     p.add_argument("--debug", action="store_true", help="show the traceback of an error, not just its message")
-    for name, err in failed.items():
-        _console().print(Text.assemble((f"{name} failed: ", "bold red"), err))
     sub = p.add_subparsers(dest="cmd", required=True)
 
     d = sub.add_parser("demo", help="the main demo on the embedded default (the local machine)")
@@ -297,6 +297,9 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("run", help="run a workflow file (Python, using parsl_bft's API)")
     r.add_argument("--site", action="append", help="site file (repeat for several sites; default: the embedded "
                    "default, this machine); the workflow's training_session() picks it up")
+    r.add_argument("--new-run", action="store_true", help="start afresh: the workflow's old state directory is "
+                   "kept aside (renamed), so jobs whose spec changed may keep their names")
+    r.add_argument("--quiet", action="store_true", help="no live progress bars (on stderr)")
     r.add_argument("workflow")
     r.add_argument("args", nargs=argparse.REMAINDER, help="passed to the workflow as sys.argv[1:]")
     r.set_defaults(func=cmd_run)
@@ -325,9 +328,6 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--jobs", required=True, help="X.jobs.csv (X.scaling.csv beside it) or a YAML job set")
     s.add_argument("--scaling", help="X.scaling.csv if not beside the jobs file")
     from .planner import METHODS, OBJECTIVES
-    r.add_argument("--new-run", action="store_true", help="start afresh: the workflow's old state directory is "
-                   "kept aside (renamed), so jobs whose spec changed may keep their names")
-    r.add_argument("--quiet", action="store_true", help="no live progress bars (on stderr)")
     s.add_argument("--planner", choices=[m for m in METHODS if m != "node-milp"], default="milp")
     s.add_argument("--solver", choices=["highs", "cbc"], default="highs", help="MILP solver")
     s.add_argument("--objective", choices=list(OBJECTIVES), default="speedup")

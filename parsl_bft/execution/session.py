@@ -79,6 +79,19 @@ def make_planner(site: Site):
     return Planner(method="dp", objective=site.objective.name, t_fwd=site.objective.t_fwd_seconds, **kw)
 
 
+def set_aside(state_dir: Path) -> Path | None:
+    """A fresh run in ``state_dir``: the old state (jobs, checkpoints, event log) is renamed, not deleted, to
+    ``<state_dir>.old-<time>``; refused while an orchestrator holds it."""
+    from .orchestrator import lock_state_dir
+
+    if not (state_dir / "state.sqlite").exists():
+        return None
+    lock_state_dir(state_dir).close()
+    old = state_dir.with_name(f"{state_dir.name}.old-{time.strftime('%Y%m%d-%H%M%S')}")
+    state_dir.rename(old)
+    return old
+
+
 @contextmanager
 def training_session(state_dir: str | Path, site=None, *, new_run: bool | None = None, progress=None,
                      **orchestrator_kw):
@@ -96,19 +109,6 @@ def training_session(state_dir: str | Path, site=None, *, new_run: bool | None =
 
     from .config import ensure_venv_on_path
     from .orchestrator import Orchestrator, lock_state_dir
-def set_aside(state_dir: Path) -> Path | None:
-    """A fresh run in ``state_dir``: the old state (jobs, checkpoints, event log) is renamed, not deleted, to
-    ``<state_dir>.old-<time>``; refused while an orchestrator holds it."""
-    from .orchestrator import lock_state_dir
-
-    if not (state_dir / "state.sqlite").exists():
-        return None
-    lock_state_dir(state_dir).close()
-    old = state_dir.with_name(f"{state_dir.name}.old-{time.strftime('%Y%m%d-%H%M%S')}")
-    state_dir.rename(old)
-    return old
-
-
     from .pool import MultiPool, SitePool
 
     if site is None and os.environ.get("PARSL_BFT_SITE"):
@@ -118,6 +118,10 @@ def set_aside(state_dir: Path) -> Path | None:
         raise ValueError(f"site names must differ within a run: {[s.name for s in sites]}")
     for s in sites:
         _refuse_remote(s)          # before building its Config: that would log in to Globus Compute for nothing
+    if new_run if new_run is not None else os.environ.get("PARSL_BFT_NEW_RUN") == "1":
+        old = set_aside(Path(state_dir))
+        if old is not None:
+            print(f"parsl-bft: a new run; the previous state is kept in {old}", file=sys.stderr)
     Path(state_dir).mkdir(mode=0o700, parents=True, exist_ok=True)
     orchestrator_kw["state_lock"] = lock_state_dir(Path(state_dir))   # refused before any pilot is started
     ensure_venv_on_path()          # pilots inherit PATH: their worker pools start from this environment
@@ -130,10 +134,6 @@ def set_aside(state_dir: Path) -> Path | None:
         labels = [c.executors[0].label for c in configs]
         pools = [make_pool(s, dfk.executors[label]) for s, label in zip(sites, labels)]
         orchestrator_kw.setdefault("weights", sites[0].objective.weights)
-    if new_run if new_run is not None else os.environ.get("PARSL_BFT_NEW_RUN") == "1":
-        old = set_aside(Path(state_dir))
-        if old is not None:
-            print(f"parsl-bft: a new run; the previous state is kept in {old}", file=sys.stderr)
         if len(sites) == 1:
             orch = Orchestrator(state_dir, pools[0], make_planner(sites[0]), executor=labels[0],
                                 **site_runtime(sites[0]), **orchestrator_kw)
@@ -145,6 +145,9 @@ def set_aside(state_dir: Path) -> Path | None:
         old = None
         if threading.current_thread() is threading.main_thread():   # SIGTERM unwinds the session like Ctrl-C
             old = signal.signal(signal.SIGTERM, _interrupt)
+        if progress is None and os.environ.get("PARSL_BFT_PROGRESS") == "1":
+            from .live import LiveBars
+            progress = LiveBars()
         try:
             with progress if hasattr(progress, "__enter__") else nullcontext():
                 yield orch.start(progress=progress)  # futures resolve on their own; run() waits for the jobs
@@ -158,7 +161,4 @@ def set_aside(state_dir: Path) -> Path | None:
 
 
 def _interrupt(signum, frame):  # noqa: ARG001
-        if progress is None and os.environ.get("PARSL_BFT_PROGRESS") == "1":
-            from .live import LiveBars
-            progress = LiveBars()
     raise KeyboardInterrupt("SIGTERM")
