@@ -225,6 +225,9 @@ def cmd_run(args) -> int:
 
 def cmd_status(args) -> int:
     """Per-job progress, nodes held and efficiency so far, from an orchestrator's state directory."""
+    from .remote.commands import cmd_remote_status, wants_remote
+    if wants_remote(args):              # a run id submitted through Globus Compute (parsl-bft submit)
+        return cmd_remote_status(args)
     from rich.table import Table
 
     import sqlite3
@@ -305,8 +308,12 @@ def build_parser() -> argparse.ArgumentParser:
     r.set_defaults(func=cmd_run)
 
     st = sub.add_parser("status", help="per-job progress and nodes held, from an orchestrator's state directory")
-    st.add_argument("state", nargs="?", default="bft-state", help="the state directory (default bft-state)")
+    st.add_argument("state", nargs="?", default="bft-state", help="the state directory (default bft-state), or "
+                    "the run id of a submitted run")
+    from .remote.commands import add_parsers, add_site_arg
+    add_site_arg(st)                    # status RUN_ID --site ENDPOINT.yaml: a remote run's status
     st.set_defaults(func=cmd_status)
+    add_parsers(sub)                    # submit, logs, cancel, fetch: runs through Globus Compute
 
     si = sub.add_parser("sites", help="validate site files, or show the Parsl Config one builds")
     si.add_argument("action", choices=["validate", "show"])

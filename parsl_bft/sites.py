@@ -110,6 +110,19 @@ class Emulation(_Strict):
 _PILOTS_ONLY = {"partition", "queue", "account", "preemptable_qos", "pilot_walltime", "worker_init",
                 "scheduler_options", "interchange_address", "holes"}
 _UNUSED_BY = {"local": _PILOTS_ONLY, "slurm": {"queue"}, "pbs": {"partition"}}
+# what the site file AT THE FACILITY (remote.site) or the endpoint's own config says for a run submitted through
+# Globus Compute: from the laptop these would mean nothing
+_FACILITY_ONLY = _PILOTS_ONLY | {"checkpoint_dir", "emulation", "topology", "objective"}
+
+
+class RemoteRuns(_Strict):
+    """Runs submitted through a Globus Compute endpoint (``parsl-bft submit``): paths at the facility."""
+
+    site: str | None = Field(default=None, description="the site file at the facility that the run's "
+                             "orchestrator uses there (partition, account, worker_init ...); unset: the embedded "
+                             "default of the endpoint's machine")
+    runs_dir: str = Field(default="~/.parsl-bft/runs", description="where runs live at the facility: one state "
+                          "folder per run id")
 
 
 class Site(_Strict):
@@ -131,6 +144,7 @@ class Site(_Strict):
     holes: HoleDiscovery = Field(default_factory=HoleDiscovery)
     objective: ObjectiveSpec = Field(default_factory=ObjectiveSpec)
     globus_compute_endpoint: UUID | None = None
+    remote: RemoteRuns | None = None
     emulation: Emulation | None = None
     topology: dict | None = Field(default=None, description="network groups for contention-aware planning: "
                                   "groups or hostname, gpus_per_node, intra_gbps, inter_gbps "
@@ -195,17 +209,26 @@ class Site(_Strict):
 
     @model_validator(mode="after")
     def _per_scheduler(self):
-        if self.scheduler == "slurm" and not self.partition:
-            raise ValueError("scheduler 'slurm' needs 'partition'")
-        if self.scheduler == "pbs" and not self.queue:
-            raise ValueError("scheduler 'pbs' needs 'queue'")
-        if self.scheduler != "local" and self.emulation is not None:
-            raise ValueError("'emulation' is only for scheduler 'local'")
+        if self.remote is not None and not self.globus_compute_endpoint:
+            raise ValueError("'remote' is only for a site with 'globus_compute_endpoint'")
         # a field the scheduler would ignore is an error: a site file means what it says
-        unused = sorted(_UNUSED_BY[self.scheduler] & self.model_fields_set)
-        if unused:
-            raise ValueError(f"scheduler '{self.scheduler}' does not use {', '.join(unused)}: delete "
-                             f"{'it' if len(unused) == 1 else 'them'}")
+        if self.globus_compute_endpoint:
+            unused = sorted(_FACILITY_ONLY & self.model_fields_set)
+            if unused:
+                raise ValueError(f"a Globus Compute site does not use {', '.join(unused)}: the facility's own "
+                                 "site file (remote.site) or the endpoint's config says that; delete "
+                                 f"{'it' if len(unused) == 1 else 'them'}")
+        else:
+            if self.scheduler == "slurm" and not self.partition:
+                raise ValueError("scheduler 'slurm' needs 'partition'")
+            if self.scheduler == "pbs" and not self.queue:
+                raise ValueError("scheduler 'pbs' needs 'queue'")
+            if self.scheduler != "local" and self.emulation is not None:
+                raise ValueError("'emulation' is only for scheduler 'local'")
+            unused = sorted(_UNUSED_BY[self.scheduler] & self.model_fields_set)
+            if unused:
+                raise ValueError(f"scheduler '{self.scheduler}' does not use {', '.join(unused)}: delete "
+                                 f"{'it' if len(unused) == 1 else 'them'}")
         fields = set(type(self).model_fields)
         bad = [u for u in self.unverified if u.split(".")[0] not in fields]
         if bad:

@@ -68,9 +68,12 @@ def test_cli_validate_exit_codes(tmp_path):
     assert r.returncode == 0 and "provider=SlurmPilotProvider(" in r.stdout and "partition='backfill'" in r.stdout
 
 
+GC_SITE = "name: x\nscheduler: slurm\nnode: {cores: 4}\nglobus_compute_endpoint: 2a7e6a1c-3e3b-4b8a-9a66-0a3b0c5d9f11\n"
+
+
 def test_globus_compute_site_builds_the_executor_code(tmp_path):
     p = tmp_path / "gc.yaml"
-    p.write_text(GOOD + "globus_compute_endpoint: 2a7e6a1c-3e3b-4b8a-9a66-0a3b0c5d9f11\n")
+    p.write_text(GC_SITE)
     code = show_config(load_site(p))            # no login: the SDK Executor is not constructed to show it
     assert "GlobusComputeExecutor(" in code and "Executor(endpoint_id='2a7e6a1c-3e3b-4b8a-9a66-0a3b0c5d9f11')" in code
     assert "from globus_compute_sdk import Executor" in code
@@ -110,7 +113,7 @@ def test_a_globus_compute_site_cannot_be_orchestrated_from_outside(tmp_path):
     from parsl_bft.execution.session import make_pool
     from parsl_bft.sites import SiteError
     p = tmp_path / "gc.yaml"
-    p.write_text(GOOD + "globus_compute_endpoint: 2a7e6a1c-3e3b-4b8a-9a66-0a3b0c5d9f11\n")
+    p.write_text(GC_SITE)
     with pytest.raises(SiteError, match="reached through Globus Compute"):
         make_pool(load_site(p), executor=None)
     from parsl_bft.execution.session import training_session

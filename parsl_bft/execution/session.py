@@ -31,9 +31,8 @@ def current_site(site: Site | str | Path | None = None) -> Site:
 def _refuse_remote(site: Site) -> None:
     if site.globus_compute_endpoint:
         raise SiteError(f"site '{site.name}' is reached through Globus Compute: this process cannot see that "
-                        "machine's idle nodes or files, so it cannot orchestrate training there. Run parsl-bft at "
-                        "the facility with the site file minus globus_compute_endpoint, or send single fragments "
-                        "through the endpoint (docs/globus-compute.md)")
+                        "machine's idle nodes or files, so the run's orchestrator must run there. Submit it: "
+                        "parsl-bft submit WORKFLOW.py --site SITE.yaml (docs/globus-compute.md)")
 
 
 def make_pool(site: Site, executor):

@@ -1,0 +1,301 @@
+"""The laptop's side: a session with a facility's Globus Compute endpoint, runs submitted through it, futures.
+
+    with remote_session("perlmutter-remote.yaml") as remote:
+        run = remote.submit("workflows/image_classifier.py")     # ships it, starts a detached session there
+        ckpt = run.job("cnn-small").result()                      # resolves when that job finishes there
+        run.fetch("out/")                                         # the final checkpoints, in chunks
+
+Every call is one short Globus Compute task (``parsl_bft.remote.facility``); between calls nothing of the
+laptop is needed: close it, come back, ``remote.run(run_id)``.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import threading
+from concurrent.futures import Future
+from contextlib import contextmanager
+from pathlib import Path
+
+from ..errors import ParslBftError
+from ..sites import RemoteRuns, Site, SiteError, load_site
+from . import facility
+from .bundle import make_bundle
+
+END_STATES = ("finished", "failed", "cancelled", "lost")
+
+
+class RemoteError(ParslBftError):
+    """The endpoint, the Globus service or the facility side refused or failed a call."""
+
+
+class NotLoggedIn(RemoteError):
+    pass
+
+
+class EndpointUnavailable(RemoteError):
+    pass
+
+
+class RemoteJobFailed(RemoteError):
+    """A remote job ended without its final checkpoint (failed, or its run ended first)."""
+
+
+def check_login():
+    """The SDK's own app, if it can work without a prompt: client credentials in the environment or tokens from
+    an earlier login. Otherwise a clear error - never the interactive login the SDK would start by itself."""
+    from globus_compute_sdk.sdk.auth.globus_app import get_globus_app   # the SDK's own choice of identity
+    from globus_sdk import UserApp
+
+    try:
+        app = get_globus_app()
+    except ValueError as e:             # only one of the two variables set
+        raise NotLoggedIn(str(e)) from None
+    if isinstance(app, UserApp) and app.login_required():
+        raise NotLoggedIn("not logged in to Globus Compute: set GLOBUS_COMPUTE_CLIENT_ID and "
+                          "GLOBUS_COMPUTE_CLIENT_SECRET (a client identity), or log in once interactively: "
+                          "python -c 'import globus_compute_sdk as g; g.Client()'")
+    return app
+
+
+def sdk_executor(endpoint_id: str):
+    """The SDK's Executor for the endpoint (the one seam tests replace: the cloud service is not reachable)."""
+    from globus_compute_sdk import Client, Executor
+
+    return Executor(endpoint_id=endpoint_id, client=Client(app=check_login()))
+
+
+def connect(endpoint_id: str):
+    """An Executor for an endpoint that exists and is online, or a RemoteError that says which it is not."""
+    from globus_sdk import GlobusAPIError, NetworkError
+
+    executor = sdk_executor(endpoint_id)
+    try:
+        status = executor.client.get_endpoint_status(endpoint_id)
+    except GlobusAPIError as e:
+        executor.shutdown(wait=False)
+        what = "unknown, or not shared with you" if e.http_status in (400, 403, 404) else f"refused ({e.message})"
+        raise EndpointUnavailable(f"Globus Compute endpoint {endpoint_id}: {what}; check the site file's "
+                                  "globus_compute_endpoint against `globus-compute-endpoint list` at the "
+                                  "facility") from None
+    except NetworkError as e:
+        executor.shutdown(wait=False)
+        raise RemoteError(f"cannot reach the Globus Compute service: {e}") from None
+    if status.get("status") != "online":
+        executor.shutdown(wait=False)
+        raise EndpointUnavailable(f"Globus Compute endpoint {endpoint_id} is {status.get('status', 'not online')}: "
+                                  "start it at the facility (globus-compute-endpoint start NAME)")
+    return executor
+
+
+def endpoint_site(site: Site | str | Path) -> Site:
+    s = site if isinstance(site, Site) else load_site(site)
+    if not s.globus_compute_endpoint:
+        raise SiteError(f"site '{s.name}' names no globus_compute_endpoint: runs are submitted through one "
+                        "(run parsl-bft at the facility with `parsl-bft run --site` instead)")
+    return s
+
+
+class RemoteSession:
+    """Calls on one endpoint's runs. ``poll_s``: how often futures of remote jobs ask for news."""
+
+    def __init__(self, site: Site, executor, poll_s: float = 30.0, call_timeout_s: float = 600.0):
+        self.site = site
+        self.remote = site.remote or RemoteRuns()
+        self.executor = executor
+        self.poll_s = poll_s
+        self.call_timeout_s = call_timeout_s
+        self._runs: dict[str, RemoteRun] = {}
+        self._stop = threading.Event()
+        self._poller: threading.Thread | None = None
+
+    def call(self, op: str, run_id: str, *args):
+        """One facility function, by name, through the endpoint: its refusal is a RemoteError here."""
+        fut = self.executor.submit(facility.call, op, self.remote.runs_dir, run_id, *args)
+        try:
+            out = fut.result(timeout=self.call_timeout_s)
+        except TimeoutError:
+            raise RemoteError(f"the endpoint did not answer {op} within {self.call_timeout_s:.0f} s") from None
+        except Exception as e:          # noqa: BLE001 - the SDK's task failure, whatever its class
+            raise RemoteError(f"{op} failed at the endpoint: {' '.join(str(e).split())[-500:]}") from None
+        if "error" in out:
+            raise RemoteError(out["error"])
+        return out["ok"]
+
+    def submit(self, workflow: str | Path, args=(), files=(), run_id: str | None = None) -> RemoteRun:
+        """Ship the workflow (and the files it names, and ``files``) and start it detached at the facility. The
+        same submission again - or the same ``run_id`` - starts no second session; after a cancel or a failure
+        it resumes the run."""
+        bundle = make_bundle(workflow, args, files)
+        digest = bundle.digest(self.remote.site)
+        run_id = run_id or bundle.run_id(self.remote.site)
+        request = {"workflow": bundle.workflow, "args": list(bundle.args), "site": self.remote.site,
+                   "digest": digest}
+        status = self.call("start", run_id, bundle.files, request)
+        run = self.run(run_id)
+        run.last = status
+        return run
+
+    def run(self, run_id: str) -> RemoteRun:
+        """A run submitted before (by this laptop or another)."""
+        if run_id not in self._runs:
+            self._runs[run_id] = RemoteRun(self, run_id)
+        return self._runs[run_id]
+
+    def _watch(self) -> None:
+        if self._poller is None:
+            self._poller = threading.Thread(target=self._poll, name="parsl-bft-remote-poll", daemon=True)
+            self._poller.start()
+
+    def _poll(self) -> None:
+        while not self._stop.is_set():
+            for run in list(self._runs.values()):
+                if run.waiting():
+                    try:
+                        run.status()
+                    except RemoteError as e:    # one failed poll is no verdict; the next one may answer
+                        run.last_error = str(e)
+            self._stop.wait(self.poll_s)
+
+    def close(self) -> None:
+        """The laptop goes away: the runs at the facility go on; futures not yet resolved stay unresolved."""
+        self._stop.set()
+        if self._poller is not None:
+            self._poller.join()
+        self.executor.shutdown(wait=False, cancel_futures=True)
+
+
+class RemoteRun:
+    def __init__(self, session: RemoteSession, run_id: str):
+        self.session = session
+        self.run_id = run_id
+        self.last: dict | None = None
+        self.last_error: str | None = None
+        self._jobs: dict[str, Future] = {}
+        self._done: Future | None = None
+        self._lock = threading.Lock()
+
+    def status(self) -> dict:
+        """The run's state and its jobs' progress (and resolves the futures it can)."""
+        st = self.session.call("status", self.run_id)
+        self._update(st)
+        return st
+
+    def logs(self, offset: int | None = None) -> dict:
+        return self.session.call("logs", self.run_id, offset)
+
+    def cancel(self) -> dict:
+        """Ask the session to checkpoint, give its nodes back and stop; ``submit`` again resumes it."""
+        st = self.session.call("cancel", self.run_id)
+        self._update(st)
+        return st
+
+    def job(self, name: str) -> Future:
+        """Resolves to the path (at the facility) of the job's final checkpoint when it finishes there."""
+        with self._lock:
+            fut = self._jobs.setdefault(name, Future())
+        self.session._watch()
+        return fut
+
+    def done(self) -> Future:
+        """Resolves to the run's last status when its session has ended (finished, failed, cancelled)."""
+        with self._lock:
+            if self._done is None:
+                self._done = Future()
+        self.session._watch()
+        return self._done
+
+    def result(self, timeout: float | None = None) -> dict:
+        return self.done().result(timeout)
+
+    def waiting(self) -> bool:
+        with self._lock:
+            return any(not f.done() for f in [*self._jobs.values(), *([self._done] if self._done else [])])
+
+    def _update(self, st: dict) -> None:
+        self.last = st
+        ended = st["state"] in END_STATES
+        rows = {r["job"]: r for r in st["jobs"]}
+        with self._lock:
+            for name, fut in self._jobs.items():
+                row = rows.get(name)
+                if fut.done():
+                    continue
+                if row and row["status"] == "done":
+                    fut.set_result(row["checkpoint"])
+                elif (row and row["status"] == "failed") or ended:
+                    fut.set_exception(RemoteJobFailed(f"run {self.run_id}: job {name} "
+                                                      f"{row['status'] if row else 'never started'}, run "
+                                                      f"{st['state']} (parsl-bft logs {self.run_id})"))
+            if ended and self._done is not None and not self._done.done():
+                self._done.set_result(st)
+
+    def fetch(self, dest: str | Path, jobs=None) -> dict[str, Path]:
+        """Copy the final checkpoints of the finished jobs (all, or those named) to ``dest``/<job>.h5, in chunks
+        of one Globus Compute task each, checked against their SHA-256 at the facility."""
+        st = self.status()
+        rows = [r for r in st["jobs"] if r["status"] == "done" and (jobs is None or r["job"] in jobs)]
+        if jobs is not None and {r["job"] for r in rows} != set(jobs):
+            missing = sorted(set(jobs) - {r["job"] for r in rows})
+            raise RemoteError(f"run {self.run_id}: no final checkpoint yet for {', '.join(missing)}")
+        dest = Path(dest)
+        dest.mkdir(parents=True, exist_ok=True)
+        names = [r["job"] for r in rows]
+        out = {}
+        for r in rows:
+            key = r["job"] if names.count(r["job"]) == 1 else f"{Path(r['state']).name}-{r['job']}"
+            out[key] = self._download(r, dest / f"{key}.h5")
+        return out
+
+    def _download(self, row: dict, target: Path) -> Path:
+        info = self.session.call("digest", self.run_id, row["state"], row["job"])
+        part = target.with_name(target.name + ".part")
+        h = hashlib.sha256()
+        with open(part, "wb") as f:
+            while f.tell() < info["size"]:
+                data = self.session.call("chunk", self.run_id, row["state"], row["job"], f.tell())
+                if not data:
+                    break
+                f.write(data)
+                h.update(data)
+        if h.hexdigest() != info["sha256"]:
+            part.unlink()
+            raise RemoteError(f"run {self.run_id}: {row['job']}'s checkpoint changed while it was copied; fetch "
+                              "again")
+        os.replace(part, target)
+        return target
+
+
+@contextmanager
+def remote_session(site: Site | str | Path, poll_s: float = 30.0):
+    """A session with the site's Globus Compute endpoint (checked: logged in, endpoint known and online)."""
+    s = endpoint_site(site)
+    session = RemoteSession(s, connect(str(s.globus_compute_endpoint)), poll_s=poll_s)
+    try:
+        yield session
+    finally:
+        session.close()
+
+
+def registry_path() -> Path:
+    return Path(os.environ.get("PARSL_BFT_HOME") or Path.home() / ".parsl-bft") / "remote-runs.json"
+
+
+def remember(run_id: str, site_file: str | Path) -> None:
+    """Which site file a run id was submitted with, so ``parsl-bft status RUN_ID`` needs no --site."""
+    p = registry_path()
+    p.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    runs = known_runs()
+    runs[run_id] = str(Path(site_file).resolve())
+    tmp = p.with_name(p.name + ".tmp")
+    tmp.write_text(json.dumps(runs, indent=1))
+    os.replace(tmp, p)
+
+
+def known_runs() -> dict[str, str]:
+    try:
+        runs = json.loads(registry_path().read_text())
+    except (FileNotFoundError, ValueError):
+        return {}
+    return runs if isinstance(runs, dict) else {}

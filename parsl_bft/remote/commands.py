@@ -1,0 +1,155 @@
+"""``parsl-bft submit / status RUN_ID / logs / cancel / fetch``: the CLI of remote runs (parsl_bft.cli wires them)."""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from ..errors import UsageError
+from .client import END_STATES, endpoint_site, known_runs, remember, remote_session
+
+
+def add_parsers(sub) -> None:
+    s = sub.add_parser("submit", help="start a workflow at a facility through its Globus Compute endpoint; "
+                       "prints the run id")
+    _submit_options(s)
+    s.add_argument("workflow")
+    s.add_argument("args", nargs=argparse.REMAINDER, help="passed to the workflow as sys.argv[1:] (the options "
+                   "above may come after the workflow too)")
+    s.set_defaults(func=cmd_submit)
+    for name, func, what in (("logs", cmd_logs, "the log of a submitted run's session"),
+                             ("cancel", cmd_cancel, "stop a submitted run (it checkpoints; submit again resumes)"),
+                             ("fetch", cmd_fetch, "where a submitted run's final checkpoints are, or (--checkpoint) "
+                                                  "copy them here")):
+        p = sub.add_parser(name, help=what)
+        p.add_argument("run_id")
+        add_site_arg(p)
+        p.set_defaults(func=func)
+        if name == "logs":
+            p.add_argument("--follow", action="store_true", help="keep printing until the session ends")
+        if name == "cancel":
+            p.add_argument("--wait", action="store_true", help="return once the session has stopped")
+        if name == "fetch":
+            p.add_argument("--checkpoint", action="store_true", help="copy the final checkpoints (in chunks)")
+            p.add_argument("--job", action="append", help="only this job (repeatable)")
+            p.add_argument("--out", help="folder for the checkpoints (default: ./RUN_ID)")
+
+
+def _submit_options(p) -> None:
+    p.add_argument("--site", help="a site file naming the facility's globus_compute_endpoint (required)")
+    p.add_argument("--file", action="append", default=[], help="another file to ship (in the workflow's folder; "
+                   "the files the workflow names are found by themselves)")
+    p.add_argument("--run-id", help="name the run (default: the workflow's name and a digest of what is shipped)")
+
+
+def add_site_arg(p) -> None:
+    p.add_argument("--site", dest="remote_site", help="the endpoint's site file (default: the one the run id was "
+                   "submitted with from this machine)")
+
+
+def wants_remote(args) -> bool:
+    """``parsl-bft status X`` means a remote run when --site names an endpoint site, or X is a run id submitted
+    from here and no local directory of that name exists."""
+    if getattr(args, "remote_site", None):
+        return True
+    return not Path(args.state).exists() and args.state in known_runs()
+
+
+def _session(args, poll_s: float = 30.0):
+    site = args.remote_site or known_runs().get(args.run_id)
+    if not site:
+        raise UsageError(f"run {args.run_id} was not submitted from this machine: name its site file with --site")
+    return remote_session(site, poll_s=poll_s)
+
+
+def _say(text: str) -> None:
+    print(text, file=sys.stderr)
+
+
+def cmd_submit(args) -> int:
+    after = argparse.ArgumentParser(prog="parsl-bft submit", add_help=False)
+    _submit_options(after)                 # parsl-bft submit W.py --site S.yaml ARGS, as with parsl-bft run
+    late, args.args = after.parse_known_args(args.args)
+    args.site, args.run_id = late.site or args.site, late.run_id or args.run_id
+    args.file = [*args.file, *late.file]
+    if not args.site:
+        raise UsageError("submit needs --site: a site file naming the facility's globus_compute_endpoint")
+    endpoint_site(args.site)               # a bad or non-endpoint site fails before any login is tried
+    with remote_session(args.site) as remote:
+        run = remote.submit(args.workflow, args.args, args.file, run_id=args.run_id)
+    remember(run.run_id, args.site)
+    st = run.last
+    verb = "started" if st["started"] else f"already submitted ({st['state']}): nothing started"
+    _say(f"run {run.run_id}: {verb}; at the facility in {st['folder']} on {st['host']}")
+    print(run.run_id)
+    return 0
+
+
+def print_status(st: dict, console) -> None:
+    from rich.table import Table
+
+    code = f", exit code {st['exit_code']}" if st["exit_code"] is not None else ""
+    print(f"run {st['run_id']}: {st['state']}{code} ({st['folder']} on {st['host']})")   # one line, never wrapped
+    t = Table()
+    for c in ("state dir", "job", "status", "progress", "nodes now", "fragments"):
+        t.add_column(c, justify="right")
+    for r in st["jobs"]:
+        total = r["samples"] or 0
+        t.add_row(r["state"], r["job"], r["status"], f"{r['samples_done'] / total:.1%} of {total:,}" if total
+                  else "?", str(r["nodes"]), str(r["fragments"]))
+    console.print(t)
+
+
+def cmd_remote_status(args) -> int:
+    from rich.console import Console
+
+    args.run_id = args.state
+    with _session(args) as remote:
+        print_status(remote.run(args.run_id).status(), Console())
+    return 0
+
+
+def cmd_logs(args) -> int:
+    with _session(args) as remote:
+        run = remote.run(args.run_id)
+        out = run.logs()
+        print(out["text"], end="")
+        while args.follow:
+            if run.status()["state"] in END_STATES:
+                args.follow = False         # one more read: what the session wrote as it ended
+            else:
+                time.sleep(5)
+            out = run.logs(out["offset"])
+            print(out["text"], end="", flush=True)
+    return 0
+
+
+def cmd_cancel(args) -> int:
+    with _session(args) as remote:
+        run = remote.run(args.run_id)
+        st = run.cancel()
+        while args.wait and st["state"] not in END_STATES:
+            time.sleep(5)
+            st = run.status()
+    _say(f"run {args.run_id}: {st['state']}")
+    return 0
+
+
+def cmd_fetch(args) -> int:
+    with _session(args) as remote:
+        run = remote.run(args.run_id)
+        if not args.checkpoint:
+            rows = [r for r in run.status()["jobs"] if r["status"] == "done"
+                    and (not args.job or r["job"] in args.job)]
+            for r in rows:
+                print(f"{r['job']}\t{r['checkpoint']}")
+            if not rows:
+                _say(f"run {args.run_id}: no job has finished yet")
+            return 0
+        got = run.fetch(args.out or args.run_id, args.job)
+    for name, path in got.items():
+        print(f"{name}\t{path}")
+    if not got:
+        _say(f"run {args.run_id}: no job has finished yet")
+    return 0

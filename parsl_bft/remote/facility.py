@@ -1,0 +1,227 @@
+"""What runs AT THE FACILITY, inside Globus Compute tasks on the endpoint: short calls on a run's folder.
+
+Each function is sent by reference (the endpoint's Python has parsl-bft installed) and returns quickly: the
+training itself runs in a detached process (``parsl_bft.remote.runner``), never inside a Globus Compute task.
+
+A run's folder ``<runs_dir>/<run_id>/``:
+
+    request.json   what was submitted (workflow, arguments, facility site file, content digest)
+    work/          the shipped workflow and model files; the session's working directory (its state dirs)
+    session.lock   held (flock) by the live session: the one test of "running" that survives pid reuse
+    session.log    the session's stdout and stderr, appended across resumes
+    runner.json    pid and host of the live session; exit.json: how the last one ended; cancel: a cancel asked
+"""
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path, PurePosixPath
+
+from ..errors import ParslBftError
+
+CHUNK = 4 << 20                  # checkpoint bytes per call: well under Globus Compute's 10 MB payload limit
+_RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+
+
+class FacilityError(Exception):
+    """A request the facility side refuses; the message reaches the laptop as is."""
+
+
+def run_dir(runs_dir: str, run_id: str) -> Path:
+    if not isinstance(run_id, str) or not _RUN_ID.match(run_id):
+        raise FacilityError(f"run id {run_id!r}: use 1-100 letters, digits, '.', '_' or '-', starting with a "
+                            "letter or digit")
+    return Path(os.path.expanduser(runs_dir)) / run_id
+
+
+def _safe_relative(name: str) -> PurePosixPath:
+    p = PurePosixPath(name)
+    if p.is_absolute() or not p.parts or ".." in p.parts:
+        raise FacilityError(f"shipped file {name!r}: must be a relative path inside the workflow's folder")
+    return p
+
+
+def _alive(d: Path) -> bool:
+    """Whether a session holds the run's lock (a dead one's lock is released by the kernel)."""
+    try:
+        fd = os.open(d / "session.lock", os.O_RDONLY)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return False
+    except OSError:
+        return True
+    finally:
+        os.close(fd)
+
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+def start_run(runs_dir: str, run_id: str, files: dict[str, bytes], request: dict) -> dict:
+    """Write the run's files (first time) and start its session detached, unless one runs or the run finished:
+    the same run id submitted again never starts a second session; after a cancel or a failure it resumes
+    (same state directories, so every job continues from its newest checkpoint)."""
+    d = run_dir(runs_dir, run_id)
+    d.mkdir(mode=0o700, parents=True, exist_ok=True)
+    with open(d / "submit.lock", "a") as guard:
+        fcntl.flock(guard, fcntl.LOCK_EX)       # two submits of one run id at once: one starts it
+        old = _read_json(d / "request.json")
+        if old is not None and old.get("digest") != request.get("digest"):
+            raise FacilityError(f"run id {run_id} already names a different submission (other files or "
+                                "arguments): choose another run id")
+        if old is None:
+            for name, data in files.items():
+                p = d / "work" / _safe_relative(name)
+                p.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+                p.write_bytes(data)
+            (d / "request.json").write_text(json.dumps(request))
+        ended = _read_json(d / "exit.json")
+        if _alive(d) or (ended is not None and ended["code"] == 0):
+            return {**run_status(runs_dir, run_id), "started": False}
+        for stale in ("exit.json", "cancel", "runner.json"):
+            (d / stale).unlink(missing_ok=True)
+        _spawn(d)
+    return {**run_status(runs_dir, run_id), "started": True}
+
+
+def _spawn(d: Path) -> None:
+    """Start the runner holding the run's lock from the first instant: the lock is taken here and the runner
+    inherits it, so no second submit can slip in before the session has started."""
+    fd = os.open(d / "session.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        with open(d / "session.log", "ab") as log:
+            # the runner forks and this child exits at once: the session is nobody's child here, so it
+            # outlives the endpoint worker and leaves no zombie behind in it
+            subprocess.run([sys.executable, "-m", "parsl_bft.remote.runner", str(d), str(fd)],
+                           stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, pass_fds=(fd,),
+                           start_new_session=True, check=True, timeout=120)
+    finally:
+        os.close(fd)
+
+
+def _state_dirs(work: Path) -> list[Path]:
+    """Every orchestrator state directory the workflow opened under its working directory."""
+    found = []
+    for root, dirs, names in os.walk(work):
+        if "state.sqlite" in names:
+            found.append(Path(root))
+            dirs[:] = []                # its jobs/ and runinfo/ hold no further state directory
+        dirs.sort()
+    return found
+
+
+def _jobs(d: Path) -> list[dict]:
+    from ..execution.jobstore import JobStore
+    from ..train.protocol import JobDir
+
+    rows = []
+    work = d / "work"
+    for sd in _state_dirs(work):
+        db = JobStore(sd / "state.sqlite", readonly=True)
+        try:
+            for name, r in db.jobs().items():
+                ck = r.checkpoint and str(sd / r.checkpoint)     # stored relative to its state directory
+                jd = JobDir(db.meta(f"dir:{name}") or sd / "jobs" / name)   # the site's checkpoint_dir, or here
+                live = jd.progress() if r.status == "running" else None
+                rows.append({"state": str(sd.relative_to(work)), "job": name, "status": r.status,
+                             "samples_done": max(r.samples_done, live.samples_done if live else 0),
+                             "samples": r.spec.get("samples"), "nodes": r.size, "fragments": r.fragments,
+                             "checkpoint": ck})
+        finally:
+            db.close()
+    return rows
+
+
+def run_status(runs_dir: str, run_id: str) -> dict:
+    """The run's state (running, finished, failed, cancelled, lost: ended without a word, e.g. the login node
+    rebooted) and its jobs' progress, read from the run's folder."""
+    d = run_dir(runs_dir, run_id)
+    if not (d / "request.json").exists():
+        raise FacilityError(f"no run {run_id} under {runs_dir} at the facility")
+    ended = _read_json(d / "exit.json")
+    if _alive(d):
+        state = "cancelling" if (d / "cancel").exists() else "running"
+    elif (d / "cancel").exists():
+        state = "cancelled"
+    elif ended is None:
+        state = "lost"
+    else:
+        state = "finished" if ended["code"] == 0 else "failed"
+    return {"run_id": run_id, "state": state, "exit_code": ended and ended["code"], "folder": str(d),
+            "host": socket.gethostname(), "runner": _read_json(d / "runner.json"), "jobs": _jobs(d)}
+
+
+def run_logs(runs_dir: str, run_id: str, offset: int | None = None, tail: int = 64 << 10) -> dict:
+    """The session's log from ``offset`` (at most CHUNK bytes), or its last ``tail`` bytes."""
+    p = run_dir(runs_dir, run_id) / "session.log"
+    size = p.stat().st_size if p.exists() else 0
+    start = max(0, size - tail) if offset is None else min(max(0, offset), size)
+    with open(p, "rb") if size else open(os.devnull, "rb") as f:
+        f.seek(start)
+        data = f.read(min(CHUNK, size - start))
+    return {"text": data.decode("utf-8", "replace"), "offset": start + len(data), "size": size}
+
+
+def cancel_run(runs_dir: str, run_id: str) -> dict:
+    """Ask the session to stop: SIGTERM, which a training session turns into checkpoint-and-release."""
+    d = run_dir(runs_dir, run_id)
+    if not (d / "request.json").exists():
+        raise FacilityError(f"no run {run_id} under {runs_dir} at the facility")
+    if _alive(d):
+        (d / "cancel").write_text(time.strftime("%Y-%m-%d %H:%M:%S"))
+        runner = _read_json(d / "runner.json")
+        if runner:
+            os.kill(runner["pid"], signal.SIGTERM)
+    return run_status(runs_dir, run_id)
+
+
+def _checkpoint(runs_dir: str, run_id: str, state: str, job: str) -> Path:
+    """Only a checkpoint a job of this run recorded can be read: these calls are no general file reader."""
+    for row in _jobs(run_dir(runs_dir, run_id)):
+        if row["state"] == state and row["job"] == job and row["checkpoint"]:
+            return Path(row["checkpoint"])
+    raise FacilityError(f"run {run_id}: no checkpoint of job {job!r} in state directory {state!r}")
+
+
+def checkpoint_digest(runs_dir: str, run_id: str, state: str, job: str) -> dict:
+    p = _checkpoint(runs_dir, run_id, state, job)
+    h = hashlib.sha256()
+    with open(p, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return {"path": str(p), "size": p.stat().st_size, "sha256": h.hexdigest()}
+
+
+def checkpoint_chunk(runs_dir: str, run_id: str, state: str, job: str, offset: int) -> bytes:
+    with open(_checkpoint(runs_dir, run_id, state, job), "rb") as f:
+        f.seek(offset)
+        return f.read(CHUNK)
+
+
+_OPS = {"start": start_run, "status": run_status, "logs": run_logs, "cancel": cancel_run,
+        "digest": checkpoint_digest, "chunk": checkpoint_chunk}
+
+
+def call(op: str, *args):
+    """The one function the laptop sends: ``{"ok": result}``, or ``{"error": message}`` for a refusal - a
+    message, not an exception, because the SDK turns a task's exception into its traceback text."""
+    try:
+        return {"ok": _OPS[op](*args)}
+    except (FacilityError, ParslBftError) as e:     # a damaged state database too: its advice reaches the user
+        return {"error": str(e)}
+

@@ -1,0 +1,56 @@
+"""The detached training session of a submitted run: ``python -m parsl_bft.remote.runner RUN_DIR LOCK_FD``.
+
+Started by ``facility.start_run`` inside a Globus Compute task; it forks away at once, so the task returns and
+the session belongs to no endpoint worker (a multi-day run is not one Globus Compute task). It holds the run's
+lock (inherited as LOCK_FD) for as long as it lives and runs the workflow as ``parsl-bft run`` would.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import sys
+import time
+import traceback
+from pathlib import Path
+
+
+def _stop(signum, frame):  # noqa: ARG001
+    raise KeyboardInterrupt("SIGTERM")    # before and after the training session too: end with exit.json
+
+
+def main(argv: list[str]) -> int:
+    d, lock_fd = Path(argv[0]), int(argv[1])
+    if os.fork():
+        os._exit(0)                       # the starter returns; the session is re-parented to init
+    os.setsid()                           # no signal meant for the endpoint's process group reaches it
+    signal.signal(signal.SIGTERM, _stop)
+    (d / "runner.json").write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
+                                               "started": time.strftime("%Y-%m-%d %H:%M:%S")}))
+    req = json.loads((d / "request.json").read_text())
+    os.environ.pop("PARSL_BFT_SITE", None)    # the facility site file from the request, else the default
+    os.chdir(d / "work")
+    print(f"=== session {os.getpid()} on {socket.gethostname()} at {time.strftime('%Y-%m-%d %H:%M:%S')}",
+          flush=True)
+    site = ["--site", os.path.expanduser(req["site"])] if req.get("site") else []
+    code = 1
+    try:
+        from ..cli import main as cli_main
+        code = cli_main(["run", *site, req["workflow"], *req["args"]])
+    except SystemExit as e:               # the workflow's own sys.exit
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    except KeyboardInterrupt:
+        code = 130
+    except BaseException:                 # noqa: BLE001 - the workflow's error goes to the log, the code to exit.json
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        (d / "exit.json").write_text(json.dumps({"code": code, "ended": time.strftime("%Y-%m-%d %H:%M:%S")}))
+        os.close(lock_fd)                 # only now may a new submit start the run again
+    return code
+
+
+if __name__ == "__main__":
+    os._exit(main(sys.argv[1:]))

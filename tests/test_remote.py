@@ -1,0 +1,185 @@
+"""Remote submission through Globus Compute (parsl_bft.remote): the cloud service is stood in for at the SDK's
+Executor boundary (tests/globus_standin.py); everything else - the SDK's serialiser, the facility functions in
+separate processes, the detached training session on the embedded default, HDF5 checkpoints - is real."""
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from parsl_bft.cli import main
+from parsl_bft.errors import UsageError
+from parsl_bft.remote import facility
+from parsl_bft.remote.bundle import make_bundle
+from parsl_bft.sites import SiteError, load_site
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from globus_standin import ENDPOINT_ID, StandInEndpoint  # noqa: E402
+
+WORKFLOW = HERE / "data" / "remote" / "tiny_train.py"
+STEPS = 40
+
+
+def wait_for(cond, what: str, timeout_s: float = 300.0):
+    """Polls a condition; the timeout only stops a hang, it is no measurement."""
+    end = time.monotonic() + timeout_s
+    while not (v := cond()):
+        if time.monotonic() > end:
+            raise AssertionError(f"gave up waiting for {what}")
+        time.sleep(0.1)
+    return v
+
+
+def cli(capsys, *argv):
+    code = main([str(a) for a in argv])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def sites(tmp_path, endpoint_id: str = ENDPOINT_ID) -> Path:
+    """The facility's own site file (embedded default on a steady one-node trace) and the laptop's, which only
+    names the endpoint and where runs live there."""
+    trace = tmp_path / "steady.csv"
+    trace.write_text("node,idle_start,idle_end\nn1,0,1000000\n")
+    fac = tmp_path / "facility.yaml"
+    fac.write_text(f"name: fac\nscheduler: local\nnode: {{cores: 1}}\n"
+                   f"emulation: {{trace: {trace}, speedup: 1, notice_seconds: 2}}\n")
+    laptop = tmp_path / "laptop.yaml"
+    laptop.write_text(f"name: gc\nscheduler: local\nnode: {{cores: 1}}\nglobus_compute_endpoint: {endpoint_id}\n"
+                      f"remote: {{site: {fac}, runs_dir: {tmp_path / 'runs'}}}\n")
+    return laptop
+
+
+@pytest.fixture
+def endpoint(monkeypatch, tmp_path):
+    """The stand-in endpoint, used for every laptop-side connection; afterwards no session is left running."""
+    import parsl_bft.remote.client as client
+    ep = StandInEndpoint()
+    monkeypatch.setattr(client, "sdk_executor", ep.executor)
+    monkeypatch.setenv("PARSL_BFT_HOME", str(tmp_path / "home"))
+    yield ep
+    for hold in tmp_path.glob("hold*"):
+        hold.unlink()
+    for d in (tmp_path / "runs").glob("*"):
+        facility.cancel_run(str(tmp_path / "runs"), d.name)
+        wait_for(lambda: not facility._alive(d), f"run {d.name} to stop")
+    ep.close()
+
+
+@pytest.mark.parametrize("field", ["partition: debug", "account: proj", "worker_init: 'module load x'",
+                                   "checkpoint_dir: /scratch/x"])
+def test_an_endpoint_site_refuses_what_belongs_to_the_facility(tmp_path, field):
+    p = tmp_path / "gc.yaml"
+    p.write_text(f"name: gc\nscheduler: slurm\nnode: {{cores: 4}}\nglobus_compute_endpoint: {ENDPOINT_ID}\n{field}\n")
+    with pytest.raises(SiteError, match=f"Globus Compute site does not use {field.split(':')[0]}: the facility"):
+        load_site(p)
+    p.write_text("name: x\nscheduler: local\nnode: {cores: 1}\nremote: {runs_dir: /tmp}\n")
+    with pytest.raises(SiteError, match="'remote' is only for a site with 'globus_compute_endpoint'"):
+        load_site(p)
+
+
+def test_the_bundle_ships_the_model_file_the_workflow_names(tmp_path):
+    b = make_bundle(WORKFLOW, ["40", "x"])
+    assert b.workflow == "tiny_train.py" and sorted(b.files) == ["tiny_model.py", "tiny_train.py"]
+    assert b.run_id("s") == make_bundle(WORKFLOW, ["40", "x"]).run_id("s") != make_bundle(WORKFLOW, ["41", "x"]).run_id("s")
+    (tmp_path / "w.py").write_text("print(1)\n")
+    with pytest.raises(UsageError, match="must be in its folder"):
+        make_bundle(tmp_path / "w.py", extra=[WORKFLOW])
+
+
+def test_not_logged_in_is_a_clear_error_and_no_prompt(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("GLOBUS_COMPUTE_USER_DIR", str(tmp_path / "gc"))      # no stored tokens
+    monkeypatch.delenv("GLOBUS_COMPUTE_CLIENT_ID", raising=False)
+    monkeypatch.delenv("GLOBUS_COMPUTE_CLIENT_SECRET", raising=False)
+    monkeypatch.setenv("PARSL_BFT_HOME", str(tmp_path / "home"))
+    code, out, err = cli(capsys, "submit", WORKFLOW, "--site", sites(tmp_path), "40", "x")
+    assert code == 2 and out == "" and "not logged in to Globus Compute: set GLOBUS_COMPUTE_CLIENT_ID" in err
+    local = tmp_path / "local.yaml"
+    local.write_text("name: l\nscheduler: local\nnode: {cores: 1}\n")
+    code, _, err = cli(capsys, "submit", WORKFLOW, "--site", local)        # refused before any login is tried
+    assert code == 2 and "names no globus_compute_endpoint" in err
+    assert not (tmp_path / "home").exists()
+
+
+def test_unknown_or_offline_endpoint(tmp_path, endpoint, capsys):
+    code, _, err = cli(capsys, "submit", WORKFLOW, "--site", sites(tmp_path, "0b1d0000-0000-4000-8000-000000000000"))
+    assert code == 2 and "endpoint 0b1d0000-0000-4000-8000-000000000000: unknown, or not shared with you" in err
+    endpoint.status = "offline"
+    code, _, err = cli(capsys, "submit", WORKFLOW, "--site", sites(tmp_path))
+    assert code == 2 and f"endpoint {ENDPOINT_ID} is offline: start it at the facility" in err
+    assert endpoint.tasks == 0                          # nothing was sent to an endpoint that cannot take it
+
+
+def test_facility_functions_refuse_and_report(tmp_path):
+    runs = str(tmp_path / "runs")
+    assert facility.call("status", runs, "nope") == {"error": f"no run nope under {runs} at the facility"}
+    assert "run id '../x'" in facility.call("status", runs, "../x")["error"]
+    d = tmp_path / "runs" / "r1"
+    (d / "work").mkdir(parents=True)
+    (d / "request.json").write_text('{"digest": "a"}')
+    assert facility.run_status(runs, "r1")["state"] == "lost"          # started once, ended without a word
+    (d / "exit.json").write_text('{"code": 1}')
+    assert facility.run_status(runs, "r1")["state"] == "failed"
+    assert "already names a different submission" in facility.call("start", runs, "r1", {}, {"digest": "b"})["error"]
+    assert "no checkpoint of job 'x'" in facility.call("chunk", runs, "r1", "bft-state/a", "x", 0)["error"]
+    assert "must be a relative path" in facility.call("start", runs, "r2", {"../evil.py": b""}, {"digest": "c"})["error"]
+
+
+@pytest.mark.timeout(600)
+def test_submit_watch_cancel_resume_fetch_equals_a_local_run(tmp_path, endpoint, capsys):
+    """From the laptop's CLI, each command a fresh connection (the laptop may have gone away in between):
+    submit -> status while it trains -> cancel (it checkpoints) -> submit again: it resumes from that checkpoint
+    and finishes -> fetch --checkpoint: the model equals one fragment of the same job run here."""
+    from parsl_bft.execution.apps import fragment_task
+    from parsl_bft.execution.jobstore import JobStore
+    from parsl_bft.remote import remote_session
+    from parsl_bft.train.checkpoint import load_checkpoint
+
+    laptop = sites(tmp_path)
+    hold = tmp_path / "hold"
+    hold.touch()                                      # training waits before step 6 while this exists
+    code, out, err = cli(capsys, "submit", WORKFLOW, "--site", laptop, STEPS, hold)
+    run_id = out.strip()
+    assert code == 0 and run_id.startswith("tiny_train-") and "started" in err
+    state = tmp_path / "runs" / run_id / "work" / "bft-state" / "tiny"
+    wait_for(Path(f"{hold}.held").exists, "training to start")
+    code, out, _ = cli(capsys, "status", run_id)           # a run id from this laptop: no --site needed
+    assert code == 0 and f"run {run_id}: running" in out.splitlines()[0]
+
+    code, _, err = cli(capsys, "cancel", run_id)
+    assert code == 0 and f"run {run_id}: cancelling" in err
+    wait_for((state / "jobs" / "tiny" / "STOP").exists, "the session to ask its fragment to stop")
+    hold.unlink()
+    with remote_session(laptop, poll_s=0.2) as remote:    # the Python API: futures resolved by polling
+        st = remote.run(run_id).result(timeout=300)
+    saved = st["jobs"][0]["samples_done"] // 32
+    assert st["state"] == "cancelled" and 0 < saved < STEPS
+
+    code, out, err = cli(capsys, "submit", WORKFLOW, "--site", laptop, STEPS, hold)   # resume
+    assert code == 0 and out.strip() == run_id and "started" in err
+    code, out, err = cli(capsys, "submit", WORKFLOW, "--site", laptop, STEPS, hold)   # the same again: no second session
+    assert code == 0 and out.strip() == run_id and "already submitted" in err
+    with remote_session(laptop, poll_s=0.2) as remote:
+        run = remote.run(run_id)
+        assert run.job("tiny").result(timeout=300) == str(state / "jobs" / "tiny" / f"ckpt-{STEPS:09d}.h5")
+        assert run.result(timeout=300)["state"] == "finished"
+    db = JobStore(state / "state.sqlite", readonly=True)
+    assert [d["resume_step"] for _, _, d in db.events("launch")] == [0, saved]     # resumed, not restarted
+
+    code, out, _ = cli(capsys, "fetch", run_id, "--checkpoint", "--out", tmp_path / "got")
+    assert code == 0 and out.split() == ["tiny", str(tmp_path / "got" / "tiny.h5")]
+    code, out, _ = cli(capsys, "logs", run_id)
+    assert out.count("=== session") == 2 and "final checkpoint:" in out
+
+    local = fragment_task(dict(job="tiny", workload=f"{WORKFLOW.parent / 'tiny_model.py'}:Tiny",
+                               checkpoint_dir=str(tmp_path / "local"), global_batch=32, total_samples=32 * STEPS,
+                               workload_args={"hold": str(hold)}, fsync=False))
+    fetched, ref = load_checkpoint(tmp_path / "got" / "tiny.h5"), load_checkpoint(local["checkpoint"])
+    assert fetched.step == ref.step == STEPS
+    assert fetched.model.keys() == ref.model.keys()
+    assert all(fetched.model[k].equal(ref.model[k]) for k in ref.model)
+    for d in (tmp_path / "runs").glob("*/runner.json"):          # every session ended by itself
+        assert not facility._alive(d.parent)
+    assert os.path.exists(tmp_path / "runs" / run_id / "exit.json")
