@@ -124,6 +124,13 @@ class RemoteRuns(_Strict):
     runs_dir: str = Field(default="~/.parsl-bft/runs", description="where runs live at the facility: one state "
                           "folder per run id")
 
+    @field_validator("site", "runs_dir")
+    @classmethod
+    def _facility_path(cls, v):
+        if v is not None and not (v.startswith("/") or v.startswith("~")):
+            raise ValueError("a path at the facility: absolute or from the home directory (~/...)")
+        return v
+
 
 class Site(_Strict):
     name: str = Field(min_length=1)

@@ -78,6 +78,10 @@ def test_an_endpoint_site_refuses_what_belongs_to_the_facility(tmp_path, field):
     p.write_text("name: x\nscheduler: local\nnode: {cores: 1}\nremote: {runs_dir: /tmp}\n")
     with pytest.raises(SiteError, match="'remote' is only for a site with 'globus_compute_endpoint'"):
         load_site(p)
+    p.write_text(f"name: gc\nscheduler: local\nnode: {{cores: 1}}\nglobus_compute_endpoint: {ENDPOINT_ID}\n"
+                 "remote: {site: sites/a.yaml}\n")
+    with pytest.raises(SiteError, match="field 'remote.site': a path at the facility: absolute or from the home"):
+        load_site(p)
 
 
 def test_the_bundle_ships_the_model_file_the_workflow_names(tmp_path):

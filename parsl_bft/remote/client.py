@@ -159,11 +159,14 @@ class RemoteSession:
             self._stop.wait(self.poll_s)
 
     def close(self) -> None:
-        """The laptop goes away: the runs at the facility go on; futures not yet resolved stay unresolved."""
+        """The laptop goes away: the runs at the facility go on; futures not yet resolved fail with a RemoteError
+        (nothing waits forever) - ``run(run_id)`` in a new session watches again."""
         self._stop.set()
+        self.executor.shutdown(wait=False, cancel_futures=True)    # a poll in flight ends now
         if self._poller is not None:
             self._poller.join()
-        self.executor.shutdown(wait=False, cancel_futures=True)
+        for run in self._runs.values():
+            run._abandon()
 
 
 class RemoteRun:
@@ -212,6 +215,13 @@ class RemoteRun:
     def waiting(self) -> bool:
         with self._lock:
             return any(not f.done() for f in [*self._jobs.values(), *([self._done] if self._done else [])])
+
+    def _abandon(self) -> None:
+        with self._lock:
+            for fut in [*self._jobs.values(), *([self._done] if self._done else [])]:
+                if not fut.done():
+                    fut.set_exception(RemoteError(f"the remote session closed before run {self.run_id} told; it "
+                                                  "goes on at the facility: watch it again with remote.run(run_id)"))
 
     def _update(self, st: dict) -> None:
         self.last = st
