@@ -218,8 +218,13 @@ def test_futures_resolve_on_their_own_and_feed_parsl_apps(tmp_path, monkeypatch)
         from parsl_bft.train.checkpoint import load_checkpoint
         return load_checkpoint(checkpoint).step
 
+    @python_app(executors=["login"])
+    def here():                                 # an app that must not run on a pilot: the session's login executor
+        return os.getpid()
+
     job = dict(workload="images", global_batch=32, max_nodes=1, workload_args={"n": 256}, rate_guess=3000.0)
     with training_session(tmp_path / "state", str(site)) as trainer:
+        assert here().result(timeout=60) == os.getpid()
         first = trainer.submit(TrainingJob("a", samples=32 * 60, **job))
         assert steps_of(first).result(timeout=300) == 60
         second = trainer.submit(TrainingJob("b", samples=32 * 40, **job))
@@ -360,3 +365,36 @@ def test_a_changed_spec_says_what_changed_and_how_to_start_afresh(tmp_path):
     assert (old / "state.sqlite").exists() and not (tmp_path / "s").exists()
     with pytest.raises(ValueError, match="no such file"):
         TrainingJob("b", loop="missing.py:train")
+
+
+@pytest.mark.timeout(600)
+def test_a_session_joins_the_parsl_config_the_user_loaded_already(tmp_path):
+    """A workflow that loaded its own Parsl config: the session adds its executor to that DataFlowKernel (no
+    "Config has already been loaded"), the user's apps on their own executor take the job's future, and the
+    user's DataFlowKernel still works after the session."""
+    import parsl
+    from parsl import python_app
+    from parsl.config import Config
+    from parsl.executors import ThreadPoolExecutor
+
+    from parsl_bft.execution import TrainingJob, training_session
+    trace = tmp_path / "idle.csv"
+    trace.write_text("node,idle_start,idle_end\nn1,0,1000000\n")
+    site = tmp_path / "steady.yaml"
+    site.write_text(STEADY_SITE.format(trace=trace))
+
+    @python_app(executors=["mine"])
+    def steps_of(checkpoint):
+        from parsl_bft.train.checkpoint import load_checkpoint
+        return load_checkpoint(checkpoint).step
+
+    with parsl.load(Config(executors=[ThreadPoolExecutor(label="mine")], run_dir=str(tmp_path / "runinfo"))) as dfk:
+        with training_session(tmp_path / "state", str(site)) as trainer:
+            assert {"mine", "bft_steady"} <= set(dfk.executors)
+            job = TrainingJob("a", samples=32 * 30, global_batch=32, max_nodes=1, workload_args={"n": 256},
+                              rate_guess=3000.0)
+            assert steps_of(trainer.submit(job)).result(timeout=300) == 30
+        assert steps_of(trainer.futures["a"].result()).result(timeout=60) == 30    # the user's DFK lives on
+        with pytest.raises(ValueError, match=r"already loaded has executor\(s\) \[.bft_steady.\]"):
+            with training_session(tmp_path / "state2", str(site)):
+                pass

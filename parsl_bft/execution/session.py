@@ -98,14 +98,13 @@ def training_session(state_dir: str | Path, site=None, *, new_run: bool | None =
     ':'): then one executor per site, a MultiPool and the multi-site planner - and yield an Orchestrator whose
     loop already runs in the background: submitted jobs' futures resolve on their own (Parsl apps can take them
     as inputs); ``run()`` waits for the jobs. Leaving the session (or Ctrl-C, SIGTERM) checkpoints what still
-    trains and gives every node back.
+    trains and gives every node back. With a Parsl config loaded already, the session's executors join that
+    DataFlowKernel (and end with it); else the session loads its own, with a ``login`` executor for the user's
+    apps that must not run on pilots.
 
     ``new_run`` (default: $PARSL_BFT_NEW_RUN, set by `parsl-bft run --new-run`): set the old state aside and start
     afresh (jobs whose spec changed keep their names). ``progress``: a callback per loop turn (default: live
     bars on stderr when $PARSL_BFT_PROGRESS is 1, as under `parsl-bft run`)."""
-    import parsl
-    from parsl.config import Config
-
     from .config import ensure_venv_on_path
     from .orchestrator import Orchestrator, lock_state_dir
     from .pool import MultiPool, SitePool
@@ -126,10 +125,9 @@ def training_session(state_dir: str | Path, site=None, *, new_run: bool | None =
     ensure_venv_on_path()          # pilots inherit PATH: their worker pools start from this environment
     configs = [build_config(s) for s in sites]
     first = configs[0]
-    config = Config(executors=[c.executors[0] for c in configs], retries=first.retries, strategy=first.strategy,
-                    initialize_logging=first.initialize_logging,
-                    run_dir=str(Path(state_dir).resolve() / "runinfo"))   # pilot scripts and notice marks live there
-    with parsl.load(config) as dfk:
+    with _dataflow([c.executors[0] for c in configs], retries=first.retries, strategy=first.strategy,
+                   initialize_logging=first.initialize_logging,
+                   run_dir=str(Path(state_dir).resolve() / "runinfo")) as dfk:  # pilot scripts, notice marks
         labels = [c.executors[0].label for c in configs]
         pools = [make_pool(s, dfk.executors[label]) for s, label in zip(sites, labels)]
         orchestrator_kw.setdefault("weights", sites[0].objective.weights)
@@ -157,6 +155,34 @@ def training_session(state_dir: str | Path, site=None, *, new_run: bool | None =
                 orch.close()    # the state directory's lock goes with the session
                 if old is not None:
                     signal.signal(signal.SIGTERM, old)
+
+
+LOGIN = "login"
+
+
+@contextmanager
+def _dataflow(executors: list, **config_kw):
+    """The user's DataFlowKernel when one is loaded already (the session's ``executors`` join it and end with
+    it), else one loaded for the session, with a ``login`` executor (threads in this process) for the user's own
+    apps that must not run on preemptable pilots: ``@python_app(executors=["login"])``."""
+    import parsl
+    from parsl.config import Config
+    from parsl.errors import NoDataFlowKernelError
+    from parsl.executors import ThreadPoolExecutor
+
+    try:
+        dfk = parsl.dfk()
+    except NoDataFlowKernelError:
+        with parsl.load(Config(executors=[*executors, ThreadPoolExecutor(label=LOGIN, max_threads=4)],
+                               **config_kw)) as dfk:
+            yield dfk
+        return
+    clash = sorted(e.label for e in executors if e.label in dfk.executors)
+    if clash:
+        raise ValueError(f"the Parsl config already loaded has executor(s) {clash}, the label(s) of this session's "
+                         "site(s): rename yours, or give the site another name")
+    dfk.add_executors(executors)
+    yield dfk
 
 
 def _interrupt(signum, frame):  # noqa: ARG001
