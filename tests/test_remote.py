@@ -131,6 +131,35 @@ def test_facility_functions_refuse_and_report(tmp_path):
     assert "must be a relative path" in facility.call("start", runs, "r2", {"../evil.py": b""}, {"digest": "c"})["error"]
 
 
+def test_checkpoints_leave_in_chunks_and_only_recorded_ones(tmp_path):
+    """A final checkpoint bigger than one chunk comes back whole; the calls read no file a job did not record."""
+    import hashlib
+
+    from parsl_bft.execution.jobstore import JobStore
+    runs = str(tmp_path / "runs")
+    state = tmp_path / "runs" / "r1" / "work" / "bft-state" / "x"
+    (state / "jobs" / "a").mkdir(parents=True)
+    (tmp_path / "runs" / "r1" / "request.json").write_text('{"digest": "a"}')
+    (tmp_path / "runs" / "r1" / "exit.json").write_text('{"code": 0}')
+    data = os.urandom(facility.CHUNK + 12345)
+    (state / "jobs" / "a" / "ckpt-000000007.h5").write_bytes(data)
+    db = JobStore(state / "state.sqlite")
+    db.add("a", {"samples": 70})
+    db.update("a", status="done", samples_done=70, checkpoint="jobs/a/ckpt-000000007.h5")
+    db.close()
+    st = facility.call("status", runs, "r1")["ok"]
+    assert st["state"] == "finished" and st["jobs"] == [
+        {"state": "bft-state/x", "job": "a", "status": "done", "samples_done": 70, "samples": 70, "nodes": 0,
+         "fragments": 0, "checkpoint": str(state / "jobs" / "a" / "ckpt-000000007.h5")}]
+    info = facility.call("digest", runs, "r1", "bft-state/x", "a")["ok"]
+    assert info["size"] == len(data) and info["sha256"] == hashlib.sha256(data).hexdigest()
+    got = b""
+    while len(got) < info["size"]:
+        got += facility.call("chunk", runs, "r1", "bft-state/x", "a", len(got))["ok"]
+    assert got == data
+    assert "no checkpoint of job 'a'" in facility.call("chunk", runs, "r1", "..", "a", 0)["error"]
+
+
 @pytest.mark.timeout(600)
 def test_submit_watch_cancel_resume_fetch_equals_a_local_run(tmp_path, endpoint, capsys):
     """From the laptop's CLI, each command a fresh connection (the laptop may have gone away in between):

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from ..errors import UsageError
 
-MAX_BYTES = 8 << 20          # one Globus Compute task carries at most 10 MB: data goes there another way
+MAX_BYTES = 6 << 20          # one Globus Compute task carries at most 10 MB, base64-encoded (x4/3)
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ from pathlib import Path, PurePosixPath
 
 from ..errors import ParslBftError
 
-CHUNK = 4 << 20                  # checkpoint bytes per call: well under Globus Compute's 10 MB payload limit
+CHUNK = 4 << 20                  # checkpoint bytes per call: base64-encoded still well under the 10 MB task limit
 _RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 
 
