@@ -270,6 +270,12 @@ def cmd_status(args) -> int:
 def cmd_sites(args) -> int:
     from .sites import SiteError, load_site, show_config
 
+    if args.action == "schema":       # the reference of every field (docs/site-files.md)
+        from .site_schema import reference
+        print(reference(), end="")
+        return 0
+    if not args.files:
+        raise UsageError(f"sites {args.action} takes site files")
     if args.action == "show":
         if len(args.files) != 1:
             raise UsageError("sites show takes one site file")
@@ -315,9 +321,10 @@ def build_parser() -> argparse.ArgumentParser:
     st.set_defaults(func=cmd_status)
     add_parsers(sub)                    # submit, logs, cancel, fetch: runs through Globus Compute
 
-    si = sub.add_parser("sites", help="validate site files, or show the Parsl Config one builds")
-    si.add_argument("action", choices=["validate", "show"])
-    si.add_argument("files", nargs="+")
+    si = sub.add_parser("sites", help="validate site files, show the Parsl Config one builds, or print the "
+                        "reference of every field (schema)")
+    si.add_argument("action", choices=["validate", "show", "schema"])
+    si.add_argument("files", nargs="*")
     si.set_defaults(func=cmd_sites)
 
     i = sub.add_parser("idle", help="idle-capacity statistics and plot of an SWF log or idle-interval CSV")

@@ -59,7 +59,8 @@ class _Strict(BaseModel):
 class NodeShape(_Strict):
     cores: int = Field(ge=1, description="CPU cores of a node: the fragment slots of a local site, ncpus of "
                        "a PBS pilot's select; Slurm pilots take whole nodes (--exclusive)")
-    gpus: int = Field(default=0, ge=0)
+    gpus: int = Field(default=0, ge=0, description="accelerators per node (Polaris, Perlmutter: 4); a PBS "
+                      "pilot's select asks for them")
     ranks_per_node: int | None = Field(default=None, ge=1, description="training ranks a fragment runs on each "
                                        "node; default: one per GPU (CPU-only nodes: 1)")
 
@@ -73,8 +74,10 @@ class NodeShape(_Strict):
 
 
 class PilotWalltime(_Strict):
-    min_minutes: int = Field(default=1, ge=1)
-    max_minutes: int = Field(default=30, ge=1)
+    min_minutes: int = Field(default=1, ge=1, description="the least walltime a pilot asks for (its "
+                             "walltime is the hole's length in whole minutes, within these bounds)")
+    max_minutes: int = Field(default=30, ge=1, description="the most walltime a pilot asks for (a longer hole "
+                             "takes pilots in turn)")
 
     @model_validator(mode="after")
     def _order(self):
@@ -84,27 +87,34 @@ class PilotWalltime(_Strict):
 
 
 class HoleDiscovery(_Strict):
-    poll_seconds: float = Field(default=5.0, gt=0)
-    max_pending_seconds: float = Field(default=30.0, gt=0)
-    notice_seconds: int = Field(default=60, ge=0)
+    poll_seconds: float = Field(default=5.0, gt=0, description="seconds between scheduler surveys (2 queries "
+                                "each: sinfo + squeue, or pbsnodes + qstat, whatever the number of pilots)")
+    max_pending_seconds: float = Field(default=30.0, gt=0, description="a pilot still queued after this long is "
+                                       "cancelled (the hole was taken)")
+    notice_seconds: int = Field(default=60, ge=0, description="the reclaim notice: the scheduler signals a "
+                                "pilot this long before its walltime ends (Slurm --signal), and its fragment checkpoints")
     max_pilots: int = Field(default=64, ge=1, description="nodes held at most")
     max_jobs: int | None = Field(default=None, ge=1, description="the facility's cap on your queued jobs, where "
                                  "the scheduler does not say (sacctmgr / qstat -Q); holes then share pilots")
 
 
 class ObjectiveSpec(_Strict):
-    name: Literal["throughput", "speedup", "weighted", "proportional", "maxmin", "deadline"] = "speedup"
+    name: Literal["throughput", "speedup", "weighted", "proportional", "maxmin", "deadline"] = Field(
+        default="speedup", description="what the planner maximises over the jobs (see the README's planner "
+        "section)")
     weights: dict[str, float] = Field(default_factory=dict, description="per-job weights by job name (the "
                                       "weighted objective); jobs not named keep TrainingJob.weight")
-    t_fwd_seconds: float = Field(default=10.0, gt=0)
+    t_fwd_seconds: float = Field(default=10.0, gt=0, description="the planner's look-ahead: a rescale must pay "
+                                 "for itself within this many seconds")
 
 
 class Emulation(_Strict):
     """The embedded default only: which idle pattern to replay on this machine."""
 
-    trace: str = "demo"              # 'demo' (bundled Theta slice) or a path to an idle-interval CSV
-    speedup: float = Field(default=30.0, gt=0)
-    notice_seconds: float = Field(default=2.0, ge=0)
+    trace: str = Field(default="demo", description="'demo' (a bundled slice of ALCF Theta's 2022 log) or an "
+                       "idle-interval CSV (node,idle_start,idle_end in seconds)")
+    speedup: float = Field(default=30.0, gt=0, description="replay this many times faster than the log")
+    notice_seconds: float = Field(default=2.0, ge=0, description="reclaim notice before an emulated node leaves")
 
 
 _PILOTS_ONLY = {"partition", "queue", "account", "preemptable_qos", "pilot_walltime", "worker_init",
@@ -133,26 +143,34 @@ class RemoteRuns(_Strict):
 
 
 class Site(_Strict):
-    name: str = Field(min_length=1)
-    scheduler: Literal["local", "slurm", "pbs"]
-    partition: str | None = None           # slurm
-    queue: str | None = None               # pbs
-    account: str | None = None
-    preemptable_qos: str | None = None     # slurm QOS with PreemptMode / pbs preemptable queue
-    node: NodeShape
-    pilot_walltime: PilotWalltime = Field(default_factory=PilotWalltime)
-    worker_init: str = ""
+    name: str = Field(min_length=1, description="names the site's Parsl executor (bft_<name>) and, in a "
+                      "run over several sites, its folder sites/<name>/")
+    scheduler: Literal["local", "slurm", "pbs"] = Field(description="local: the embedded default (this machine, "
+                                                        "an emulated idle pool); slurm or pbs: pilot jobs")
+    partition: str | None = Field(default=None, description="Slurm partition for pilots")
+    queue: str | None = Field(default=None, description="PBS queue for pilots")
+    account: str | None = Field(default=None, description="allocation charged for pilots (--account / -A)")
+    preemptable_qos: str | None = Field(default=None, description="Slurm QOS with PreemptMode, or a PBS "
+                                        "preemptable queue: the facility may take pilots back at once")
+    node: NodeShape = Field(description="what one node has")
+    pilot_walltime: PilotWalltime = Field(default_factory=PilotWalltime, description="pilot lengths")
+    worker_init: str = Field(default="", description="shell lines a pilot runs before its worker pool starts "
+                             "(module load, conda activate ...)")
     scheduler_options: list[str] = Field(default_factory=list, description="extra #SBATCH / #PBS options")
     interchange_address: str | None = Field(default=None, description="the address compute nodes reach this "
                                             "host on; unset: workers probe every address (slow to connect)")
     checkpoint_dir: str | None = Field(default=None, description="where jobs' checkpoints go (one folder per "
                                        "job; a relative path is taken from the directory parsl-bft runs in); "
                                        "unset: under the run's state directory")
-    holes: HoleDiscovery = Field(default_factory=HoleDiscovery)
-    objective: ObjectiveSpec = Field(default_factory=ObjectiveSpec)
-    globus_compute_endpoint: UUID | None = None
-    remote: RemoteRuns | None = None
-    emulation: Emulation | None = None
+    holes: HoleDiscovery = Field(default_factory=HoleDiscovery, description="finding idle nodes and holding "
+                                 "them with pilots")
+    objective: ObjectiveSpec = Field(default_factory=ObjectiveSpec, description="the planner's objective")
+    globus_compute_endpoint: UUID | None = Field(default=None, description="a Globus Compute endpoint at the "
+                                                 "facility: runs are submitted through it (docs/globus-compute.md)")
+    remote: RemoteRuns | None = Field(default=None, description="with globus_compute_endpoint: where submitted "
+                                      "runs live at the facility (`parsl-bft submit`)")
+    emulation: Emulation | None = Field(default=None, description="scheduler local only: the idle pattern "
+                                        "replayed on this machine")
     topology: dict | None = Field(default=None, description="network groups for contention-aware planning: "
                                   "groups or hostname, gpus_per_node, intra_gbps, inter_gbps "
                                   "(parsl_bft.topology.topology_from_dict)")
