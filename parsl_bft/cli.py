@@ -136,14 +136,15 @@ def cmd_simulate(args) -> int:
               "objective": args.objective, "tfwd": args.tfwd, "horizon_aware": args.horizon_aware,
               "max_concurrent": args.max_concurrent, "nodes": masked.n_nodes, "window": args.window,
               "duration": args.duration, "masked": not args.no_mask, "topology": args.topology,
-              "placement": args.placement, "predict": args.predict}
+              "placement": args.placement, "predict": args.predict, "submits": args.submits}
     with Progress(TextColumn("replaying"), BarColumn(), TextColumn("{task.percentage:>5.1f}% of trace time"),
                   TimeElapsedColumn(), console=console, transient=True) as bar:
         task = bar.add_task("replay", total=1.0)
         res = simulate(masked, jobset, planner, max_concurrent=args.max_concurrent,
                        duration=parse_duration(args.duration) if args.duration else None,
                        progress=lambda f: bar.update(task, completed=f), config=config, network=network,
-                       predict=args.predict, schedule=src.schedule, ceiling=not args.no_ceiling)
+                       predict=args.predict, schedule=src.schedule, ceiling=not args.no_ceiling,
+                       submits=args.submits)
     print_summary(res, console, title=f"{args.planner}/{args.objective} on {src.description}")
     if args.json:
         Path(args.json).write_text(json.dumps(res.as_dict(), indent=1))
@@ -158,7 +159,7 @@ def cmd_profile(args) -> int:
     from rich.progress import Progress
     from rich.table import Table
 
-    from .train.profiler import profile, rescale_costs, write_profile
+    from .train.profiler import measure_layer_shares, profile, rescale_costs, write_profile
 
     console = _console()
     check_output_path(args.out, "--out")
@@ -168,23 +169,48 @@ def cmd_profile(args) -> int:
         raise UsageError(f"--ranks {args.ranks!r}: expected comma-separated rank counts, e.g. 1,2,4") from None
     if not ranks or min(ranks) < 1 or max(ranks) > 1024:
         raise UsageError(f"--ranks {args.ranks!r}: rank counts must be between 1 and 1024")
+    levels = _freeze_levels(args.freeze_levels)
+    layers = measure_layer_shares(args.workload, args.global_batch) if levels else None
+    if layers and max(levels) >= layers[0]:
+        raise UsageError(f"--freeze-levels {args.freeze_levels!r}: {args.workload} has {layers[0]} layers; levels "
+                         f"go up to {layers[0] - 1} (one must train)")
     with Progress(console=console, transient=True) as bar:
-        task = bar.add_task(f"profiling {args.workload} on {args.ranks} ranks", total=len(ranks))
+        task = bar.add_task(f"profiling {args.workload} on {args.ranks} ranks", total=len(ranks) * len(levels or [0]))
         pts = profile(args.workload, ranks, steps=args.steps, global_batch=args.global_batch,
-                      freeze_layers=args.freeze_layers, progress=lambda k: bar.update(task, completed=k))
+                      freeze_layers=args.freeze_layers, freeze_levels=levels,
+                      progress=lambda k: bar.update(task, completed=k))
     t = Table(title=f"{args.workload}: measured on this machine")
-    for c in ("ranks", "samples/s", "restore s", "rendezvous s", "checkpoint s", "launch overhead s"):
+    for c in ("ranks", "frozen", "samples/s", "restore s", "rendezvous s", "checkpoint s", "launch overhead s"):
         t.add_column(c, justify="right")
     for p in pts:
-        t.add_row(str(p.ranks), f"{p.samples_per_sec:,.1f}", f"{p.restore_s:.3f}", f"{p.rendezvous_s:.3f}",
-                  f"{p.checkpoint_s:.3f}", f"{p.launch_s:.2f}")
+        t.add_row(str(p.ranks), str(p.freeze), f"{p.samples_per_sec:,.1f}", f"{p.restore_s:.3f}",
+                  f"{p.rendezvous_s:.3f}", f"{p.checkpoint_s:.3f}", f"{p.launch_s:.2f}")
     console.print(t)
     t_up, t_down = rescale_costs(pts)
     console.print(f"rescale cost estimate: t_up = t_down = {t_up:.1f} s (use these in the jobs file)")
     if args.out:
-        write_profile(args.out, args.model or args.workload, pts)
+        write_profile(args.out, args.model or args.workload, pts, layers)
         console.print(f"wrote {args.out}")
+    if layers:
+        from .planner.freeze import heldout_errors
+        for model, err in heldout_errors([(args.model or args.workload, p.ranks, p.samples_per_sec, p.freeze,
+                                           layers[0], *layers[1][p.freeze]) for p in pts]).items():
+            console.print(f"layer-aware throughput model: held-out error {err:.1%} (leave-one-out over the frozen "
+                          "points)" if err is not None else "layer-aware throughput model: measure >= 2 frozen "
+                          "points for a held-out error")
     return 0
+
+
+def _freeze_levels(text: str | None) -> list[int] | None:
+    if not text:
+        return None
+    try:
+        levels = sorted({int(x) for x in text.split(",")})
+    except ValueError:
+        raise UsageError(f"--freeze-levels {text!r}: expected comma-separated levels, e.g. 0,1,2") from None
+    if levels[0] < 0:
+        raise UsageError(f"--freeze-levels {text!r}: levels are >= 0")
+    return sorted(set(levels) | {0})      # level 0 makes the curve the others are predicted from
 
 
 def cmd_run(args) -> int:
@@ -356,6 +382,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--no-ceiling", action="store_true",
                    help="skip the second replay with free rescales and reclaims (ceiling_e_idle, the limit)")
     s.add_argument("--max-concurrent", type=int, default=10, help="jobs admitted at once (FCFS by submit)")
+    s.add_argument("--submits", choices=["absolute", "relative"], default="absolute",
+                   help="job submit times as written (absolute, unix s) or counted from the replayed window's start "
+                        "(relative: the first job arrives then; for a job set written for another log)")
     s.add_argument("--topology", metavar="SPEC", help="network groups: hostname-rack, hostname:REGEX, or a file "
                    "(topology.conf / scontrol show topology, pbsnodes -a -F json, YAML topology section); the "
                    "rate model then charges communication (SJF-BCO eqs. 6-8 per group)")
@@ -373,6 +402,8 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--steps", type=int, default=20)
     pr.add_argument("--global-batch", type=int, default=64)
     pr.add_argument("--freeze-layers", type=int, default=0)
+    pr.add_argument("--freeze-levels", help="measure with each of these numbers of layers frozen (e.g. 0,1,2) "
+                    "and write the freeze columns the planner's layer elasticity reads")
     pr.add_argument("--model", help="model name to write in the CSV (default: the workload)")
     pr.add_argument("--out", help="write a *.scaling.csv here")
     pr.set_defaults(func=cmd_profile)

@@ -17,10 +17,11 @@ loses   penalty(k) = sum_{i<k} share_i * min(1, r_i / median(r))   of the job's 
 settled (small r, little gradient) costs ~nothing, one still changing as fast as the median layer costs its whole
 share. Effective progress = P(n, f) * (1 - penalty(f)).
 
-Budget. A job with ``accuracy_budget`` B has spent sum(penalty * samples trained at that level / samples). A
-level is allowed only if staying at it to the end keeps the spend within B (spent + penalty * remaining share);
-levels only go up unless the job allows unfreezing. Without statistics (a job that has not trained yet) only
-level 0 is allowed: nothing is frozen on faith.
+Budget. A job with ``accuracy_budget`` B has spent sum(penalty * samples trained at that level / samples): a
+lost share of progress is counted as that much accuracy (conservative: accuracy gains little from the last
+part of a run). A level is allowed only if staying at it to the end keeps the spend within B (spent + penalty *
+remaining share); levels only go up unless the job allows unfreezing, or its level no longer fits the budget.
+Without statistics (a job that has not trained yet) only level 0 is allowed: nothing is frozen on faith.
 """
 from __future__ import annotations
 
@@ -68,24 +69,37 @@ class LayerThroughput:
         beta, gamma = np.linalg.lstsq(a, saved, rcond=None)[0]
         return float(np.clip(beta, 0.0, 1.0)), float(np.clip(gamma, 0.0, 1.0))
 
+    def _factor(self, ns: np.ndarray, f: int, beta: float, gamma: float) -> np.ndarray:
+        """The model's P(n, f) / P(n, 0) (measured points not substituted)."""
+        c, q = self.profile.shares[f]
+        par, ser = self._split(ns)
+        return 1.0 / (par * (1 - beta * c) + ser * (1 - gamma * q))
+
     def predict(self, n: int, f: int, beta: float | None = None, gamma: float | None = None) -> float:
         """The model's samples/s (measured points not substituted)."""
         if n <= 0:
             return 0.0
-        c, q = self.profile.shares[f]
-        par, ser = self._split(np.array([n]))
-        b = self.beta if beta is None else beta
-        g = self.gamma if gamma is None else gamma
-        return float(self.curve.rate(n) / (par[0] * (1 - b * c) + ser[0] * (1 - g * q)))
+        b, g = (self.beta if beta is None else beta), (self.gamma if gamma is None else gamma)
+        return float(self.curve.rate(n) * self._factor(np.array([n]), f, b, g)[0])
 
-    def rate(self, n: int, f: int) -> float:
-        if f == 0 or n <= 0:
-            return self.curve.rate(n)
-        return self.profile.points.get((n, f)) or self.predict(n, f)
+    def speedups(self, ns: np.ndarray, f: int) -> np.ndarray:
+        """P(n, f) / P(n, 0) for sizes ``ns`` (1 where n = 0); measured points as measured."""
+        ns = np.asarray(ns, dtype=np.int64)
+        if f == 0:
+            return np.ones(len(ns))
+        out = self._factor(ns, f, self.beta, self.gamma)
+        base = self.curve.table(max(int(ns.max(initial=0)), 1))
+        for (n, lv), r in self.profile.points.items():
+            if lv == f:
+                out[ns == n] = r / base[n] if n < len(base) else out[ns == n]
+        return np.where(ns > 0, out, 1.0)
 
     def speedup(self, n: int, f: int) -> float:
         """P(n, f) / P(n, 0)."""
-        return self.rate(n, f) / self.curve.rate(n) if n > 0 else 1.0
+        return float(self.speedups(np.array([n]), f)[0])
+
+    def rate(self, n: int, f: int) -> float:
+        return self.curve.rate(n) * self.speedup(n, f) if n > 0 else 0.0
 
     def heldout_mape(self) -> float | None:
         """Mean absolute percentage error predicting each measured frozen point from a fit without it."""
@@ -143,17 +157,17 @@ def penalty_curve(stats: GradStats | None, n_layers: int) -> np.ndarray:
 
 def allowed_levels(spec, current: int, penalty: np.ndarray, spent: float, remaining_share: float,
                    levels: list[int]) -> list[int]:
-    """Levels a job may run at next: within its budget if it stayed there to the end; only up unless it may
-    unfreeze. The current level stays allowed (a job is never forced to change level by its own statistics)."""
+    """Levels a job may run at next: those within its budget if it stayed there to the end, and only up unless it
+    may unfreeze - but the budget comes first: a job whose current level no longer fits (the penalty of a frozen
+    prefix grows as the rest of the model settles and the prefix's share of the learning rises) goes down to
+    the highest level that does (level 0 always does: it costs nothing)."""
+    if spec.freeze == "off" and not current:
+        return [0]
+    fits = [f for f in levels if f == 0 or spent + penalty[f] * remaining_share <= spec.accuracy_budget + 1e-12]
     if spec.freeze == "off":
         return [0]
-    out = []
-    for f in levels:
-        if f < current and not spec.unfreeze:
-            continue
-        if f == current or spent + penalty[f] * remaining_share <= spec.accuracy_budget + 1e-12:
-            out.append(f)
-    return out or [current]
+    up = [f for f in fits if f >= current or spec.unfreeze]
+    return up or [max(fits)]
 
 
 @dataclass
@@ -174,7 +188,7 @@ def best_levels(job, sizes: np.ndarray, model: LayerThroughput | None) -> Freeze
     pen = penalty_curve(GradStats.from_dict(job.grad_stats), model.profile.n_layers)
 
     def factor(f: int) -> np.ndarray:
-        return np.array([model.speedup(int(n), f) for n in sizes]) * (1 - pen[f])
+        return model.speedups(sizes, f) * (1 - pen[f])
 
     share = job.remaining / job.spec.samples
     levels = allowed_levels(job.spec, job.freeze, pen, job.accuracy_spent, share, model.profile.levels)
@@ -185,3 +199,16 @@ def best_levels(job, sizes: np.ndarray, model: LayerThroughput | None) -> Freeze
         better = x > best_x + 1e-12
         best_f[better], best_x[better] = f, x[better]
     return FreezeChoice(best_f, best_x, factor(job.freeze))
+
+
+def heldout_errors(rows: list[tuple]) -> dict[str, float | None]:
+    """Per model, ``LayerThroughput.heldout_mape`` of scaling rows with freeze columns
+    ((model, nodes, samples/s, freeze, layers, frozen_compute, frozen_params), as ``write_scaling_csv`` takes)."""
+    out = {}
+    for model in sorted({r[0] for r in rows}):
+        mine = [r for r in rows if r[0] == model]
+        curve = ScalingCurve(model, {r[1]: r[2] for r in mine if r[3] == 0})
+        prof = LayerProfile(model, mine[0][4], {r[3]: (r[5], r[6]) for r in mine if r[3]},
+                            {(r[1], r[3]): r[2] for r in mine if r[3]})
+        out[model] = LayerThroughput(curve, prof).heldout_mape()
+    return out

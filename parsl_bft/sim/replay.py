@@ -4,13 +4,17 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
+from datetime import datetime, timezone
 
 import numpy as np
 
 from ..control import ActiveJob, Controller, Timeline
+from ..errors import ParslBftError
 from ..idle.intervals import IdleIntervals
 from ..idle.predict import make_predictor
 from ..jobs import JobSet
+from ..planner.freeze import GradStats, LayerThroughput, penalty_curve
+from .freezing import synthetic_profile
 
 
 @dataclass
@@ -27,6 +31,7 @@ class SimResult:
     config: dict
     comm_node_s: float = 0.0        # allocated node-seconds weighted by the network's rate factor
     ceiling: dict | None = None     # metrics of the same replay with free rescales and reclaims (the limit)
+    frozen_node_s: float = 0.0      # allocated node-seconds of jobs running with layers frozen
 
     def metrics(self) -> dict:
         work = sum(a.state.samples_done / a.state.curve.rate(1) for a in self.jobs)
@@ -49,13 +54,27 @@ class SimResult:
             "net_factor": self.comm_node_s / self.allocated_node_s if self.allocated_node_s else 1.0,
             **({"ceiling_e_idle": self.ceiling["e_idle"], "ceiling_e_used": self.ceiling["e_used"]}
                if self.ceiling else {}),
+            **self.jct_metrics(),
         }
+
+    def jct_metrics(self) -> dict:
+        """Average job completion time (arrival to end; jobs still running at the end count until then),
+        makespan, jobs over their accuracy budget, and the share of node-seconds trained with layers frozen."""
+        jct = [(a.finished_at if a.finished_at is not None else self.end) - a.state.spec.submit for a in self.jobs]
+        ends = [a.finished_at for a in self.jobs if a.finished_at is not None]
+        first = min((a.state.spec.submit for a in self.jobs), default=self.start)
+        return {"avg_jct_s": float(np.mean(jct)) if jct else 0.0,
+                "makespan_s": max(ends) - first if ends else 0.0,
+                "budget_violations": int(sum(a.state.accuracy_spent > a.state.spec.accuracy_budget + 1e-9
+                                             for a in self.jobs)),
+                "frozen_share": self.frozen_node_s / self.allocated_node_s if self.allocated_node_s else 0.0}
 
     def job_rows(self) -> list[dict]:
         return [{"name": a.name, "model": a.state.spec.model, "samples_done": a.state.samples_done,
                  "samples": a.state.spec.samples, "finished_at": a.finished_at, "admitted_at": a.admitted_at,
                  "node_s": a.node_seconds, "rescales": a.rescales, "reclaims": a.reclaims,
-                 "rescale_loss": a.rescale_loss, "reclaim_loss": a.reclaim_loss} for a in self.jobs]
+                 "rescale_loss": a.rescale_loss, "reclaim_loss": a.reclaim_loss, "submit": a.state.spec.submit,
+                 "freeze_level": a.state.freeze, "accuracy_spent": a.state.accuracy_spent} for a in self.jobs]
 
     def per_model(self) -> list[dict]:
         rows: dict[str, dict] = {}
@@ -75,10 +94,45 @@ class SimResult:
         return {**self.metrics(), "config": self.config, "per_model": self.per_model(), "jobs": self.job_rows()}
 
 
+SUBMITS = ("absolute", "relative")
+
+
+class NoJobAdmitted(ParslBftError):
+    """No job of the job set arrives before the replayed window ends: the replay would train nothing."""
+
+
+def placed_in_window(jobset: JobSet, intervals: IdleIntervals, duration: float | None = None,
+                     submits: str = "absolute") -> JobSet:
+    """The job set with the submit times the replay uses. ``absolute``: as written (unix times of the log's own
+    era); ``relative``: counted from the replayed window's first event - the earliest job arrives then and the
+    gaps between jobs are kept - for a job set written for another log. Raises NoJobAdmitted, naming both
+    spans and the option, when no job arrives before the window ends (rather than a replay of e_idle 0)."""
+    if submits not in SUBMITS:
+        raise ValueError(f"submits must be one of {', '.join(SUBMITS)}, got {submits!r}")
+    if not jobset.jobs or not len(intervals.start):
+        return jobset
+    start = float(intervals.start.min())
+    end = intervals.t1 if duration is None else min(intervals.t1, start + duration)
+    first = min(j.submit for j in jobset.jobs)
+    if submits == "relative":
+        jobset = dataclasses.replace(jobset, jobs=[dataclasses.replace(j, submit=start + j.submit - first)
+                                                   for j in jobset.jobs])
+    elif first >= end:
+        raise NoJobAdmitted(f"no job can be admitted: the job set's first submit time ({_utc(first)}) is at or "
+                            f"after the end of the replayed window ({_utc(start)} to {_utc(end)}); count submit "
+                            "times from the window's start with --submits relative (simulate(submits='relative'))")
+    return jobset
+
+
+def _utc(t: float) -> str:
+    return datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+
+
 def simulate(intervals: IdleIntervals, jobset: JobSet, planner, *, max_concurrent: int = 10,
-             duration: float | None = None, progress=None,
+             duration: float | None = None, progress=None, submits: str = "absolute",
              config: dict | None = None, network=None, predict="history", schedule=None,
-             ceiling: bool = False) -> SimResult:
+             ceiling: bool = False, freeze: bool = True, freeze_profiles: dict | None = None,
+             until_done: bool = False) -> SimResult:
     """Replay ``intervals`` from their first event, for ``duration`` seconds or to their end.
 
     Jobs are admitted first-come-first-served by submit time (at most ``max_concurrent`` at once); the planner
@@ -92,12 +146,20 @@ def simulate(intervals: IdleIntervals, jobset: JobSet, planner, *, max_concurren
     ``clairvoyant`` (the trace's real ends: an upper bound, not a realistic result).
     ``ceiling``: also replay with every rescale and reclaim free (same jobs, same admission rule, same planner)
     and report its e_idle / e_used as ``ceiling_e_idle`` / ``ceiling_e_used`` - no planner can beat them.
+    ``submits``: ``absolute`` or ``relative`` job submit times (``placed_in_window``).
+    Layer elasticity: jobs with ``freeze="auto"`` whose model has a layer profile (``jobset.layers``) may be
+    frozen by the planner (``freeze=False`` turns it off for every job); their statistics come from
+    ``freeze_profiles`` (job name -> ``sim.freezing.FreezeProfile``; default: ``synthetic_profile``), the
+    penalty of the level they run at is charged to their accuracy budget as they train.
+    ``until_done``: stop when every job has finished (a dedicated cluster), not at the end of the intervals.
     """
+    jobset = placed_in_window(jobset, intervals, duration, submits)
     bound = None
     if ceiling:
         free = JobSet([dataclasses.replace(j, t_up=0.0, t_down=0.0) for j in jobset.jobs], jobset.curves)
         bound = simulate(intervals, free, planner, max_concurrent=max_concurrent, duration=duration,
-                         network=network, predict=predict, schedule=schedule).metrics()
+                         network=network, predict=predict, schedule=schedule, freeze=freeze,
+                         freeze_profiles=freeze_profiles, until_done=until_done).metrics()
     events = intervals.events()
     first = next(events, None)
     if first is None:
@@ -105,16 +167,30 @@ def simulate(intervals: IdleIntervals, jobset: JobSet, planner, *, max_concurren
     start = first.time
     end = intervals.t1 if duration is None else min(intervals.t1, start + duration)
     predictor = make_predictor(predict, schedule) if isinstance(predict, str) else predict
-    ctl = Controller(jobset.jobs, jobset.curves, planner, max_concurrent=max_concurrent, predictor=predictor)
+    layers = {m: LayerThroughput(jobset.curves[m], p) for m, p in jobset.layers.items()} if freeze else {}
+    profiles = {j.name: (freeze_profiles or {}).get(j.name) or synthetic_profile(j) for j in jobset.jobs
+                if j.freeze != "off" and j.model in layers}
+    ctl = Controller(jobset.jobs, jobset.curves, planner, max_concurrent=max_concurrent, predictor=predictor,
+                     layers=layers)
     tl = Timeline()
     t = start
-    idle_s = alloc_s = comm_s = 0.0
+    idle_s = alloc_s = comm_s = frozen_s = 0.0
+    peak: dict[str, float] = {}           # the furthest each freezable job's training has got
     n_events = 0
     pending = first
 
     def finish_time(a: ActiveJob) -> float:
         r = a.rate
         return t + a.state.remaining / r if r > 0 else math.inf
+
+    def next_report(a: ActiveJob) -> float:
+        """When a freezable job's fragments next report statistics (every ``interval`` of its progress): the
+        planner looks again then, as the runtime does when a fragment ends."""
+        prof, r = profiles.get(a.name), a.rate
+        if prof is None or r <= 0:
+            return math.inf
+        x = a.state.samples_done / a.state.spec.samples
+        return t + ((math.floor(x / prof.interval + 1e-9) + 1) * prof.interval - x) * a.state.spec.samples / r
 
     while t < end:
         # apply everything that happens at t
@@ -125,6 +201,12 @@ def simulate(intervals: IdleIntervals, jobset: JobSet, planner, *, max_concurren
             pending = next(events, None)
         for a in [a for a in ctl.active.values() if a.state.remaining <= 1e-9 * a.state.spec.samples]:
             ctl.job_finished(a.name, t)
+        if until_done and not ctl.active and not ctl.waiting:
+            break
+        for a in ctl.active.values():          # what the job's fragments would have reported by now
+            if a.name in profiles:             # (a charged pause costs time, it does not untrain the model)
+                peak[a.name] = max(peak.get(a.name, 0.0), a.state.samples_done / a.state.spec.samples)
+                a.state.grad_stats = profiles[a.name].stats(peak[a.name])
         ctl.replan(t)
         if network is not None:
             running = [a for a in ctl.active.values() if a.state.size]
@@ -135,12 +217,19 @@ def simulate(intervals: IdleIntervals, jobset: JobSet, planner, *, max_concurren
         tl.record(t, ctl, lambda a: a.state.spec.model)
         # advance to the next instant something happens
         nxt = min(pending.time if pending is not None else math.inf, ctl.next_submit(),
-                  min((finish_time(a) for a in ctl.active.values()), default=math.inf), end)
+                  min((finish_time(a) for a in ctl.active.values()), default=math.inf),
+                  min((next_report(a) for a in ctl.active.values()), default=math.inf), end)
         nxt = max(nxt, t)
         dt = nxt - t
         for a in ctl.active.values():
             if a.state.size:
-                a.state.samples_done = min(a.state.spec.samples, a.state.samples_done + a.rate * dt)
+                step = min(a.state.spec.samples - a.state.samples_done, a.rate * dt)
+                if a.state.freeze:             # new progress at this level spends budget; retraining what a
+                    pen = penalty_curve(GradStats.from_dict(a.state.grad_stats), a.state.layers.profile.n_layers)
+                    new = (a.state.samples_done + step) / a.state.spec.samples - peak.get(a.name, 0.0)
+                    a.state.accuracy_spent += pen[a.state.freeze] * max(new, 0.0)    # charged pause lost does not
+                    frozen_s += a.state.size * dt
+                a.state.samples_done += step
                 a.node_seconds += a.state.size * dt
                 comm_s += a.state.size * dt * a.rate_scale
         idle_s += len(ctl.pool) * dt
@@ -151,5 +240,5 @@ def simulate(intervals: IdleIntervals, jobset: JobSet, planner, *, max_concurren
         if progress is not None:
             progress((t - start) / (end - start) if end > start else 1.0)
     jobs = ctl.done + list(ctl.active.values())
-    return SimResult(start, end, idle_s, alloc_s, n_events, ctl.plans, ctl.solve_times, jobs, tl, config or {},
-                     comm_s if network is not None else alloc_s, bound)
+    return SimResult(start, t if until_done else end, idle_s, alloc_s, n_events, ctl.plans, ctl.solve_times, jobs, tl,
+                     config or {}, comm_s if network is not None else alloc_s, bound, frozen_s)

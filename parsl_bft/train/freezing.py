@@ -94,3 +94,35 @@ class GradRecorder:
         if any(math.isnan(x) for x in self.prev[self.frozen:] + self.now[self.frozen:]):
             return {}
         return {"prev": list(self.prev), "now": list(self.now)}
+
+
+def layer_shares(model: nn.Module, blocks: list[nn.Module], batch, loss_fn, reps: int = 3) -> dict[int, tuple[float,
+                                                                                                          float]]:
+    """level -> (share of a training step's compute, share of the parameters) in the first ``level`` blocks,
+    for every level that leaves a block training. Compute is each block's forward time (hooks, best of
+    ``reps``): a layer's backward costs about twice its forward, so forward shares are training-time shares."""
+    import time
+
+    times = [math.inf] * len(blocks)
+    started: dict[int, float] = {}
+    hooks = []
+    for i, b in enumerate(blocks):
+        hooks.append(b.register_forward_pre_hook(lambda m, a, i=i: started.__setitem__(i, time.perf_counter())))
+        hooks.append(b.register_forward_hook(
+            lambda m, a, o, i=i: times.__setitem__(i, min(times[i], time.perf_counter() - started[i]))))
+    try:
+        with torch.no_grad():
+            for _ in range(reps):
+                loss_fn(model, batch)
+    finally:
+        for h in hooks:
+            h.remove()
+    params = [sum(p.numel() for p in b.parameters()) for b in blocks]
+    if not all(math.isfinite(x) for x in times):      # a block the forward pass never called as a module
+        times = [float(x) for x in params]
+    t_all, p_all = sum(times) or 1.0, max(sum(params), 1)
+    out, t, p = {}, 0.0, 0
+    for k in range(len(blocks)):
+        out[k] = (t / t_all, p / p_all)
+        t, p = t + times[k], p + params[k]
+    return out

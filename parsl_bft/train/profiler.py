@@ -20,14 +20,33 @@ class ProfilePoint:
     rendezvous_s: float
     checkpoint_s: float
     launch_s: float          # whole fragment wall time minus training: process start, restore, rendezvous, save
+    freeze: int = 0          # layers frozen while measuring
+
+
+def measure_layer_shares(workload: str, global_batch: int = 64, workload_args=None) -> tuple[int, dict]:
+    """(number of layers, level -> (frozen share of compute, of parameters)) of a workload's model."""
+    from torch.utils.data import TensorDataset
+
+    from .freezing import layer_shares
+    from .workloads import make_workload
+
+    wl = make_workload(workload, **(workload_args or {}))
+    data = wl.dataset()
+    model = wl.build_model()
+    blocks = wl.blocks(model)
+    n = min(global_batch, len(data))
+    batch = data[list(range(n))] if isinstance(data, TensorDataset) else wl.collate([data[i] for i in range(n)])
+    return len(blocks), layer_shares(model, blocks, batch, wl.loss)
 
 
 def profile(workload: str, ranks: list[int], *, steps: int = 20, global_batch: int = 64, workload_args=None,
-            freeze_layers: int = 0, progress=None) -> list[ProfilePoint]:
-    """For each rank count: one warm-up fragment (creates a checkpoint), then a measured fragment that restores
-    it, as every fragment after a rescale does."""
+            freeze_layers: int = 0, freeze_levels: list[int] | None = None, progress=None) -> list[ProfilePoint]:
+    """For each rank count (and freeze level: ``freeze_levels``, else ``freeze_layers`` alone): one warm-up
+    fragment (creates a checkpoint), then a measured fragment that restores it, as every fragment after a
+    rescale does."""
     out = []
-    for i, n in enumerate(ranks):
+    configs = [(n, f) for f in (freeze_levels or [freeze_layers]) for n in ranks]
+    for i, (n, freeze_layers) in enumerate(configs):
         d = Path(tempfile.mkdtemp(prefix="parsl-bft-profile-"))
         try:
             base = dict(job="profile", workload=workload, checkpoint_dir=str(d), world_size=n,
@@ -37,7 +56,8 @@ def profile(workload: str, ranks: list[int], *, steps: int = 20, global_batch: i
             t = time.perf_counter()
             r = run_fragment(FragmentConfig(**base, steps=steps))
             wall = time.perf_counter() - t
-            out.append(ProfilePoint(n, r.throughput, r.restore_s, r.rendezvous_s, r.checkpoint_s, wall - r.train_s))
+            out.append(ProfilePoint(n, r.throughput, r.restore_s, r.rendezvous_s, r.checkpoint_s, wall - r.train_s,
+                                    freeze_layers))
         finally:
             shutil.rmtree(d, ignore_errors=True)
         if progress is not None:
@@ -45,8 +65,16 @@ def profile(workload: str, ranks: list[int], *, steps: int = 20, global_batch: i
     return out
 
 
-def write_profile(path: str | Path, model: str, points: list[ProfilePoint]) -> None:
-    write_scaling_csv(path, [(model, p.ranks, p.samples_per_sec) for p in points])
+def write_profile(path: str | Path, model: str, points: list[ProfilePoint],
+                  layers: tuple[int, dict] | None = None) -> None:
+    """The ``*.scaling.csv``; with ``layers`` (``measure_layer_shares``) every row carries its freeze level and
+    frozen shares (the planner chooses among the measured levels and predicts their unmeasured sizes)."""
+    if layers is None:
+        write_scaling_csv(path, [(model, p.ranks, p.samples_per_sec) for p in points])
+        return
+    n_layers, shares = layers
+    write_scaling_csv(path, [(model, p.ranks, p.samples_per_sec, p.freeze, n_layers, *shares[p.freeze])
+                             for p in points])
 
 
 def rescale_costs(points: list[ProfilePoint]) -> tuple[float, float]:
