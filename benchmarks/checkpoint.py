@@ -1,9 +1,12 @@
 """HDF5 checkpoint save/load vs torch.save/torch.load of the same state (model + AdamW state).
 
-Two models: ~100M parameters and a small one. Each measurement is the median of 3, in this process, same disk.
-Also: fragment start overhead (restore + rendezvous) vs one training step.
-LAST line: {"params": P, "save_ratio": hdf5_save_s / torch_save_s, "load_ratio": hdf5_load_s / torch_load_s}
-for the large model (fsync off on both sides: torch.save does not fsync; the fsynced HDF5 save is printed too).
+Two models: ~100M parameters and a small one. Each measurement is the median of 5, in this process, same disk.
+Then the training pause of a periodic save: a blocking CheckpointStore.save (what a fragment did) vs
+BackgroundSave.start (copy into buffers kept between saves; a thread writes while training steps run), both
+fsynced as fragments save. Also: fragment start overhead (restore + rendezvous) vs one training step.
+LAST line: {"params": P, "save_ratio": hdf5_save_s / torch_save_s, "load_ratio": hdf5_load_s / torch_load_s,
+"stall_ratio": background pause / blocking save} for the large model (fsync off for the save ratio: torch.save
+does not fsync; the fsynced HDF5 save is printed too).
 """
 from __future__ import annotations
 
@@ -16,7 +19,8 @@ from pathlib import Path
 
 import torch
 
-from parsl_bft.train.checkpoint import TrainingState, load_checkpoint, save_checkpoint
+from parsl_bft.train.checkpoint import (BackgroundSave, CheckpointStore, TrainingState, load_checkpoint,
+                                        save_checkpoint)
 
 
 def make_state(width: int, layers: int):
@@ -27,12 +31,15 @@ def make_state(width: int, layers: int):
     return model, opt
 
 
-def interleaved(fns: dict, rounds: int = 5) -> dict:
+def interleaved(fns: dict, rounds: int = 5, fresh: dict | None = None) -> dict:
     """Median time of each function, run in alternation round after round (the disk here is shared and noisy:
-    alternating spreads its drift over all of them); dirty pages are flushed before each run, untimed."""
+    alternating spreads its drift over all of them); dirty pages are flushed and the function's ``fresh`` file
+    removed before each run, untimed (a checkpoint is a new file: neither side pays for truncating an old one)."""
     ts: dict = {k: [] for k in fns}
     for _ in range(rounds):
         for k, fn in fns.items():
+            if fresh:
+                fresh[k].unlink(missing_ok=True)
             os.sync()
             t = time.perf_counter()
             fn()
@@ -49,13 +56,52 @@ def bench(width: int, layers: int, d: Path) -> dict:
     r = {"params": params, **interleaved({
         "torch_save_s": lambda: torch.save(obj, pt),
         "hdf5_save_s": lambda: save_checkpoint(h5, st, fsync=False),
-        "hdf5_save_fsync_s": lambda: save_checkpoint(h5, st, fsync=True)})}
+        "hdf5_save_fsync_s": lambda: save_checkpoint(h5, st, fsync=True)}, fresh={"torch_save_s": pt, "hdf5_save_s": h5, "hdf5_save_fsync_s": h5})}
     r.update(interleaved({"torch_load_s": lambda: torch.load(pt, weights_only=True),
                           "hdf5_load_s": lambda: load_checkpoint(h5)}))
     r["bytes"] = h5.stat().st_size
     r["save_ratio"] = r["hdf5_save_s"] / r["torch_save_s"]
     r["load_ratio"] = r["hdf5_load_s"] / r["torch_load_s"]
+    r.update(stall(model, opt, d / "store"))
     return r
+
+
+def stall(model, opt, d: Path, rounds: int = 3) -> dict:
+    """Training pause of a periodic save, blocking vs background, with training steps while the thread writes."""
+    store = CheckpointStore(d, keep=2)
+    x = torch.randn(2, model[0].in_features)
+
+    def train_step() -> None:
+        opt.zero_grad()
+        model(x).sum().backward()
+        opt.step()
+
+    def state(step: int) -> TrainingState:
+        return TrainingState(model=model.state_dict(), optimizer=opt.state_dict(), step=step)
+
+    bg = BackgroundSave(lambda st: store.save(st, fsync=True))
+    bg.prepare(state(0))
+    bg.wait()
+    step, blocking, pause, write, overlapped = 0, [], [], [], 0
+    for _ in range(rounds):
+        os.sync()
+        step += 1
+        t = time.perf_counter()
+        store.save(state(step), fsync=True)
+        blocking.append(time.perf_counter() - t)
+        os.sync()
+        step += 1
+        t = time.perf_counter()
+        bg.start(state(step))
+        pause.append(time.perf_counter() - t)
+        while bg.busy():                       # training goes on while the thread writes
+            train_step()
+            overlapped += 1
+        bg.wait()
+        write.append(time.perf_counter() - t)
+    return {"blocking_save_s": statistics.median(blocking), "background_pause_s": statistics.median(pause),
+            "background_write_s": statistics.median(write), "steps_during_writes": overlapped,
+            "stall_ratio": statistics.median(pause) / statistics.median(blocking)}
 
 
 def fragment_overhead(d: Path) -> dict:
@@ -78,13 +124,17 @@ def main() -> None:
             print(f"{r['params']:>12,} {r['bytes'] / 1e6:>7.1f} {r['torch_save_s']:>10.3f} {r['hdf5_save_s']:>10.3f} "
                   f"{r['hdf5_save_fsync_s']:>9.3f} {r['save_ratio']:>6.2f} {r['torch_load_s']:>10.3f} "
                   f"{r['hdf5_load_s']:>10.3f} {r['load_ratio']:>6.2f}")
+        for r in rows:
+            print(f"{r['params']:>12,} periodic save: blocking {r['blocking_save_s']:.3f} s, background pause "
+                  f"{r['background_pause_s']:.3f} s (written in {r['background_write_s']:.3f} s while "
+                  f"{r['steps_during_writes']} training steps ran), stall ratio {r['stall_ratio']:.3f}")
         o = fragment_overhead(d)
         print(f"fragment start (1 rank, images): restore {o['restore_s']:.3f} s + rendezvous {o['rendezvous_s']:.3f} s"
               f" = {o['start_over_step']:.1f} training steps ({o['step_s'] * 1e3:.1f} ms each); "
               f"checkpoint {o['checkpoint_s']:.3f} s")
         big = rows[-1]
         print(json.dumps({"params": big["params"], "save_ratio": round(big["save_ratio"], 3),
-                          "load_ratio": round(big["load_ratio"], 3)}))
+                          "load_ratio": round(big["load_ratio"], 3), "stall_ratio": round(big["stall_ratio"], 3)}))
 
 
 if __name__ == "__main__":

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from parsl_bft.train.checkpoint import (CheckpointError, CheckpointStore, TrainingState, capture_rng,
-                                        load_checkpoint, restore_rng, save_checkpoint)
+from parsl_bft.train.checkpoint import (BackgroundSave, CheckpointError, CheckpointStore, TrainingState,
+                                        capture_rng, load_checkpoint, restore_rng, save_checkpoint)
 
 
 def sample_state(step=1):
@@ -158,3 +158,52 @@ def test_another_hosts_save_in_progress_is_never_deleted(tmp_path):
     os.utime(old, (time.time() - 7200, time.time() - 7200))
     CheckpointStore(tmp_path)
     assert live.exists() and gone.exists() and not old.exists()
+
+
+def test_background_save_writes_the_state_as_it_was_when_started(tmp_path):
+    """The pause is a copy: training may change the tensors while the thread writes; one write at a time; the
+    copy buffers are the same from one save to the next; a failed write fails the next wait."""
+    import threading
+
+    store = CheckpointStore(tmp_path)
+    release = threading.Event()
+    bg = BackgroundSave(lambda st: release.wait() and store.save(st, fsync=False))
+    st = sample_state(step=1)
+    before = {k: v.clone() for k, v in st.model.items()}
+    bg.prepare(st)
+    bg.wait()
+    buffers = {k: t.data_ptr() for k, t in bg._buffers.items()}
+    assert bg.start(st)
+    for t in st.model.values():                   # training goes on, in place
+        if t.dtype in (torch.float32, torch.float16, torch.bfloat16):
+            t.add_(1.0)
+    assert not bg.start(sample_state(step=2))     # still writing step 1
+    release.set()
+    assert bg.wait().name == "ckpt-000000001.h5"
+    back = load_checkpoint(bg.last)
+    for k, t in before.items():
+        assert_same(t, back.model[k])
+    assert {k: t.data_ptr() for k, t in bg._buffers.items()} == buffers
+    broken = BackgroundSave(lambda st: 1 / 0)
+    assert broken.start(st)
+    with pytest.raises(ZeroDivisionError):
+        broken.wait()
+
+
+def test_where_a_job_stands_reads_no_array(tmp_path):
+    """arrays=False reads step and counters, checks the metadata checksum, and does not read the data: damaged
+    data is found by the full load only, a damaged attribute by both."""
+    path = save_checkpoint(tmp_path / "ckpt-000000007.h5", sample_state(step=7))
+    with h5py.File(path, "r") as f:
+        offset = f["model/k0"].id.get_offset()
+    with open(path, "r+b") as fh:
+        fh.seek(offset)
+        fh.write(b"\xff\xff")
+    info = load_checkpoint(path, arrays=False)
+    assert (info.step, info.samples_done, info.data_position) == (7, 640, 128) and info.model["w"] is None
+    with pytest.raises(CheckpointError, match="checksum mismatch"):
+        load_checkpoint(path)
+    with h5py.File(path, "r+") as f:
+        f.attrs["samples_done"] = 10**6
+    with pytest.raises(CheckpointError, match="metadata checksum"):
+        load_checkpoint(path, arrays=False)

@@ -571,7 +571,9 @@ class Orchestrator:
                 err = (f"{errors[0].summary()}\n(rank {errors[0].rank}'s output: "
                        f"{jd.log_path(r.fragment, errors[0].rank)})" if errors else str(e))
                 fstore = CheckpointStore(jd.path)
-                st = fstore.latest()
+                st = fstore.latest(arrays=False)      # where it stands: attributes, not gigabytes ...
+                if st is not None and st.samples_done >= self.jobs[name].samples:
+                    st = fstore.latest()                 # ... but a result is handed out verified
                 done, ckpt = (st.samples_done, str(fstore.latest_path)) if st else (0, None)
                 without_notice = not r.stop_requested
                 p = jd.progress()
@@ -594,7 +596,7 @@ class Orchestrator:
                 jd.forget_fragment(r.fragment)
             if ckpt is None:
                 store = CheckpointStore(jd.path)
-                ckpt = str(store.latest_path) if store.latest() is not None else None
+                ckpt = str(store.latest_path) if store.latest(arrays=False) is not None else None
             ckpt = self._abs(self._rel(ckpt))
             self.db.update(name, samples_done=done, checkpoint=self._rel(ckpt),
                            **({"node_s": a.node_seconds} if a is not None else {}))

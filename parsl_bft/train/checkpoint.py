@@ -25,10 +25,13 @@ import re
 import shutil
 import socket
 import stat
+import threading
 import time
-from dataclasses import dataclass, field
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import nullcontext
+from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import h5py
 import numpy as np
@@ -40,6 +43,7 @@ from ..errors import ParslBftError
 FORMAT = "parsl-bft-checkpoint"
 VERSION = 2                  # 2: a checksum over the metadata too (attributes, dtypes, shapes)
 _NUMERIC_KINDS = "biufc"     # the only dataset types a checkpoint holds
+_HASH_AHEAD = 1 << 20        # arrays this large are hashed on a thread while the next one is read
 _NUMPY_UNSUPPORTED = {torch.bfloat16: torch.int16}
 for _name, _view in (("float8_e4m3fn", torch.int8), ("float8_e5m2", torch.int8),
                      ("float8_e4m3fnuz", torch.int8), ("float8_e5m2fnuz", torch.int8)):
@@ -127,6 +131,7 @@ class _Writer:
     def __init__(self) -> None:
         self.manifest: list[str] = []
         self.meta = _Meta()
+        self.data: list[tuple[int, np.ndarray]] = []    # (file offset, array): written after the layout
 
     def attr(self, obj, name: str, value: Any) -> None:
         obj.attrs[name] = value
@@ -172,10 +177,40 @@ def _write_item(g: h5py.Group, name: str, v: Any, w: _Writer) -> None:
         raise TypeError(f"cannot store {type(v).__name__} in a checkpoint (at {g.name}/{name})")
 
 
+def _layout():
+    """Contiguous, placed in the file when created, never filled: h5py lays the file out, the bytes are then
+    written straight to their offsets (``_write_data``) - one pass at disk speed, no HDF5 copy in between."""
+    dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
+    dcpl.set_layout(h5py.h5d.CONTIGUOUS)
+    dcpl.set_alloc_time(h5py.h5d.ALLOC_TIME_EARLY)
+    dcpl.set_fill_time(h5py.h5d.FILL_TIME_NEVER)
+    return dcpl
+
+
+def _write_data(path: Path, data: list[tuple[int, np.ndarray]], fsync: bool) -> None:
+    """Array bytes at their dataset offsets (the GIL is released while the kernel copies them)."""
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        for offset, a in data:
+            buf = memoryview(a.reshape(-1).view(np.uint8))
+            while len(buf):                      # pwrite may write less than asked (large buffers)
+                n = os.pwrite(fd, buf, offset)
+                buf, offset = buf[n:], offset + n
+        if fsync:
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def _write_array(g: h5py.Group, name: str, a: np.ndarray, attrs: dict, w: _Writer) -> None:
     if a.dtype.kind not in _NUMERIC_KINDS:
         raise TypeError(f"cannot store a {a.dtype} array in a checkpoint (at {g.name}/{name})")
-    d = g.create_dataset(name, data=a)
+    d = g.create_dataset(name, shape=a.shape, dtype=a.dtype, dcpl=_layout())
+    offset = d.id.get_offset() if a.size else None
+    if offset is not None:
+        w.data.append((offset, np.ascontiguousarray(a)))
+    elif a.size:                                 # a scalar: HDF5 places it itself
+        d[()] = a
     w.meta.add(d.name, "dataset", a.dtype.str, tuple(a.shape))
     for k, v in attrs.items():
         w.attr(d, k, v)
@@ -189,14 +224,22 @@ class _Reader:
     storage, virtual layouts or filters; every declared size is bounded by the file's own size before anything
     is allocated. ``where`` names the part being read, for the error."""
 
-    def __init__(self, path: str, f: h5py.File, size: int):
-        self.path, self.f, self.size = path, f, size
+    def __init__(self, path: str, f: h5py.File, size: int, arrays: bool = True,
+                 hashing: ThreadPoolExecutor | None = None):
+        self.path, self.f, self.size, self.arrays, self.hashing = path, f, size, arrays, hashing
+        self.pending: list[tuple[str, str, Future]] = []     # (dataset, stored digest, digest being computed)
         self.where: str | None = None
         self.read: list[str] = []
         self.meta = _Meta()
 
     def fail(self, problem: str) -> CheckpointError:
         return CheckpointError(self.path, problem, self.where)
+
+    def verify_pending(self) -> None:
+        for name, digest, fut in self.pending:
+            if fut.result() != digest:
+                self.where = name
+                raise self.fail("checksum mismatch: the data is damaged")
 
     def attr(self, obj, name: str, default: Any = KeyError) -> Any:
         if name not in obj.attrs:
@@ -274,14 +317,19 @@ class _Reader:
         if declared > self.size:
             raise self.fail(f"declares {declared:,} bytes, more than the whole file ({self.size:,} bytes)")
         self.meta.add(ds.name, "dataset", dt.str, tuple(ds.shape))
-        a = np.empty(ds.shape, dtype=dt)
+        a = np.empty(ds.shape if self.arrays else 0, dtype=dt)
         if a.size:
             ds.read_direct(a)
         numpy = self.attr(ds, "numpy", None) if "numpy" in ds.attrs else None
         dtn = self.attr(ds, "torch_dtype", "") if "torch_dtype" in ds.attrs else ""
-        if _digest(a) != self.attr(ds, "xxh3", None):
-            raise self.fail("checksum mismatch: the data is damaged")
+        digest = self.attr(ds, "xxh3", None)
         self.read.append(ds.name)
+        if not self.arrays:
+            return None
+        if a.nbytes >= _HASH_AHEAD and self.hashing is not None:   # hashed on a thread while the next is read
+            self.pending.append((ds.name, digest, self.hashing.submit(_digest, a)))
+        elif _digest(a) != digest:
+            raise self.fail("checksum mismatch: the data is damaged")
         if numpy is not None:
             return a
         t = torch.from_numpy(a)
@@ -341,14 +389,11 @@ def save_checkpoint(path: str | Path, state: TrainingState, *, fsync: bool = Tru
                 w.meta.add("/", key, "absent" if obj is None else "group")
                 if obj is not None:
                     _write_tree(f.create_group(key), dict(obj), w)
-                    _fault(f"save:{key}")
             w.attr(f, "manifest", json.dumps(w.manifest))
             f.attrs["meta_xxh3"] = w.meta.hexdigest()
-            f.flush()
         os.chmod(tmp, 0o600)
-        if fsync:
-            with open(tmp, "rb+") as fh:
-                os.fsync(fh.fileno())
+        _fault("save:optimizer")                  # the layout is there, the data not yet: a torn file
+        _write_data(tmp, w.data, fsync)
         os.replace(tmp, path)
         if fsync:
             dfd = os.open(path.parent, os.O_RDONLY)
@@ -362,10 +407,14 @@ def save_checkpoint(path: str | Path, state: TrainingState, *, fsync: bool = Tru
     return path
 
 
-def load_checkpoint(path: str | Path) -> TrainingState:
+def load_checkpoint(path: str | Path, *, arrays: bool = True) -> TrainingState:
     """Read and verify one checkpoint. Whatever is wrong with the file - not there, not a regular file, not
     HDF5, damaged anywhere (HDF5's own errors included), crafted to read other files or to exhaust memory, from a
-    newer format - raises CheckpointError naming the file and, when known, the dataset."""
+    newer format - raises CheckpointError naming the file and, when known, the dataset.
+
+    ``arrays=False`` reads where the job stands and nothing more: attributes, names, dtypes and shapes, checked
+    against the metadata checksum; every tensor is None and its data is neither read nor verified (kilobytes
+    instead of gigabytes: what the orchestrator needs; the fragment that resumes reads and verifies all)."""
     p = str(path)
     try:
         st = os.stat(p)
@@ -377,9 +426,10 @@ def load_checkpoint(path: str | Path) -> TrainingState:
         f = h5py.File(p, "r")
     except Exception as e:  # noqa: BLE001 - h5py raises OSError, ValueError, RuntimeError ... on damaged files
         raise CheckpointError(p, f"not a readable HDF5 file ({type(e).__name__}: {e})") from None
-    r = _Reader(p, f, st.st_size)
+    hashing = ThreadPoolExecutor(1, "checkpoint-hash") if arrays else None
+    r = _Reader(p, f, st.st_size, arrays, hashing)
     try:
-        with f:
+        with f, hashing or nullcontext():
             if r.attr(f, "format", None) != FORMAT:
                 raise CheckpointError(p, "not a parsl-bft checkpoint")
             version = int(r.attr(f, "version", 0))
@@ -397,6 +447,7 @@ def load_checkpoint(path: str | Path) -> TrainingState:
                     if not isinstance(g, h5py.Group):
                         raise r.fail("not a group")
                     parts[key] = r.tree(g)
+            r.verify_pending()
             r.where = None
             manifest = r.json(f, "manifest")
             if version >= 2 and r.meta.hexdigest() != r.attr(f, "meta_xxh3", None):
@@ -426,6 +477,74 @@ def _count(v: Any) -> int:
     if not isinstance(v, int) or isinstance(v, bool) or v < 0:
         raise ValueError(f"not a count: {v!r}")
     return v
+
+
+class BackgroundSave:
+    """Saves off the training path: ``start`` copies the state into CPU buffers kept from one save to the next
+    (the pause is that memory copy; ``prepare`` allocates and touches the buffers beforehand, on a thread, so
+    not even the first save pays for fresh pages), then a thread runs ``write`` on the copy while training goes
+    on. One save in flight: ``start`` during a write returns False (try again at the next step). ``wait`` joins
+    the write and raises what it raised, so a failed background save fails the caller like a blocking one."""
+
+    def __init__(self, write: Callable[[TrainingState], Path]):
+        self._write = write
+        self._buffers: dict[str, torch.Tensor] = {}
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self.last: Path | None = None            # the file of the last finished write
+
+    def prepare(self, state: TrainingState) -> None:
+        self._run(lambda: self._copy(state, "", fill=False))
+
+    def busy(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def start(self, state: TrainingState) -> bool:
+        if self.busy():
+            return False
+        self.wait()
+        copy = self._copy(state, "", fill=True)
+        self._run(lambda: setattr(self, "last", self._write(copy)))
+        return True
+
+    def wait(self) -> Path | None:
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self._error is not None:
+            err, self._error = self._error, None
+            raise err
+        return self.last
+
+    def _run(self, fn: Callable[[], Any]) -> None:
+        self.wait()
+
+        def body() -> None:
+            try:
+                fn()
+            except BaseException as e:  # noqa: BLE001 - handed to whoever waits next
+                self._error = e
+
+        self._thread = threading.Thread(target=body, name="checkpoint-writer", daemon=True)
+        self._thread.start()
+
+    def _copy(self, obj: Any, key: str, fill: bool) -> Any:
+        if isinstance(obj, TrainingState):
+            return TrainingState(**{f.name: self._copy(getattr(obj, f.name), f.name, fill) for f in fields(obj)})
+        if isinstance(obj, torch.Tensor):
+            buf = self._buffers.get(key)
+            if buf is None or buf.shape != obj.shape or buf.dtype != obj.dtype:
+                buf = self._buffers[key] = torch.empty(obj.shape, dtype=obj.dtype)
+                if not fill:
+                    buf.zero_()                  # touch the pages now, not during the pause
+            return buf.copy_(obj.detach()) if fill else buf
+        if isinstance(obj, np.ndarray):
+            return obj.copy()
+        if isinstance(obj, dict):
+            return {k: self._copy(v, f"{key}/{k}", fill) for k, v in obj.items()}
+        if isinstance(obj, (list, tuple)):
+            return type(obj)(self._copy(v, f"{key}/{i}", fill) for i, v in enumerate(obj))
+        return obj
 
 
 def finite_weights(model: dict[str, Any]) -> str | None:
@@ -511,13 +630,14 @@ class CheckpointStore:
                 p.unlink(missing_ok=True)
         return path
 
-    def latest(self) -> TrainingState | None:
-        """The newest checkpoint that loads and verifies; damaged ones are recorded in ``skipped`` and set aside."""
+    def latest(self, *, arrays: bool = True) -> TrainingState | None:
+        """The newest checkpoint that loads and verifies; damaged ones are recorded in ``skipped`` and set aside.
+        ``arrays=False``: only where it stands (see ``load_checkpoint``)."""
         self.skipped = []
         self.latest_path = None
         for p in self.paths():
             try:
-                st = load_checkpoint(p)
+                st = load_checkpoint(p, arrays=arrays)
             except CheckpointError as e:
                 self._set_aside(p, e)
                 continue

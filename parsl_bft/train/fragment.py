@@ -38,7 +38,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import TensorDataset
 
-from .checkpoint import CheckpointStore, TrainingState, capture_rng, finite_weights, restore_rng
+from .checkpoint import BackgroundSave, CheckpointStore, TrainingState, capture_rng, finite_weights, restore_rng
 from .freezing import GradRecorder, carry_optimizer_state, freeze_prefix
 from .protocol import JobDir, Progress
 from .workloads import make_workload
@@ -167,12 +167,29 @@ def _sum_hook(state, bucket):  # noqa: ARG001
 
 
 class _Saver:
-    """Rank 0's saves, fenced: a fragment of an older orchestrator life must not write."""
+    """Rank 0's saves, fenced: a fragment of an older orchestrator life must not write. ``periodic`` saves are a
+    memory copy written on a thread while training goes on (a failed one fails the next save); ``save`` (the
+    final one, on a notice) waits for that write and skips writing the same step twice."""
 
     def __init__(self, cfg: FragmentConfig, store: CheckpointStore, jd: JobDir):
         self.cfg, self.store, self.jd = cfg, store, jd
+        self.background = BackgroundSave(self._write)
+        self._started_step = -1
+
+    def periodic(self, state: TrainingState) -> bool:
+        """Start a background save; False while the last one still writes (try again next step)."""
+        started = self.background.start(state)
+        if started:
+            self._started_step = state.step
+        return started
 
     def save(self, state: TrainingState) -> Path:
+        last = self.background.wait()
+        if last is not None and self._started_step == state.step:
+            return last
+        return self._write(state)
+
+    def _write(self, state: TrainingState) -> Path:
         owner = self.jd.owner() if self.cfg.generation is not None else None
         if owner is not None and owner != self.cfg.generation:
             raise FragmentFailed(f"fragment of {self.cfg.job} is stale (generation {self.cfg.generation}, the job is "
@@ -383,10 +400,12 @@ def train_rank(cfg: FragmentConfig) -> FragmentResult | None:
             if cfg.checkpoint_every_s is not None and now - saved_at >= cfg.checkpoint_every_s \
                     and step > saved_step:
                 ts = time.perf_counter()
-                saver.save(snapshot())
-                saves, save_s = saves + 1, save_s + time.perf_counter() - ts
-                saved_step, saved_at = step, time.time()
-                last_report = 0.0
+                if saver.periodic(snapshot()):                # the pause is a memory copy; a thread writes
+                    saves, save_s = saves + 1, save_s + time.perf_counter() - ts
+                    saved_step, saved_at = step, time.time()
+                    last_report = 0.0
+            elif cfg.checkpoint_every_s is not None and step == start_step + 1:
+                saver.background.prepare(snapshot())          # copy buffers ready before the first save
             if time.perf_counter() - last_report > 0.5:      # live progress for the orchestrator
                 last_report = time.perf_counter()
                 jd.write_progress(Progress(step, samples_done, last_loss, world, saved_step, saved_at, time.time()))
