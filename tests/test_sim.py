@@ -162,3 +162,30 @@ def test_dp_and_milp_follow_the_same_trajectory_over_a_replay():
         trajectories[method] = seen
     assert len(trajectories["dp"]) > 20
     assert trajectories["dp"] == trajectories["milp"]
+
+
+def test_submit_times_relative_to_the_window_and_no_silent_zero():
+    """A job set written for another era: replayed as written, no job could ever arrive - an error naming the
+    option, not e_idle 0; relative submit times put the first job at the window's start, gaps kept."""
+    from parsl_bft.sim.replay import NoJobAdmitted
+
+    iv = IdleIntervals.build(["n0", "n1"], [0, 1], [8e8, 8e8 + 50], [8e8 + 1000, 8e8 + 1000], t0=8e8, t1=8e8 + 1000)
+    js = jobset(job("a", samples=5e4, submit=1.6e9), job("b", samples=5e4, submit=1.6e9 + 300))
+    with pytest.raises(NoJobAdmitted, match="--submits relative"):
+        simulate(iv, js, Planner(method="dp"), ceiling=True)
+    res = simulate(iv, js, Planner(method="dp"), submits="relative")
+    assert {a.name: a.state.spec.submit for a in res.jobs} == {"a": 8e8, "b": 8e8 + 300}
+    assert res.metrics()["e_idle"] > 0.5 and res.metrics()["jobs_finished"] == 2
+
+
+def test_cli_simulate_refuses_a_replay_no_job_can_enter(tmp_path, shared_data):
+    csv = tmp_path / "old.csv"
+    csv.write_text("node,idle_start,idle_end\n" + "".join(f"n{i},800000000,800007200\n" for i in range(4)))
+    base = [sys.executable, "-m", "parsl_bft.cli", "simulate", "--idle-intervals", str(csv), "--jobs",
+            str(shared_data / "jobs" / "imagenet_mix.jobs.csv"), "--planner", "dp", "--no-ceiling", "--no-mask"]
+    r = subprocess.run(base, capture_output=True, text=True)
+    assert r.returncode == 2 and "no job can be admitted" in r.stderr + r.stdout and "Traceback" not in r.stderr
+    out = tmp_path / "r.json"
+    r = subprocess.run(base + ["--submits", "relative", "--json", str(out)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(out.read_text())["e_idle"] > 0.5
