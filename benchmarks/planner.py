@@ -4,7 +4,7 @@ Same 20 random instances per size for every method: jobs from the ImageNet mix, 
 dp-reference is the first DP (solvers.solve_dp_reference), timed in the same invocation: the dp/dp-reference
 ratios compare the two on the same machine and instances. CBC is skipped at 256 x 10,624 (minutes per solve).
 Prints a table, then (LAST line) one JSON object {"results": [...]}.
-Usage: python benchmarks/planner.py [--instances 20] [--data ../shared/data]
+Usage: python benchmarks/planner.py [--instances 20] [--data ../shared/data] [--sizes 64x4734,256x10624]
 """
 from __future__ import annotations
 
@@ -47,12 +47,14 @@ def main() -> None:
     ap.add_argument("--instances", type=int, default=20)
     ap.add_argument("--data", default=str(Path(__file__).resolve().parents[2] / "shared" / "data"))
     ap.add_argument("--tfwd", type=float, default=10.0)
+    ap.add_argument("--sizes", help="JOBSxNODES,... (default: every size above)")
     args = ap.parse_args()
+    sizes = SIZES if not args.sizes else [tuple(int(x) for x in s.split("x")) for s in args.sizes.split(",")]
     js = load_jobset(Path(args.data) / "jobs" / "imagenet_mix.jobs.csv")
     Planner(method="milp").plan(*instance(js, 2, 4, random.Random(0)))   # warm imports
     results = []
     print(f"{'jobs':>4} {'nodes':>5} {'method':14} {'p50 s':>9} {'p99 s':>9} {'objective':>12} {'status'}")
-    for J, N in SIZES:
+    for J, N in sizes:
         rng = random.Random(1000 * J + N)
         insts = [instance(js, J, N, rng) for _ in range(args.instances)]
         per = {}
