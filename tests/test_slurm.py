@@ -17,6 +17,7 @@ from parsl_bft.execution.pilot import Hole
 from parsl_bft.execution.pool import PilotPool
 from parsl_bft.execution.slurm import SlurmCommands, SlurmPilotProvider
 from parsl_bft.execution.jobstore import JobStore
+from parsl_bft.topology import Topology
 from parsl_bft.train.checkpoint import CheckpointStore
 from parsl_bft.execution.slurm.commands import (parse_job_limit, parse_reservations, parse_sacct, parse_sbatch,
                                                 parse_sinfo_nodes, parse_squeue, parse_test_only)
@@ -484,8 +485,10 @@ class CannedCluster:
             script = Path(argv[1]).read_text()
             n = int(script.split("--nodes=")[1].split()[0])
             free = sorted(set(f"n{i}" for i in range(1, 17)) - busy, key=lambda x: int(x[1:]))
+            if "--nodelist=" in script:                 # an aimed pilot starts on the nodes it names
+                free = script.split("--nodelist=")[1].split()[0].split(",")
             self.next_id += 1
-            self.jobs[str(self.next_id)] = {"state": "RUNNING", "node": f"n[{free[0][1:]}-{free[n - 1][1:]}]",
+            self.jobs[str(self.next_id)] = {"state": "RUNNING", "node": ",".join(free[:n]),
                                             "nodes": free[:n], "start": self.clock(), "script": script}
             return 0, f"Submitted batch job {self.next_id}\n", ""
         if argv[0] == "scancel":
@@ -497,8 +500,8 @@ class CannedCluster:
 class CannedExecutor:
     """What PilotPool uses of an HTEX: blocks, scale-out through the provider, connected worker pools."""
 
-    def __init__(self, provider, cluster):
-        self.provider, self.cluster, self.blocks_to_job_id = provider, cluster, {}
+    def __init__(self, provider, cluster, label="canned"):
+        self.provider, self.cluster, self.blocks_to_job_id, self.label = provider, cluster, {}, label
 
     def scale_out_facade(self, n):
         for _ in range(n):
@@ -601,3 +604,62 @@ def test_a_pilot_on_notice_is_given_back_once_the_orchestrator_is_done_with_it()
     clock["t"] += 1
     pool.poll()
     assert fake.cancelled == ["100"]
+
+
+# --- the network's groups: learned from Slurm once, pilots per group -------------------------------------------
+TOPOLOGY = (ROOT / "tests" / "data" / "topology" / "scontrol_show_topology_3sw.txt").read_text()
+
+
+def test_the_topology_is_asked_of_slurm_once(tmp_path, caplog):
+    answers = {"scontrol show topology": (0, TOPOLOGY, "")}
+    runner = Canned(answers)
+    prov = SlurmPilotProvider("debug", commands=SlurmCommands(runner), script_dir=str(tmp_path))
+    topo = prov.topology()
+    assert topo.by_group(["n1", "n4", "n8"]) == {"s0": ["n1"], "s1": ["n4"], "s2": ["n8"]}
+    assert prov.topology() is topo and len(runner.calls) == 1
+    answers["scontrol show topology"] = (0, "", "No topology information available\n")     # topology/none
+    assert SlurmPilotProvider("debug", commands=SlurmCommands(runner), script_dir=str(tmp_path)).topology() is None
+    answers["scontrol show topology"] = (1, "", "slurm_load_topo error: Socket timed out\n")
+    prov = SlurmPilotProvider("debug", commands=SlurmCommands(runner), script_dir=str(tmp_path))
+    assert prov.topology() is None and prov.topology() is None and len(runner.calls) == 3
+    assert "Socket timed out" in caplog.text
+
+
+def test_pilots_go_to_holes_group_by_group_each_group_its_own_executor(tmp_path):
+    """16 nodes in 4 switches of 4; a facility job leaves holes n4 (s0) and n7, n8 (s1). Pilots are aimed at
+    hole nodes, the switch with the most holes first, and each switch's pilots run under an executor of their
+    own: that is where a task planned on one of its nodes goes."""
+    clock = {"t": 1_800_000_000.0}
+    cluster = CannedCluster(lambda: clock["t"])
+    cluster.jobs["1"] = {"state": "RUNNING", "node": "n[1-3],n[5-6],n[9-16]", "start": clock["t"], "nodes": [
+        f"n{i}" for i in (1, 2, 3, 5, 6, *range(9, 17))]}
+    prov = SlurmPilotProvider("debug", commands=SlurmCommands(cluster), script_dir=str(tmp_path))
+    prov.clock = lambda: clock["t"]
+    topo = Topology({f"n{i}": f"s{(i - 1) // 4}" for i in range(1, 17)})
+    lanes = {}
+
+    def new_executor(label):
+        lanes[label] = CannedExecutor(prov, cluster, label)
+        return lanes[label]
+    base = CannedExecutor(prov, cluster, "site")
+    pool = PilotPool(base, max_nodes=8, probe_s=1.0, poll_s=1.0, clock=lambda: clock["t"], topology=topo,
+                     new_executor=new_executor)
+    pool.demand = 2
+    pool.start()
+
+    def joined(polls=6):
+        out = []
+        for _ in range(polls):
+            clock["t"] += 1.0
+            out += [n for e in pool.poll() if e.kind == "join" for n in e.nodes]
+        return sorted(out)
+    assert joined() == ["n7", "n8"] and not lanes          # two nodes wanted: both in s1, the base executor's
+    assert all("--nodelist=" in cluster.jobs[j]["script"] for j in base.blocks_to_job_id.values())
+    pool.demand = 4
+    assert joined() == ["n4"]                             # the one hole left: s0, under a new executor
+    (label,) = lanes
+    assert {n: pool.executor_label(n) for n in ("n4", "n7", "n8")} == {"n4": label, "n7": "site", "n8": "site"}
+    assert pool.executor_label("n1") is None               # not ours: the pool's own executor
+    cluster.jobs["1"]["state"] = "COMPLETED"               # the facility job ends: holes everywhere; one more
+    cluster.jobs["1"]["nodes"] = []                        # node goes to a switch we hold (s2, s3 have more)
+    assert joined() == ["n1"] and pool.executor_label("n1") == label

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -54,3 +55,89 @@ def test_plan_puts_a_two_rank_job_in_one_switch_and_it_runs_there(cluster, monke
     ran = sorted(r.stdout.split())
     assert ran == sorted(nodes) and {topo.group(n) for n in ran} == {"s0"}
     subprocess.run(["scancel", blocker], env=cluster, capture_output=True)
+
+
+SITE = """name: topo-slurm
+scheduler: slurm
+partition: backfill
+node: {{cores: 4, gpus: 0, ranks_per_node: 1}}
+pilot_walltime: {{min_minutes: 1, max_minutes: 3}}
+interchange_address: 127.0.0.1
+worker_init: "export SLURM_CONF={conf}"
+holes: {{poll_seconds: 1, max_pending_seconds: 60, notice_seconds: 20, max_pilots: 3}}
+"""
+
+
+def _wait(pred, timeout_s, what):
+    """Poll a condition (pilots and fragments take as long as the loaded machine needs; the bound only ends a
+    hung test)."""
+    deadline = time.monotonic() + timeout_s
+    while not pred():
+        assert time.monotonic() < deadline, f"{what}: not within {timeout_s} s"
+        time.sleep(0.5)
+
+
+@pytest.mark.timeout(400)
+def test_a_two_rank_job_planned_in_one_switch_runs_there(cluster, monkeypatch, tmp_path):
+    """The runtime path on real pilots: the pool learns the switches from Slurm, aims pilots at the holes (n1 in
+    s0; n5, n6 in s1) with one executor per switch; the site's planner puts a 2-rank job in s1 and a 1-rank job
+    on n1; the fragments' ranks report where they ran. An executor for all pilots would put the 2-rank job's
+    ranks on n5 and n6 only one time in three."""
+    import parsl
+
+    from parsl_bft.execution.config import ensure_venv_on_path
+    from parsl_bft.execution.htex import SiteRunner
+    from parsl_bft.execution.pool import SitePool
+    from parsl_bft.execution.session import make_planner, make_pool
+    from parsl_bft.sites import build_config, load_site
+    from parsl_bft.train.launcher import serve_store
+    from parsl_bft.train.protocol import JobDir
+
+    monkeypatch.setenv("SLURM_CONF", cluster["SLURM_CONF"])
+    ensure_venv_on_path()
+    blockers = [subprocess.run(["sbatch", "--parsable", "-p", "debug", "-w", w, "-N", n, "-o", "/dev/null", "--wrap",
+                                "sleep 600"], env=cluster, capture_output=True, text=True, check=True).stdout.strip()
+                for w, n in (("n[2-4]", "3"), ("n[7-8]", "2"))]
+    path = tmp_path / "site.yaml"
+    path.write_text(SITE.format(conf=cluster["SLURM_CONF"]))
+    site = load_site(path)
+    config = build_config(site)
+    config.run_dir = str(tmp_path / "runinfo")
+    label = config.executors[0].label
+    try:
+        _wait(lambda: subprocess.run(["squeue", "-h", "-t", "R", "-j", ",".join(blockers)], env=cluster,
+                                     capture_output=True, text=True).stdout.count("\n") == 2, 60, "facility jobs")
+        with parsl.load(config) as dfk:
+            pool = make_pool(site, dfk.executors[label])
+            assert pool.topology.by_group(["n1", "n5", "n6"]) == {"s0": ["n1"], "s1": ["n5", "n6"]}
+            pool.demand = 3
+            pool.start()
+            joined: set[str] = set()
+            try:
+                _wait(lambda: joined.update(n for e in pool.poll() if e.kind == "join" for n in e.nodes)
+                      or joined == {"n1", "n5", "n6"}, 180, f"pilots on n1, n5, n6 (joined: {joined})")
+                lanes = {n: pool.executor_label(n) for n in joined}
+                assert lanes["n5"] == lanes["n6"] != lanes["n1"], lanes
+                pair = JobState(JobSpec("pair", "m", 2, 2, 0.0, 0.0, 64.0, 0.0), ScalingCurve("m", {1: 1.0, 2: 2.0}))
+                solo = JobState(JobSpec("solo", "m", 1, 1, 0.0, 0.0, 64.0, 0.0), ScalingCurve("m", {1: 1.0}))
+                plan = make_planner(site, pool.topology).plan([pair, solo], ["n5", "n1", "n6"])
+                assert sorted(plan.allocation["pair"]) == ["n5", "n6"] and plan.allocation["solo"] == ("n1",)
+                runner = SiteRunner("", SitePool(pool, label), serve_store(""))
+                handles = {}
+                for name in ("solo", "pair"):      # solo first: a blind executor would be free to pick n5 for it
+                    jd = JobDir(tmp_path / name)
+                    jd.own("g1")
+                    nodes = plan.allocation[name]
+                    cfg = dict(job=name, workload="images", checkpoint_dir=str(jd.path), world_size=len(nodes),
+                               global_batch=32, total_samples=64, workload_args={"n": 64}, generation="g1",
+                               timeout_s=60.0, fragment_id=f"{name}-f1")
+                    handles[name] = runner.launch(cfg, nodes)
+                _wait(lambda: all(h.done() for h in handles.values()), 240, "fragments")
+                for h in handles.values():
+                    assert h.result()["samples_done"] >= 64
+                assert sorted(runner.placed("pair-f1", 2).values()) == ["n5", "n6"]
+                assert runner.placed("solo-f1", 1) == {0: "n1"}
+            finally:
+                pool.stop()
+    finally:
+        subprocess.run(["scancel", *blockers], env=cluster, capture_output=True)

@@ -88,6 +88,8 @@ class PilotProvider(ExecutionProvider):
         self.script_dir = str(Path(script_dir).resolve())
         self.nodes_per_block = nodes_per_block
         self.pilot_nodes = nodes_per_block     # the next pilot's size (PilotPool packs holes when jobs are capped)
+        self.pilot_target: tuple[str, ...] = ()   # the next pilot's nodes, when aimed (``can_target``)
+        self.targets: dict[str, tuple[str, ...]] = {}   # job id -> the nodes it was aimed at
         self.sizes: dict[str, int] = {}        # job id -> nodes
         self.scheduler_options = list(scheduler_options or [])
         self._poll_s = poll_s
@@ -121,6 +123,11 @@ class PilotProvider(ExecutionProvider):
         return None
 
     multi_node = False       # can one pilot start a worker pool on each of several nodes (``on_each_node``)?
+    can_target = False       # can a pilot be aimed at given idle nodes (``pilot_target``)?
+
+    def topology(self):
+        """The network's groups as the scheduler knows them (a ``parsl_bft.topology.Topology``), or None."""
+        return None
 
     def on_each_node(self, command: str, nodes: int) -> str:
         """The command that starts ``command`` once on each of the pilot's ``nodes`` nodes."""
@@ -223,6 +230,8 @@ class PilotProvider(ExecutionProvider):
         job_id = self.cmd.submit(str(path))
         self.submitted[job_id] = self.clock()
         self.sizes[job_id] = self.pilot_nodes
+        if self.pilot_target:
+            self.targets[job_id] = self.pilot_target
         return job_id
 
     def status(self, job_ids) -> list[JobStatus]:

@@ -18,6 +18,8 @@ from pathlib import Path
 from parsl.jobs.states import JobState
 
 from ..idle.intervals import IdleIntervals, read_idle_intervals
+from ..topology import Topology
+from .lanes import Lanes
 
 logger = logging.getLogger(__name__)
 DEMO_TRACE = Path(__file__).resolve().parent.parent / "data" / "demo_idle_intervals.csv"
@@ -129,17 +131,26 @@ class PilotPool:
     checkpoint), so the facility job does not wait for a pilot; other noticed pilots go when the orchestrator
     ``release``s their nodes. They leave when the pilot stops running or its worker pool is lost.
     HTEX decides which node runs which task, so a fragment of n ranks is n one-rank tasks (``gang``) and the
-    orchestrator's books follow where the ranks landed.
+    orchestrator's books follow where the ranks landed. With the network's groups (``topology``, else what the
+    provider's scheduler says) and a provider that can aim pilots, pilots go to hole nodes group by group, one
+    executor per group (``lanes``): ``executor_label(node)`` is where a task meant for ``node`` goes.
     """
 
     gang = True
     demand: int | None = None   # set by the orchestrator: nodes its jobs could use; no pilots beyond that
 
     def __init__(self, executor, *, max_nodes: int = 64, probe_s: float = 5.0, poll_s: float = 1.0,
-                 notice_s: float | None = None, release_s: float = 3.0, clock=time.time):
+                 notice_s: float | None = None, release_s: float = 3.0, clock=time.time,
+                 topology: Topology | None = None, new_executor=None):
         if max_nodes < 1:
             raise ValueError(f"max_nodes must be >= 1, got {max_nodes}")
         self.executor, self.provider = executor, executor.provider
+        learn = getattr(self.provider, "topology", None)
+        self.topology = topology if topology is not None or learn is None else learn()
+        self.lanes = None
+        if self.topology is not None and getattr(self.provider, "can_target", False) and new_executor is not None:
+            self.lanes = Lanes(executor, self.topology, new_executor)
+        self._lane_of: dict[str, str] = {}     # joined node -> the group (lane) of the pilot holding it
         self.max_nodes, self.probe_s, self.poll_s, self.clock = max_nodes, probe_s, poll_s, clock
         self.notice_s = float(self.provider.notice_s if notice_s is None else notice_s)
         self.release_s = release_s
@@ -154,8 +165,19 @@ class PilotPool:
     def start(self) -> None:
         self._t0 = self.clock()
 
-    def _pilots(self) -> dict[str, str]:
-        return {str(j): str(b) for b, j in list(self.executor.blocks_to_job_id.items()) if str(j) not in self._gone}
+    def _executors(self) -> dict[str, object]:
+        return {"": self.executor} if self.lanes is None else dict(self.lanes.executors)
+
+    def _pilots(self) -> dict[str, tuple[str, str]]:
+        """job id -> (lane, block) of the pilots not known to have ended."""
+        return {str(j): (lane, str(b)) for lane, ex in self._executors().items()
+                for b, j in list(ex.blocks_to_job_id.items()) if str(j) not in self._gone}
+
+    def executor_label(self, node: str) -> str | None:
+        """The label of the executor whose worker pools run on ``node``'s group; None: the pool's one executor."""
+        if self.lanes is None or node not in self._lane_of:
+            return None
+        return self.lanes.executors[self._lane_of[node]].label
 
     def poll(self) -> list[PoolEvent]:
         now = self.clock()
@@ -184,9 +206,11 @@ class PilotPool:
             except Exception as e:                   # tried again at the next poll
                 logger.warning("pilot cancel failed: %s", e)
         try:
-            managers: dict[str, int] = {}            # block -> worker pools connected
-            for m in self.executor.connected_managers():
-                managers[str(m.get("block_id"))] = managers.get(str(m.get("block_id")), 0) + 1
+            managers: dict[tuple[str, str], int] = {}      # (lane, block) -> worker pools connected
+            for lane, ex in self._executors().items():
+                for m in ex.connected_managers():
+                    key = (lane, str(m.get("block_id")))
+                    managers[key] = managers.get(key, 0) + 1
             started = {j for j, b in pilots.items() if b in managers and j not in self._nodes} - self._looked
             if started:     # a worker pool connected, so its pilot runs: look now, not at the next survey
                 self._looked |= started
@@ -229,10 +253,14 @@ class PilotPool:
             self._noticed.update(ids)
             events.append(PoolEvent("notice", tuple(n for j in ids for n in self._nodes[j]), w, why=why))
         if left:
-            events.append(PoolEvent("leave", tuple(n for j in left for n in self._nodes.pop(j)), w))
+            gone = tuple(n for j in left for n in self._nodes.pop(j))
+            events.append(PoolEvent("leave", gone, w))
             self._gone.update(left)
+            for n in gone:
+                self._lane_of.pop(n, None)
         if joined:
             self._nodes.update((j, nodes) for j, nodes, _ in joined)
+            self._lane_of.update((n, pilots[j][0]) for j, nodes, _ in joined for n in nodes)
             events.append(PoolEvent("join", tuple(n for _, nodes, _ in joined for n in nodes), w,
                                     tuple(e - self._t0 if e is not None else math.inf
                                           for _, nodes, e in joined for _ in nodes)))
@@ -243,23 +271,26 @@ class PilotPool:
                 logger.warning("pilot submission skipped: %s", e)
         return events
 
-    def _hold(self, block: str) -> None:
+    def _hold(self, lane_block: tuple[str, str]) -> None:
         """HTEX only learns that a worker pool died when its heartbeats stop; until then it would still send
         it tasks. Parsl's own scale-in holds blocks this way."""
+        lane, block = lane_block
         try:
-            self.executor._hold_block(block)
+            self._executors()[lane]._hold_block(block)
         except Exception as e:       # a pool that is already gone cannot be held; nothing is lost
             logger.debug("hold of block %s failed: %s", block, e)
 
-    def _soak(self, pilots: dict[str, str]) -> None:
+    def _soak(self, pilots: dict[str, tuple[str, str]]) -> None:
         """Pilots for the holes not yet covered: holes minus nodes of pilots still queued, within max_nodes.
         Pilots on notice do not count: their replacements start while they wind down. One node a pilot, unless
         the facility caps our jobs below the holes: then holes share pilots (they all end together: at the
-        earliest planned start of a waiting job)."""
+        earliest planned start of a waiting job). With lanes, pilots are aimed at hole nodes (``Lanes.pilots``):
+        the holes not covered are those no queued pilot is aimed at."""
         waiting = [j for j in pilots if j not in self._nodes]
         size = self.provider.sizes
         live = sum(len(n) for j, n in self._nodes.items() if j not in self._noticed)
         queued = jobs = 0
+        aimed: set[str] = set()
         for j, st in zip(waiting, self.provider.status(waiting) if waiting else []):
             if st.terminal:
                 self._gone.add(j)
@@ -267,7 +298,9 @@ class PilotPool:
                 jobs += 1
                 live += size.get(j, 1)
                 queued += size.get(j, 1) if st.state == JobState.PENDING else 0
-        want = min(len(self.provider.current_holes()) - queued, self.max_nodes - live)
+                aimed.update(self.provider.targets.get(j, ()) if self.lanes else ())
+        holes = [h for h in self.provider.current_holes() if h.node not in aimed]
+        want = min(len(holes) - (0 if self.lanes else queued), self.max_nodes - live)
         if self.demand is not None:
             want = min(want, self.demand - live)
         if want <= 0:
@@ -281,8 +314,17 @@ class PilotPool:
             if free < want and self.provider.multi_node:
                 per = math.ceil(want / free)
             pilots_n = min(free, math.ceil(want / per))
-        self.provider.pilot_nodes = per
-        self.executor.scale_out_facade(pilots_n)
+        if self.lanes is None:
+            self.provider.pilot_nodes = per
+            self.executor.scale_out_facade(pilots_n)
+            return
+        held = {self.lanes.group(n) for j, nodes in self._nodes.items() if j not in self._noticed for n in nodes}
+        for group, nodes in self.lanes.pilots(holes, want, per, pilots_n, held):
+            self.provider.pilot_nodes, self.provider.pilot_target = len(nodes), nodes
+            try:
+                self.lanes.executor(group).scale_out_facade(1)
+            finally:
+                self.provider.pilot_target = ()
 
     def release(self, nodes) -> None:
         """The orchestrator is done with these nodes on notice (what ran there has checkpointed): cancel their

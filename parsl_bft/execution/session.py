@@ -36,7 +36,10 @@ def _refuse_remote(site: Site) -> None:
 
 
 def make_pool(site: Site, executor):
-    """The site's live idle capacity: pilots through its executor, or (local) the emulated pool."""
+    """The site's live idle capacity: pilots through its executor, or (local) the emulated pool. Pilots know
+    the network's groups from the site file's ``topology:`` section, else from the scheduler (asked once); with
+    them, each group's pilots get an executor of their own, built like ``executor`` (parsl_bft.execution.lanes)."""
+    from .lanes import dfk_lane_factory
     from .pool import EmulatedPool, PilotPool
 
     _refuse_remote(site)
@@ -48,7 +51,16 @@ def make_pool(site: Site, executor):
         from ..idle.intervals import read_idle_intervals
         return EmulatedPool(read_idle_intervals(emu.trace), **kw)
     return PilotPool(executor, max_nodes=site.holes.max_pilots, probe_s=site.holes.poll_seconds,
-                     notice_s=site.holes.notice_seconds)
+                     notice_s=site.holes.notice_seconds, topology=site_topology(site),
+                     new_executor=dfk_lane_factory(lambda: build_config(site).executors[0], executor.provider))
+
+
+def site_topology(site: Site):
+    """The site file's ``topology:`` section as a Topology, or None."""
+    if site.topology is None:
+        return None
+    from ..topology import topology_from_dict
+    return topology_from_dict(site.topology, source=f"site {site.name}: topology")
 
 
 def checkpoint_dir(site: Site) -> Path | None:
@@ -63,17 +75,17 @@ def site_runtime(site: Site) -> dict:
     return {"checkpoint_dir": checkpoint_dir(site), "ranks_per_node": site.node.ranks_per_node}
 
 
-def make_planner(site: Site):
-    """A site with a ``topology:`` section gets SJF-BCO's placement and sizes valued by their predicted network
-    slowdown (HTEX still decides which node runs a task; the books follow it, see Controller.bind)."""
+def make_planner(site: Site, topology=None):
+    """A site whose network's groups are known (``topology``: what its pool learned; else its ``topology:``
+    section) gets SJF-BCO's placement and sizes valued by their predicted network slowdown. Pilots per group
+    make a fragment's ranks run in the groups planned (parsl_bft.execution.lanes)."""
     from ..planner import Planner
 
     kw = {}
-    if site.topology is not None:
+    topo = topology if topology is not None else site_topology(site)
+    if topo is not None:
         from ..planner.netcost import NetworkCost
         from ..planner.topo_placement import BcoPlacement
-        from ..topology import topology_from_dict
-        topo = topology_from_dict(site.topology, source=f"site {site.name}: topology")
         kw = {"placement": BcoPlacement(topo), "network": NetworkCost(topo)}
     return Planner(method="dp", objective=site.objective.name, t_fwd=site.objective.t_fwd_seconds, **kw)
 
@@ -132,8 +144,8 @@ def training_session(state_dir: str | Path, site=None, *, new_run: bool | None =
         pools = [make_pool(s, dfk.executors[label]) for s, label in zip(sites, labels)]
         orchestrator_kw.setdefault("weights", sites[0].objective.weights)
         if len(sites) == 1:
-            orch = Orchestrator(state_dir, pools[0], make_planner(sites[0]), executor=labels[0],
-                                **site_runtime(sites[0]), **orchestrator_kw)
+            orch = Orchestrator(state_dir, pools[0], make_planner(sites[0], getattr(pools[0], "topology", None)),
+                                executor=labels[0], **site_runtime(sites[0]), **orchestrator_kw)
         else:
             from ..planner.multisite import MultiSitePlanner
             multi = MultiPool({s.name: SitePool(p, label, **site_runtime(s))

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from ...hostlist import expand_hostlist
+from ...topology import Topology, parse_slurm_topology
 from ..commands import SchedulerCommands, SchedulerError, run_local
 from ..pilot import QueueJob
 
@@ -148,6 +149,11 @@ class SlurmCommands(SchedulerCommands):
     def queue(self) -> list[QueueJob]:
         """The whole queue in one query: waiting jobs' plans and our pilots' states alike."""
         return parse_squeue(self._run(["squeue", "-h", "-t", "all", "-o", "%i|%T|%S|%e|%Y|%N|%r"])[0])
+
+    def topology(self) -> Topology | None:
+        """The tree's leaf switches (``scontrol show topology``); None where Slurm has no topology plugin."""
+        out = self._run(["scontrol", "show", "topology"])[0]
+        return parse_slurm_topology(out, source="scontrol show topology") if "SwitchName=" in out else None
 
     def reservations(self) -> list[ReservationRecord]:
         return parse_reservations(self._run(["scontrol", "show", "reservation", "-o"])[0])

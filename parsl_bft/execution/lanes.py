@@ -1,0 +1,81 @@
+"""Pilots per network group, so that a fragment's ranks land in the groups the plan chose.
+
+HTEX sends a task to whichever connected worker pool is free: it cannot be aimed at a node. What Parsl can aim
+at is an executor (``python_app(..., executors=[label])``). So a pilot pool that knows the network's groups
+(racks, leaf switches) keeps one HTEX executor - a *lane* - per group it holds pilots in, all sharing its one
+pilot provider (one scheduler survey serves them all), and submits each pilot to the lane of its group, aimed
+at hole nodes of that group (``--nodelist``). A fragment's share planned on node n goes to the lane n is in:
+its rank runs on a node of n's group (on n itself, unless another job's share of the same group took n first;
+then the books follow, ``Controller.bind``). Lanes are made as groups first get pilots: one interchange per
+group in use, not per group of the machine.
+"""
+from __future__ import annotations
+
+import re
+from typing import Callable
+
+from ..topology import Topology, TopologyError
+from .pilot import Hole
+
+
+class Lanes:
+    """group -> executor. The pool's own executor serves the first group; ``new_executor(label)`` makes (and
+    starts) the others."""
+
+    def __init__(self, base, topology: Topology, new_executor: Callable[[str], object]):
+        self.base, self.topology, self._new = base, topology, new_executor
+        self.executors: dict[str, object] = {}
+
+    def group(self, node: str) -> str:
+        """A node the topology does not know (added after it was read) is a group of its own."""
+        try:
+            return self.topology.group(node)
+        except TopologyError:
+            return node
+
+    def executor(self, group: str):
+        if group not in self.executors:
+            if self.base not in self.executors.values():
+                self.executors[group] = self.base
+            else:
+                label = f"{self.base.label}_{len(self.executors)}_{re.sub(r'[^A-Za-z0-9_]', '_', group)}"
+                self.executors[group] = self._new(label)
+        return self.executors[group]
+
+    def pilots(self, holes: list[Hole], want: int, per: int, max_pilots: int,
+               held: set[str]) -> list[tuple[str, tuple[str, ...]]]:
+        """(group, nodes) of the next pilots: ``want`` hole nodes, at most ``per`` a pilot and never two groups
+        in one pilot, at most ``max_pilots`` pilots. Groups we hold nodes in first (our jobs grow there), then
+        the groups with the most holes (compact); within a group the longest holes first."""
+        by: dict[str, list[str]] = {}
+        for h in sorted(holes, key=lambda h: -h.until):
+            by.setdefault(self.group(h.node), []).append(h.node)
+        out: list[tuple[str, tuple[str, ...]]] = []
+        for g in sorted(by, key=lambda g: (g not in held, -len(by[g]), g)):
+            nodes = by[g][:want]
+            want -= len(nodes)
+            for i in range(0, len(nodes), per):
+                if len(out) == max_pilots:
+                    return out
+                out.append((g, tuple(nodes[i:i + per])))
+            if want <= 0:
+                break
+        return out
+
+
+def dfk_lane_factory(make_executor: Callable[[], object], provider) -> Callable[[str], object]:
+    """Lanes for a running DataFlowKernel: ``make_executor()`` builds an unstarted executor like the pool's own
+    (the site's Config, built again: a started one has rewritten its worker command and ports); the lane is
+    that executor's constructor call again with its own label and the pool's ``provider``, and the DFK starts
+    it (and polls its blocks, as any executor's)."""
+    def new(label: str) -> object:
+        from parsl.dataflow.dflow import DataFlowKernelLoader
+
+        from .config import _init_args
+
+        like = make_executor()
+        kw = {a: getattr(like, a) for a in _init_args(type(like)) if hasattr(like, a)}
+        ex = type(like)(**{**kw, "label": label, "provider": provider})
+        DataFlowKernelLoader.dfk().add_executors([ex])
+        return ex
+    return new
