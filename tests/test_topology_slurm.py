@@ -57,17 +57,6 @@ def test_plan_puts_a_two_rank_job_in_one_switch_and_it_runs_there(cluster, monke
     subprocess.run(["scancel", blocker], env=cluster, capture_output=True)
 
 
-SITE = """name: topo-slurm
-scheduler: slurm
-partition: backfill
-node: {{cores: 4, gpus: 0, ranks_per_node: 1}}
-pilot_walltime: {{min_minutes: 1, max_minutes: 3}}
-interchange_address: 127.0.0.1
-worker_init: "export SLURM_CONF={conf}"
-holes: {{poll_seconds: 1, max_pending_seconds: 60, notice_seconds: 20, max_pilots: 3}}
-"""
-
-
 def _wait(pred, timeout_s, what):
     """Poll a condition (pilots and fragments take as long as the loaded machine needs; the bound only ends a
     hung test)."""
@@ -89,7 +78,7 @@ def test_a_two_rank_job_planned_in_one_switch_runs_there(cluster, monkeypatch, t
     from parsl_bft.execution.htex import SiteRunner
     from parsl_bft.execution.pool import SitePool
     from parsl_bft.execution.session import make_planner, make_pool
-    from parsl_bft.sites import build_config, load_site
+    from parsl_bft.sites import Site, build_config
     from parsl_bft.train.launcher import serve_store
     from parsl_bft.train.protocol import JobDir
 
@@ -98,9 +87,10 @@ def test_a_two_rank_job_planned_in_one_switch_runs_there(cluster, monkeypatch, t
     blockers = [subprocess.run(["sbatch", "--parsable", "-p", "debug", "-w", w, "-N", n, "-o", "/dev/null", "--wrap",
                                 "sleep 600"], env=cluster, capture_output=True, text=True, check=True).stdout.strip()
                 for w, n in (("n[2-4]", "3"), ("n[7-8]", "2"))]
-    path = tmp_path / "site.yaml"
-    path.write_text(SITE.format(conf=cluster["SLURM_CONF"]))
-    site = load_site(path)
+    site = Site(name="topo-slurm", scheduler="slurm", partition="backfill", interchange_address="127.0.0.1",
+                node={"cores": 4, "gpus": 0, "ranks_per_node": 1}, pilot_walltime={"min_minutes": 1, "max_minutes": 3},
+                worker_init=f"export SLURM_CONF={cluster['SLURM_CONF']}",
+                holes={"poll_seconds": 1, "max_pending_seconds": 60, "notice_seconds": 20, "max_pilots": 3})
     config = build_config(site)
     config.run_dir = str(tmp_path / "runinfo")
     label = config.executors[0].label
