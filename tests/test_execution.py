@@ -255,17 +255,22 @@ def test_digits_sweep_a_parsl_pipeline_of_futures_reaches_its_accuracy(tmp_path)
 
 
 @pytest.mark.timeout(600)
-def test_sigterm_to_parsl_bft_run_checkpoints_and_leaves_nothing_behind(tmp_path):
-    """SIGTERM once to `parsl-bft run` mid-training: the fragments save a checkpoint newer than the signal, the
-    run exits, and no process of it (interchange, worker pool, ranks) is left."""
+@pytest.mark.parametrize("how", ["SIGTERM to the process", "Ctrl-C to the process group"])
+def test_one_signal_to_parsl_bft_run_checkpoints_and_leaves_nothing_behind(tmp_path, how):
+    """SIGTERM once to `parsl-bft run` mid-training, or a terminal's Ctrl-C (SIGINT to every process of the
+    foreground group: interchange, worker pool and ranks included): the fragments save a checkpoint newer than
+    the signal, the run exits at once, and no process of it (interchange, worker pool, ranks) is left."""
     workflow = HERE.parent / "workflows" / "image_classifier.py"
     p = subprocess.Popen([sys.executable, "-m", "parsl_bft.cli", "run", str(workflow)], cwd=tmp_path,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     state = tmp_path / "bft-state" / "image_classifier"
     try:
         wait_for(lambda: live_ranks(state) and list(state.glob("jobs/*/ckpt-*.h5")), timeout=300)
         t_signal = time.time()
-        p.send_signal(signal.SIGTERM)
+        if how.startswith("Ctrl-C"):
+            os.killpg(p.pid, signal.SIGINT)
+        else:
+            p.send_signal(signal.SIGTERM)
         out, err = p.communicate(timeout=300)
     finally:
         if p.poll() is None:

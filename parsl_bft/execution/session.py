@@ -185,8 +185,10 @@ def _dataflow(executors: list, **config_kw):
     try:
         dfk = parsl.dfk()
     except NoDataFlowKernelError:
-        with parsl.load(Config(executors=[*executors, ThreadPoolExecutor(label=LOGIN, max_threads=4)],
-                               **config_kw)) as dfk:
+        with _children_ignore_sigint():
+            dfk = parsl.load(Config(executors=[*executors, ThreadPoolExecutor(label=LOGIN, max_threads=4)],
+                                    **config_kw))
+        with dfk:
             yield dfk
         return
     clash = sorted(e.label for e in executors if e.label in dfk.executors)
@@ -195,6 +197,21 @@ def _dataflow(executors: list, **config_kw):
                          "site(s): rename yours, or give the site another name")
     dfk.add_executors(executors)
     yield dfk
+
+
+@contextmanager
+def _children_ignore_sigint():
+    """A terminal's Ctrl-C goes to the whole foreground process group: an interchange started now inherits
+    SIGINT ignored (it survives, so this process can stop the run cleanly; a dead interchange hangs Parsl's
+    cleanup). This process still gets its KeyboardInterrupt."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old)
 
 
 def _interrupt(signum, frame):  # noqa: ARG001

@@ -234,6 +234,7 @@ def open_rank(cfg: FragmentConfig) -> RankSetup:
         raise FragmentFailed(f"launcher started {world} ranks, fragment expects {cfg.world_size}")
     signal.signal(signal.SIGTERM, _on_signal)
     signal.signal(signal.SIGUSR1, _on_signal)
+    signal.signal(signal.SIGINT, _on_signal)    # a terminal's Ctrl-C reaches the ranks too: checkpoint and stop
     kv = rank_store(cfg.timeout_s)
     if kv is not None:                     # tell the launcher that signals may now be forwarded safely
         kv.set(f"ready/{rank}", "1")

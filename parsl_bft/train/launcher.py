@@ -84,7 +84,7 @@ def run_fragment(cfg: FragmentConfig, *, env: dict | None = None, ranks: list[in
 
     def forward(signum, frame):  # noqa: ARG001
         pending.append(signum)
-    old = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGUSR1)} \
+    old = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)} \
         if threading.current_thread() is threading.main_thread() else {}
     try:
         while any(p.poll() is None for p in procs):
