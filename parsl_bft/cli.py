@@ -130,8 +130,16 @@ def cmd_simulate(args) -> int:
                       placement=make_placement(args.placement, topo),
                       network=network if args.placement != "oblivious" else None)
     jobset = load_jobset(args.jobs, args.scaling, lenient=args.lenient)
-    with console.status(f"reading {args.source} ..."):
-        src, _, masked = load_selected(args)
+    if args.cluster:         # a dedicated cluster: free from the first submit until every job is done
+        from types import SimpleNamespace
+
+        from .sim.philly import dedicated_cluster
+        t0 = min(j.submit for j in jobset.jobs)
+        masked = dedicated_cluster(args.cluster, t0, t0 + 365 * 86400.0)
+        src = SimpleNamespace(description=masked.source, schedule=None)
+    else:
+        with console.status(f"reading {args.source} ..."):
+            src, _, masked = load_selected(args)
     config = {"source": src.description, "jobs": str(args.jobs), "planner": args.planner, "solver": args.solver,
               "objective": args.objective, "tfwd": args.tfwd, "horizon_aware": args.horizon_aware,
               "max_concurrent": args.max_concurrent, "nodes": masked.n_nodes, "window": args.window,
@@ -144,7 +152,7 @@ def cmd_simulate(args) -> int:
                        duration=parse_duration(args.duration) if args.duration else None,
                        progress=lambda f: bar.update(task, completed=f), config=config, network=network,
                        predict=args.predict, schedule=src.schedule, ceiling=not args.no_ceiling,
-                       submits=args.submits)
+                       submits=args.submits, freeze=not args.no_freeze, until_done=bool(args.cluster))
     print_summary(res, console, title=f"{args.planner}/{args.objective} on {src.description}")
     if args.json:
         Path(args.json).write_text(json.dumps(res.as_dict(), indent=1))
@@ -364,6 +372,8 @@ def build_parser() -> argparse.ArgumentParser:
     src = s.add_mutually_exclusive_group(required=True)
     src.add_argument("--idle-intervals", metavar="FILE", help="node,idle_start,idle_end CSV[.gz]")
     src.add_argument("--swf", metavar="FILE", help="SWF job log[.gz]")
+    src.add_argument("--cluster", type=int, metavar="N", help="a dedicated cluster of N nodes instead of idle "
+                     "capacity (free all the time; the replay ends when every job is done)")
     _add_source_args(s)
     s.add_argument("--jobs", required=True, help="X.jobs.csv (X.scaling.csv beside it) or a YAML job set")
     s.add_argument("--scaling", help="X.scaling.csv if not beside the jobs file")
@@ -382,6 +392,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--no-ceiling", action="store_true",
                    help="skip the second replay with free rescales and reclaims (ceiling_e_idle, the limit)")
     s.add_argument("--max-concurrent", type=int, default=10, help="jobs admitted at once (FCFS by submit)")
+    s.add_argument("--no-freeze", action="store_true", help="never freeze layers, whatever the jobs allow")
     s.add_argument("--submits", choices=["absolute", "relative"], default="absolute",
                    help="job submit times as written (absolute, unix s) or counted from the replayed window's start "
                         "(relative: the first job arrives then; for a job set written for another log)")

@@ -228,3 +228,47 @@ def test_gradient_statistics_roll_over_intervals_and_keep_frozen_layers():
     again = GradStats.from_dict(frozen.report())
     assert again.now[0] == stats.now[0] and again.prev[0] == stats.prev[0]   # frozen: as it was
     assert again.now[1] == pytest.approx(stats.now[1] / 3)
+
+
+def test_runtime_feedback_charges_the_budget_and_follows_the_curve():
+    from parsl_bft.execution.layers import fragment_reported, job_layers
+
+    lt = job_layers("a", "images", 32, {"n": 64, "width": 8}, CURVE)
+    assert lt.profile.n_layers == 4 and 0 < lt.profile.shares[2][0] < 1 and 0 < lt.profile.shares[2][1] < 1
+    state = JobState(JobSpec("a", "a", 1, 2, 0, 0, 1000.0, freeze="auto", accuracy_budget=0.01), CURVE, layers=lt,
+                     grad_stats=SETTLED, freeze=3, samples_done=200.0)
+    state.curve = ScalingCurve("a", {1: 50.0})
+    fragment_reported(state, {"samples_done": 600, "grad_stats": SETTLED})
+    pen = penalty_curve(GradStats.from_dict(SETTLED), 4)[3]
+    assert state.accuracy_spent == pytest.approx(pen * 0.4) and state.layers.curve is state.curve
+
+
+# --- simulator ---------------------------------------------------------------------------------------------
+
+
+def test_simulated_cluster_finishes_sooner_with_freezing_and_within_budgets(tmp_path):
+    """Eight jobs on a dedicated 4-node cluster, through the CLI: freezing shortens the average JCT, every job
+    stays within its budget, and --no-freeze replays exactly the jobs-without-freezing result."""
+    import json
+
+    from parsl_bft.cli import main
+    from parsl_bft.sim.freezing import synthetic_layers
+
+    jobs = [JobSpec(f"j{i}", "m", 1, 4, 5.0, 5.0, 2e5, submit=100.0 * i, freeze="auto" if i % 2 else "off",
+                    accuracy_budget=0.01 if i % 2 else 0.0) for i in range(8)]
+    write_jobs_csv(tmp_path / "x.jobs.csv", jobs)
+    prof = synthetic_layers("m")
+    write_scaling_csv(tmp_path / "x.scaling.csv", [("m", n, CURVE.rate(n)) for n in (1, 2, 4)]
+                      + [("m", 1, CURVE.rate(1) * 1.2, 1, prof.n_layers, *prof.shares[1])])
+    out = {}
+    for flag in ([], ["--no-freeze"]):
+        path = tmp_path / f"r{len(flag)}.json"
+        assert main(["simulate", "--cluster", "4", "--jobs", str(tmp_path / "x.jobs.csv"), "--planner", "dp",
+                     "--objective", "jct", "--tfwd", "300", "--no-ceiling", "--json", str(path)] + flag) == 0
+        out[bool(flag)] = json.loads(path.read_text())
+    on, off = out[False], out[True]
+    assert on["jobs_finished"] == off["jobs_finished"] == 8
+    assert on["frozen_share"] > 0.1 and off["frozen_share"] == 0
+    assert on["avg_jct_s"] < off["avg_jct_s"] and on["budget_violations"] == 0
+    assert all(j["accuracy_spent"] <= 0.01 for j in on["jobs"])
+    assert max(j["freeze_level"] for j in on["jobs"] if j["name"] in ("j0", "j2", "j4", "j6")) == 0

@@ -34,6 +34,7 @@ from ..train.protocol import JobDir
 from .checkpoint_policy import CheckpointPolicy
 from .htex import FragmentHandle, SiteRunner
 from .jobstore import JobRow, JobStore, StateError, damaged_advice
+from .layers import fragment_reported, job_layers
 from .pool import MultiPool, SitePool
 from .protocols import IdlePool, Planner
 
@@ -53,6 +54,8 @@ class TrainingJob:
     t_down: float = 10.0
     weight: float = 1.0
     rate_guess: float = 1000.0     # samples/s on one node until measured (fragments feed real rates back)
+    freeze: str = "off"            # "auto": the planner may freeze a prefix of layers (layer elasticity) ...
+    accuracy_budget: float = 0.0   # ... while the predicted accuracy cost stays within this (0.005: half a point)
     loop: str | None = None        # the user's own training function, 'file.py:fn' (parsl_bft.train.context)
     deterministic: bool = True     # torch deterministic algorithms (bit-for-bit resumes; off: faster kernels)
 
@@ -70,7 +73,8 @@ class TrainingJob:
 
     def spec(self) -> JobSpec:
         return JobSpec(self.name, self.name, self.min_nodes, self.max_nodes, self.t_up, self.t_down,
-                       float(self.samples), 0.0, self.weight)
+                       float(self.samples), 0.0, self.weight, freeze=self.freeze,
+                       accuracy_budget=self.accuracy_budget)
 
 
 _JOB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -122,6 +126,7 @@ class _Running:
     killed: bool = False           # we killed it (its node was reclaimed): a normal event, not a failure
     placed: set[str] = field(default_factory=set)
     doomed: set[str] = field(default_factory=set)    # its nodes the facility is taking back
+    freeze: int = 0                # layers it has frozen
 
 
 class JobFailed(ParslBftError):
@@ -172,6 +177,7 @@ class Orchestrator:
         self.failures: dict[str, int] = {}     # consecutive failures that were not reclaims
         self.jobs: dict[str, TrainingJob] = {}
         self.curves: dict[str, ScalingCurve] = {}
+        self.layers: dict = {}       # freezable job -> planner.freeze.LayerThroughput (execution/layers.py)
         self.futures: dict[str, Future] = {}
         self.running: dict[str, _Running] = {}
         self.generation = uuid.uuid4().hex[:12]
@@ -314,6 +320,9 @@ class Orchestrator:
         # the guess only until the first measurement: never mix guessed and measured points
         self.curves[job.name] = ScalingCurve(job.name, {int(k): v for k, v in measured.items()} if measured
                                              else {1: job.rate_guess})
+        if job.freeze != "off":
+            self.layers[job.name] = job_layers(job.name, job.workload, job.global_batch, job.workload_args,
+                                               self.curves[job.name])
         fut: Future = Future()
         self.futures[job.name] = fut
         if row is None:
@@ -356,7 +365,8 @@ class Orchestrator:
         self._runners = {name: SiteRunner(name, s, self._store) for name, s in self.sites.items()}
         self._arrivals.clear()
         pending = self.pending_specs()
-        ctl = Controller(pending, self.curves, self.planner, max_concurrent=self.max_concurrent, model_costs=False)
+        ctl = Controller(pending, self.curves, self.planner, max_concurrent=self.max_concurrent, model_costs=False,
+                         layers=self.layers)
         for spec in pending:
             self._fence(spec.name)
         self.db.event("start", generation=self.generation, jobs=[s.name for s in pending],
@@ -496,10 +506,12 @@ class Orchestrator:
         cfg = dict(job=name, workload=job.workload, checkpoint_dir=str(jd.path), world_size=len(nodes) * k,
                    global_batch=job.global_batch, total_samples=job.samples, workload_args=job.workload_args,
                    generation=self.generation, timeout_s=30.0, checkpoint_every_s=interval, fragment_id=fragment,
-                   ranks_per_node=k, loop=job.loop, deterministic=job.deterministic)
+                   ranks_per_node=k, loop=job.loop, deterministic=job.deterministic,
+                   freeze_layers=ctl.active[name].state.freeze if name in ctl.active else 0)   # planned level
         resume = _newest_step(jd.path)
         handle = self._runners[site].launch(cfg, tuple(map(_local, nodes)))
-        self.running[name] = _Running(handle, len(nodes), fragment, site, time.time(), resume, interval)
+        self.running[name] = _Running(handle, len(nodes), fragment, site, time.time(), resume, interval,
+                                      freeze=cfg["freeze_layers"])
         self.db.event("launch", job=name, size=len(nodes), ranks=len(nodes) * k, fragment=fragment, nodes=list(nodes),
                       resume_step=resume, checkpoint_every_s=round(interval, 2), **({"site": site} if site else {}))
 
@@ -563,6 +575,8 @@ class Orchestrator:
                     self.db.set_meta(f"curve:{name}", measured)
                     if a is not None:
                         a.state.curve = self.curves[name]
+                if a is not None:
+                    fragment_reported(a.state, res)
                 self.db.update(name, fragments=row.fragments + 1,
                                train_node_s=row.train_node_s + res["train_s"] * r.nodes)
             except Exception as e:   # a killed or failed fragment: resume from the last good checkpoint
@@ -629,8 +643,9 @@ class Orchestrator:
         for a in ctl.active.values():
             want = a.state.size
             r = self.running.get(a.name)
-            if r is not None and r.nodes != want and not r.stop_requested:
-                self._request_stop(a.name, f"rescale {r.nodes} -> {want}")
+            if r is not None and (r.nodes != want or (want and r.freeze != a.state.freeze)) and not r.stop_requested:
+                self._request_stop(a.name, f"rescale {r.nodes} -> {want}" if r.nodes != want else
+                                   f"freeze {r.freeze} -> {a.state.freeze} layers")
                 self.db.update(a.name, rescales=rows[a.name].rescales + 1)
             elif r is None and want > 0:
                 self._launch(ctl, a.name, a.state.nodes, site_of(a.state.nodes[0]))

@@ -212,3 +212,11 @@ def heldout_errors(rows: list[tuple]) -> dict[str, float | None]:
                             {(r[1], r[3]): r[2] for r in mine if r[3]})
         out[model] = LayerThroughput(curve, prof).heldout_mape()
     return out
+
+
+def charge_budget(job, progress_share: float) -> None:
+    """Spend a job's accuracy budget for ``progress_share`` of its run trained at its current level (the
+    simulator as it advances, the runtime when a fragment reports)."""
+    if job.freeze and job.layers is not None and progress_share > 0:
+        pen = penalty_curve(GradStats.from_dict(job.grad_stats), job.layers.profile.n_layers)
+        job.accuracy_spent += float(pen[job.freeze]) * progress_share

@@ -13,7 +13,7 @@ from ..errors import ParslBftError
 from ..idle.intervals import IdleIntervals
 from ..idle.predict import make_predictor
 from ..jobs import JobSet
-from ..planner.freeze import GradStats, LayerThroughput, penalty_curve
+from ..planner.freeze import LayerThroughput, charge_budget
 from .freezing import synthetic_profile
 
 
@@ -225,9 +225,8 @@ def simulate(intervals: IdleIntervals, jobset: JobSet, planner, *, max_concurren
             if a.state.size:
                 step = min(a.state.spec.samples - a.state.samples_done, a.rate * dt)
                 if a.state.freeze:             # new progress at this level spends budget; retraining what a
-                    pen = penalty_curve(GradStats.from_dict(a.state.grad_stats), a.state.layers.profile.n_layers)
-                    new = (a.state.samples_done + step) / a.state.spec.samples - peak.get(a.name, 0.0)
-                    a.state.accuracy_spent += pen[a.state.freeze] * max(new, 0.0)    # charged pause lost does not
+                    charge_budget(a.state, (a.state.samples_done + step) / a.state.spec.samples  # charged pause
+                                  - peak.get(a.name, 0.0))                                        # lost does not
                     frozen_s += a.state.size * dt
                 a.state.samples_done += step
                 a.node_seconds += a.state.size * dt

@@ -28,7 +28,9 @@ def print_summary(res: SimResult, console, title: str = "") -> None:
     for k, fmt in rows + (("util", "{:.3f}"), ("samples", "{:,.0f}"),
                    ("rescale_loss", "{:,.0f} samples"), ("reclaim_loss", "{:,.0f} samples"),
                    ("jobs_finished", "{}"), ("events", "{}"), ("plans", "{}"),
-                   ("solve_p50_s", "{:.4f} s"), ("solve_p99_s", "{:.4f} s")):
+                   ("solve_p50_s", "{:.4f} s"), ("solve_p99_s", "{:.4f} s"), ("avg_jct_s", "{:,.0f} s"),
+                   ("makespan_s", "{:,.0f} s"), ("frozen_share", "{:.1%} of node-seconds with layers frozen"),
+                   ("budget_violations", "{} jobs over their accuracy budget")):
         t.add_row(k, fmt.format(m[k]))
     console.print(t)
     pm = Table(title="per model")

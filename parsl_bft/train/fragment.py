@@ -69,6 +69,7 @@ class FragmentConfig:
     checkpoint_every_s: float | None = None   # periodic saves (None: only when the fragment stops)
     fragment_id: str = ""             # names this launch in the store, pid and error files ("" = a fresh one)
     ranks_per_node: int = 1           # a gang task starts this many ranks on its node (its accelerators)
+    grad_stats_interval: int = 50     # steps per interval of per-layer gradient statistics (train/freezing.py)
     loop: str | None = None           # a user's training function ('file.py:fn'), instead of the workload loop
 
     def __post_init__(self) -> None:
@@ -323,7 +324,8 @@ def train_rank(cfg: FragmentConfig) -> FragmentResult | None:
         metrics = state.metrics
     else:
         torch.manual_seed(cfg.seed)
-    grads = GradRecorder(blocks, cfg.freeze_layers, state.extra.get("grad_stats") if state is not None else None)
+    grads = GradRecorder(blocks, cfg.freeze_layers, state.extra.get("grad_stats") if state is not None else None,
+                         interval=cfg.grad_stats_interval)
     restore_s = time.perf_counter() - t0
 
     t1 = time.perf_counter()

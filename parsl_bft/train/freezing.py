@@ -14,7 +14,8 @@ import torch
 from torch import nn
 
 RECORD_EVERY = 5         # steps between two gradient-norm samples (one pass over the gradients: cheap)
-INTERVAL = 50            # steps per statistics interval; the penalty compares the last two
+INTERVAL = 50            # steps per statistics interval (FragmentConfig.grad_stats_interval); the penalty compares
+                         # the last two
 
 
 def freeze_prefix(model: nn.Module, blocks: list[nn.Module], k: int) -> list[nn.Parameter]:
@@ -62,7 +63,8 @@ class GradRecorder:
 
     def __init__(self, blocks: list[nn.Module], frozen: int, restored: dict | None = None,
                  every: int = RECORD_EVERY, interval: int = INTERVAL):
-        self.blocks, self.frozen, self.every, self.interval = blocks, frozen, every, interval
+        self.blocks, self.frozen, self.interval = blocks, frozen, interval
+        self.every = max(1, min(every, interval // 2))
         n = len(blocks)
         r = restored if restored and len(restored.get("acc", [])) == n else {}
         self.prev = list(r.get("prev") or [math.nan] * n)

@@ -1,0 +1,60 @@
+"""A small CNN on scikit-learn's digits (8x8 images shipped inside scikit-learn, upsampled to 16x16; nothing is
+downloaded) for benchmarks/freezing.py: five layers, most of the compute in the first two convolutions (as in
+image CNNs), most of the parameters in the last two."""
+import numpy as np
+import torch
+from torch import nn
+from torch.utils.data import TensorDataset
+
+from parsl_bft.train.workloads import Workload
+
+
+def digits_split(seed: int = 0) -> dict[str, torch.Tensor]:
+    """Standardised 16x16 images, an 80/20 split fixed by ``seed``."""
+    from sklearn.datasets import load_digits
+
+    d = load_digits()
+    x = torch.from_numpy((d.images / 16.0).astype(np.float32))[:, None]
+    x = nn.functional.interpolate(x, size=16, mode="bilinear", align_corners=False)
+    x = (x - x.mean()) / x.std()
+    y = torch.from_numpy(d.target.astype(np.int64))
+    order = torch.from_numpy(np.random.default_rng(seed).permutation(len(y)))
+    cut = int(0.8 * len(y))
+    return {"x_train": x[order[:cut]], "y_train": y[order[:cut]], "x_test": x[order[cut:]],
+            "y_test": y[order[cut:]]}
+
+
+class DigitsCNN(Workload):
+    name = "digits-cnn"
+
+    def __init__(self, width: int = 32, lr: float = 0.02, **kw):
+        super().__init__(lr=lr, **kw)
+        self.width = width
+
+    def dataset(self, split: str = "train") -> TensorDataset:
+        d = digits_split()
+        return TensorDataset(d[f"x_{split}"], d[f"y_{split}"])
+
+    def build_model(self) -> nn.Module:
+        torch.manual_seed(self.seed)
+        w = self.width
+        return nn.Sequential(
+            nn.Sequential(nn.Conv2d(1, w, 3, padding=1), nn.ReLU()),
+            nn.Sequential(nn.Conv2d(w, 2 * w, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2)),
+            nn.Sequential(nn.Conv2d(2 * w, 2 * w, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2)),
+            nn.Sequential(nn.Flatten(), nn.Linear(2 * w * 16, 128), nn.ReLU()),
+            nn.Linear(128, 10),
+        )
+
+
+def accuracy(checkpoint: str, **workload_args) -> float:
+    """Held-out accuracy of a checkpoint."""
+    from parsl_bft.train.checkpoint import load_checkpoint
+
+    wl = DigitsCNN(**workload_args)
+    model = wl.build_model()
+    model.load_state_dict(load_checkpoint(checkpoint).model)
+    model.eval()
+    test = wl.dataset("test")
+    with torch.no_grad():
+        return float((model(test.tensors[0]).argmax(1) == test.tensors[1]).float().mean())
