@@ -403,3 +403,13 @@ def test_a_session_joins_the_parsl_config_the_user_loaded_already(tmp_path):
         with pytest.raises(ValueError, match=r"already loaded has executor\(s\) \[.bft_steady.\]"):
             with training_session(tmp_path / "state2", str(site)):
                 pass
+
+
+def test_workload_args_that_are_not_json_name_the_field(tmp_path):
+    from parsl_bft.execution.orchestrator import Orchestrator, TrainingJob
+    orch = Orchestrator(tmp_path / "s", EmulatedPool.pattern(nodes=1, period_s=10.0, cycles=1), planner=None)
+    with pytest.raises(ValueError, match=r"workload_args\['data'\] is a PosixPath.*pass str\(path\)"):
+        orch.submit(TrainingJob("a", workload_args={"data": tmp_path, "n": 1}))
+    with pytest.raises(ValueError, match=r"workload_args\['lr'\] is a float, not a JSON value"):
+        orch.submit(TrainingJob("a", workload_args={"lr": float("nan")}))
+    assert orch.jobs == {}                                     # nothing half-declared

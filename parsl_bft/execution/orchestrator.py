@@ -12,6 +12,7 @@ good checkpoint along.
 from __future__ import annotations
 
 import fcntl
+import json
 import math
 import os
 import re
@@ -88,6 +89,17 @@ def check_job_name(name) -> str:
         raise ValueError(f"job name {name!r}: use 1-128 letters, digits, '.', '_' or '-', starting with a letter or "
                          "digit (it names the job's directory)")
     return name
+
+
+def _check_json_args(job: TrainingJob) -> None:
+    """workload_args are stored with the job (JSON): name the field that is not, and say what to pass."""
+    for k, v in job.workload_args.items():
+        try:
+            json.dumps(v, allow_nan=False)
+        except (TypeError, ValueError):
+            hint = "str(path)" if isinstance(v, os.PathLike) else "a str, number, bool, list or dict of those"
+            raise ValueError(f"job {job.name!r}: workload_args[{k!r}] is a {type(v).__name__}, not a JSON value "
+                             f"(they are stored with the job): pass {hint}") from None
 
 
 class StateLocked(StateError):
@@ -239,6 +251,7 @@ class Orchestrator:
                                  "with `parsl-bft run --new-run` (training_session(new_run=True)), which keeps the "
                                  "old state aside")
             return self.futures[job.name]
+        _check_json_args(job)
         job.spec()                          # validates sizes etc. with a clear message
         k = max(s.ranks_per_node for s in self.sites.values())
         if job.global_batch < job.max_nodes * k:
