@@ -13,7 +13,7 @@ import torch
 
 from parsl_bft.execution.pool import EmulatedPool
 from parsl_bft.execution.jobstore import JobStore
-from parsl_bft.train.checkpoint import CheckpointStore
+from parsl_bft.train.checkpoint import CheckpointStore, load_checkpoint
 from parsl_bft.train.protocol import JobDir
 
 HERE = Path(__file__).resolve().parent
@@ -320,7 +320,7 @@ def test_a_users_own_training_loop_trains_on_idle_nodes_like_one_uninterrupted_r
         jd = JobDir(trainer.job_dir("mine"))
         wait_for(lambda: fut.done() or ((p := jd.progress()) is not None and p.step >= 100))
         jd.request_stop()                                      # as a reclaim notice does
-        final = CheckpointStore(Path(fut.result(timeout=500)).parent).latest()
+        final = load_checkpoint(fut.result(timeout=500))       # the future: the final checkpoint's path
     ref = tmp_path / "ref"
     run_fragment(FragmentConfig(job="mine", workload="unused", loop=loop, checkpoint_dir=str(ref), global_batch=64,
                                 total_samples=64 * steps, fsync=False))

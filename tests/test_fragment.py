@@ -288,6 +288,7 @@ def test_a_users_own_training_loop_resumes_exactly_across_fragments_and_world_si
     run_fragment(loop_cfg(mine, steps=9, world_size=2, total_samples=total))
     r = run_fragment(loop_cfg(mine, total_samples=total))
     assert (r.start_step, r.end_step, r.samples_done, r.stopped_by) == (20, 30, total, "done")
+    assert load_checkpoint(r.checkpoint).step == 30
     a, b = CheckpointStore(ref).latest(), CheckpointStore(mine).latest()
     assert (a.step, a.epoch, a.data_position) == (b.step, b.epoch, b.data_position) == (30, 1, 8 * 64)  # 22 a epoch
     diff = max(float((a.model["model"][k] - b.model["model"][k]).abs().max()) for k in a.model["model"])

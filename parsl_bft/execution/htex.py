@@ -74,9 +74,10 @@ class SiteRunner:
         keys = {i: f"{fragment}/node/{i}" for i in range(nodes)}
         return {i: self.store.get(k).decode() for i, k in keys.items() if self.store.check([k])}
 
-    def warm_up(self, barrier_dir: Path, log) -> None:
+    def warm_up(self, barrier_dir: Path, log, stop=lambda: False) -> None:
         """Executors whose workers stay (not pilots): start every worker's rank forkserver before the pool
-        does, so no planned node waits seconds for torch to import."""
+        does, so no planned node waits seconds for torch to import. Given up as soon as ``stop()`` (a session
+        that ends at once, e.g. a re-run of jobs that are all done, does not wait for it)."""
         from parsl import python_app
         from parsl.dataflow.dflow import DataFlowKernelLoader
 
@@ -85,16 +86,17 @@ class SiteRunner:
         if self.gang or not hasattr(ex, "connected_managers"):
             return
         deadline = time.monotonic() + 60
-        while not ex.connected_managers() and time.monotonic() < deadline:
+        while not ex.connected_managers() and time.monotonic() < deadline and not stop():
             time.sleep(0.2)
         n = sum(int(m.get("worker_count", 0)) for m in ex.connected_managers())
         app = python_app(warm_up, executors=[self.site.executor])
         futs = [app(str(barrier_dir), n) for _ in range(n)]
+        deadline = time.monotonic() + 180
+        while not all(f.done() for f in futs) and time.monotonic() < deadline and not stop():
+            time.sleep(0.1)
         for f in futs:
-            try:
-                f.result(timeout=180)
-            except Exception as e:          # only a slower first fragment; nothing is lost
-                log("warm-up-failed", error=str(e)[:200])
+            if f.done() and f.exception() is not None:   # only a slower first fragment; nothing is lost
+                log("warm-up-failed", error=str(f.exception())[:200])
         shutil.rmtree(barrier_dir, ignore_errors=True)
 
 

@@ -393,7 +393,8 @@ class Orchestrator:
             t_warm = time.monotonic()
             if self.warm_up:
                 for name, runner in self._runners.items():
-                    runner.warm_up(self.dir / ".warm-up" / f"{self.generation}-{name or 'local'}", self.db.event)
+                    runner.warm_up(self.dir / ".warm-up" / f"{self.generation}-{name or 'local'}", self.db.event,
+                                   self._stopping.is_set)
             self.warm_up_s = time.monotonic() - t_warm
             self.pool.start()
             t_start = time.monotonic()
@@ -621,7 +622,7 @@ class Orchestrator:
             finally:
                 jd.kill_ranks(r.fragment)                # stragglers of a failed share, on this host
                 jd.forget_fragment(r.fragment)
-            if ckpt is None:
+            if not ckpt:
                 store = CheckpointStore(jd.path)
                 ckpt = str(store.latest_path) if store.latest(arrays=False) is not None else None
             ckpt = self._abs(self._rel(ckpt))

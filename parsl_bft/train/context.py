@@ -63,6 +63,7 @@ class TrainContext:
         self.start_step, self.start_samples = self.step, self.samples_done
         self.saved_step, self._saved_at = self.step, time.time()
         self.saves, self.save_s, self.last_save_s = 0, 0.0, 0.0
+        self.checkpoint = rs.store.latest_path if restored is not None else None   # the newest, as it goes
         self.stopped_by: str | None = None
         self._last: dict[str, float] = {}
         self._reported = 0.0
@@ -145,7 +146,7 @@ class TrainContext:
             raise FragmentFailed(f"job {self.job}: {bad} is not finite at step {self.step}: not saving (the last "
                                  "finite checkpoint stays)")
         t = time.perf_counter()
-        self._rs.saver.save(TrainingState(
+        self.checkpoint = self._rs.saver.save(TrainingState(
             model=state, rng=capture_rng(), step=self.step, epoch=self.epoch, samples_done=self.samples_done,
             data_position=self._pos, job={"name": self.job, "loop": self._cfg.loop, "global_batch": self.global_batch},
             metrics=self.metrics))
@@ -184,7 +185,7 @@ def run_loop(cfg: FragmentConfig) -> FragmentResult | None:
     loss = ctx.metrics[-1]["loss"] if ctx.metrics else float("nan")
     res = FragmentResult(cfg.job, rs.world, ctx.start_step, ctx.step, done, ctx.samples_done, train_s, restore_s,
                          rendezvous_s, ctx.last_save_s, done / train_s if train_s > 0 else 0.0, ctx.stopped_by, loss,
-                         str(rs.store.latest_path or ""), [str(e) for e in rs.store.skipped], started, ctx.saves,
+                         str(ctx.checkpoint or ""), [str(e) for e in rs.store.skipped], started, ctx.saves,
                          ctx.save_s / ctx.saves if ctx.saves else 0.0)
     if rs.kv is not None:
         rs.kv.set("result", json.dumps(asdict(res)))
