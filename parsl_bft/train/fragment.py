@@ -27,10 +27,11 @@ import math
 import os
 import signal
 import sys
+import threading
 import time
 import uuid
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import timedelta
 from pathlib import Path
 
@@ -175,18 +176,29 @@ class _Saver:
     def __init__(self, cfg: FragmentConfig, store: CheckpointStore, jd: JobDir):
         self.cfg, self.store, self.jd = cfg, store, jd
         self.background = BackgroundSave(self._write)
-        self._started_step = -1
+        self._started: tuple[int, float] | None = None   # (step, time) of the state the background writes
+        self.durable: tuple[int, float] | None = None    # the same of the last save on disk
+        self._lock = threading.Lock()                    # progress is written by the loop and by the writer
+        self._progress: Progress | None = None
+
+    def report(self, p: Progress) -> None:
+        """Live progress; its saved step is the newest save on disk (a background write reports when it lands)."""
+        with self._lock:
+            if self.durable is not None:
+                p = replace(p, saved_step=self.durable[0], saved_at=self.durable[1])
+            self.jd.write_progress(p)
+            self._progress = p
 
     def periodic(self, state: TrainingState) -> bool:
         """Start a background save; False while the last one still writes (try again next step)."""
-        started = self.background.start(state)
-        if started:
-            self._started_step = state.step
-        return started
+        if self.background.busy():
+            return False
+        self._started = (state.step, time.time())       # before the thread can finish and read it
+        return self.background.start(state)
 
     def save(self, state: TrainingState) -> Path:
         last = self.background.wait()
-        if last is not None and self._started_step == state.step:
+        if last is not None and self.durable is not None and self.durable[0] == state.step:
             return last
         return self._write(state)
 
@@ -199,7 +211,15 @@ class _Saver:
         if bad is not None:
             raise FragmentFailed(f"job {self.cfg.job}: weight {bad} is not finite at step {state.step}: not saving "
                                  "(the last finite checkpoint stays)")
-        return self.store.save(state, fsync=self.cfg.fsync)
+        path = self.store.save(state, fsync=self.cfg.fsync)
+        started = self._started
+        with self._lock:
+            self.durable = started if started is not None and started[0] == state.step else (state.step, time.time())
+            if self._progress is not None:
+                self._progress = replace(self._progress, saved_step=self.durable[0], saved_at=self.durable[1],
+                                         t=time.time())
+                self.jd.write_progress(self._progress)
+        return path
 
 
 def _to(device, batch):
@@ -411,7 +431,7 @@ def train_rank(cfg: FragmentConfig) -> FragmentResult | None:
                 saver.background.prepare(snapshot())          # copy buffers ready before the first save
             if time.perf_counter() - last_report > 0.5:      # live progress for the orchestrator
                 last_report = time.perf_counter()
-                jd.write_progress(Progress(step, samples_done, last_loss, world, saved_step, saved_at, time.time()))
+                saver.report(Progress(step, samples_done, last_loss, world, saved_step, saved_at, time.time()))
     train_s = time.perf_counter() - t_train
 
     t2 = time.perf_counter()
