@@ -19,8 +19,9 @@ CONFIGS = [dict(width=32, lr=0.05), dict(width=64, lr=0.1), dict(width=64, lr=0.
 THRESHOLD = 0.9
 
 
-# apps travel to workers by value: they import what they use themselves
-@python_app
+# apps travel to workers by value: they import what they use themselves. They run on the session's "login"
+# executor (this machine): on a batch system the only other one is the pilots', which come for training only
+@python_app(executors=["login"])
 def prepare(here: str, path: str) -> str:
     import sys
     sys.path.insert(0, here)
@@ -28,7 +29,7 @@ def prepare(here: str, path: str) -> str:
     return prepare_digits(path)
 
 
-@python_app
+@python_app(executors=["login"])
 def evaluate(here: str, checkpoint: str, data: str, config: dict) -> float:
     import sys
     sys.path.insert(0, here)
