@@ -195,7 +195,8 @@ def _dataflow(executors: list, **config_kw):
     if clash:
         raise ValueError(f"the Parsl config already loaded has executor(s) {clash}, the label(s) of this session's "
                          "site(s): rename yours, or give the site another name")
-    dfk.add_executors(executors)
+    with _children_ignore_sigint():
+        dfk.add_executors(executors)
     yield dfk
 
 
