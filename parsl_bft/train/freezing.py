@@ -98,8 +98,8 @@ class GradRecorder:
         return {"prev": list(self.prev), "now": list(self.now)}
 
 
-def layer_shares(model: nn.Module, blocks: list[nn.Module], batch, loss_fn, reps: int = 3) -> dict[int, tuple[float,
-                                                                                                          float]]:
+def layer_shares(model: nn.Module, blocks: list[nn.Module], batch, loss_fn,
+                 reps: int = 10) -> dict[int, tuple[float, float]]:
     """level -> (share of a training step's compute, share of the parameters) in the first ``level`` blocks,
     for every level that leaves a block training. Compute is each block's forward time (hooks, best of
     ``reps``): a layer's backward costs about twice its forward, so forward shares are training-time shares."""

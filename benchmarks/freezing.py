@@ -1,0 +1,219 @@
+"""Layer elasticity (issue 15), measured: real training with and without auto-freezing, and the simulator.
+
+1. Throughput: ``profile`` measures the digits CNN (benchmarks/digits_cnn.py) on 1 and --ranks ranks at every
+   freeze level (best of --profile-rounds); the layer-aware model's held-out error is leave-one-out over the
+   frozen points.
+2. Training: the same job twice through fragments on --ranks ranks (gloo, real HDF5 checkpoints, fragments of
+   --fragment-steps steps): freezing off, and freezing "auto" - after every fragment the planner (exact DP)
+   reads the fragment's per-layer gradient statistics and picks the next fragment's level within the budget.
+   The two runs' fragments alternate, so both see the same load on the machine. Held-out accuracy after every
+   fragment; time to target = wall time of the fragments (launch, restore, training, checkpoint) until the
+   held-out accuracy first reaches the unfrozen run's final accuracy minus --target-gap.
+3. Simulator: --jobs Philly jobs (a --freeze-share of them freezable) on a dedicated cluster of --cluster nodes,
+   and the same kind of jobs (one day of arrivals) on the Summit idle slice; freezing on vs off, same planner.
+
+Prints tables, then (LAST line) one JSON object:
+{"jct_ratio", "budget_violations", "throughput_mape", "time_to_target_ratio", "accuracy_delta", ...}
+Usage: python benchmarks/freezing.py [--epochs 10] [--ranks 2] [--jobs 500] [--skip-training] [--skip-sim]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+WORKLOAD = f"{HERE / 'digits_cnn.py'}:DigitsCNN"
+MODEL = "digits-cnn"
+
+
+def profile_model(args):
+    from parsl_bft.planner.freeze import LayerThroughput, heldout_errors
+    from parsl_bft.scaling import LayerProfile, ScalingCurve
+    from parsl_bft.train.profiler import measure_layer_shares, profile
+
+    n_layers, shares = measure_layer_shares(WORKLOAD, args.batch)
+    levels = list(range(n_layers - 1))
+    best: dict = {}
+    for _ in range(args.profile_rounds):        # best of a few rounds: other work on the machine only slows
+        for p in profile(WORKLOAD, sorted({1, args.ranks}), steps=args.profile_steps, global_batch=args.batch,
+                         freeze_levels=levels):
+            key = (p.ranks, p.freeze)
+            best[key] = max(best.get(key, p), p, key=lambda x: x.samples_per_sec)
+    pts = list(best.values())
+    rows = [(MODEL, p.ranks, p.samples_per_sec, p.freeze, n_layers, *shares[p.freeze]) for p in pts]
+    print(f"\n{'ranks':>5} {'frozen':>6} {'compute':>8} {'params':>7} {'samples/s':>10} {'x level 0':>9}")
+    base = {p.ranks: p.samples_per_sec for p in pts if p.freeze == 0}
+    for p in pts:
+        c, q = shares[p.freeze]
+        print(f"{p.ranks:5d} {p.freeze:6d} {c:8.2f} {q:7.2f} {p.samples_per_sec:10.1f} "
+              f"{p.samples_per_sec / base[p.ranks]:9.2f}")
+    mape = heldout_errors(rows)[MODEL]
+    curve = ScalingCurve(MODEL, base)
+    lt = LayerThroughput(curve, LayerProfile(MODEL, n_layers, {f: shares[f] for f in levels if f},
+                                             {(p.ranks, p.freeze): p.samples_per_sec for p in pts if p.freeze}))
+    print(f"layer-aware throughput model: beta {lt.beta:.2f} gamma {lt.gamma:.2f}, held-out error {mape:.1%}")
+    return lt, mape
+
+
+class Arm:
+    """One job through fragments; with ``auto`` the planner sets each fragment's freeze level."""
+
+    def __init__(self, auto: bool, lt, args):
+        from parsl_bft.jobs import JobSpec
+        from parsl_bft.planner import JobState, Planner
+
+        self.auto, self.args = auto, args
+        self.total = args.epochs * 1437 // args.batch * args.batch
+        spec = JobSpec("digits", MODEL, args.ranks, args.ranks, args.t_restart, args.t_restart, float(self.total),
+                       freeze="auto" if auto else "off", accuracy_budget=args.budget if auto else 0.0)
+        self.nodes = [f"n{i}" for i in range(args.ranks)]
+        self.state = JobState(spec, lt.curve, tuple(self.nodes), layers=lt if auto else None)
+        self.planner = Planner(method="dp", t_fwd=args.tfwd)
+        self.dir = Path(tempfile.mkdtemp(prefix="parsl-bft-freezing-"))
+        self.curve: list[dict] = []
+        self.wall = 0.0
+
+    @property
+    def done(self) -> bool:
+        return self.state.samples_done >= self.total
+
+    def fragment(self) -> None:
+        from digits_cnn import accuracy
+
+        from parsl_bft.execution.layers import fragment_reported
+        from parsl_bft.train.fragment import FragmentConfig
+        from parsl_bft.train.launcher import run_fragment
+
+        a, st = self.args, self.state
+        cfg = FragmentConfig(job="digits", workload=WORKLOAD, checkpoint_dir=str(self.dir), world_size=a.ranks,
+                             global_batch=a.batch, steps=a.fragment_steps, total_samples=self.total,
+                             freeze_layers=st.freeze, grad_stats_interval=a.interval, fsync=False,
+                             workload_args={"schedule": "cosine"})
+        t = time.perf_counter()
+        res = run_fragment(cfg)
+        self.wall += time.perf_counter() - t
+        fragment_reported(st, asdict(res))
+        st.samples_done = res.samples_done
+        self.curve.append({"wall_s": self.wall, "samples": res.samples_done, "level": st.freeze,
+                           "accuracy": accuracy(res.checkpoint), "spent": st.accuracy_spent})
+        if self.auto:
+            st.freeze = self.planner.plan([st], self.nodes).freeze["digits"]
+
+
+def time_to(curve: list[dict], target: float) -> float:
+    return next((r["wall_s"] for r in curve if r["accuracy"] >= target), float("inf"))
+
+
+def training(args, lt) -> dict:
+    arms = [Arm(False, lt, args), Arm(True, lt, args)]
+    try:
+        while not all(arm.done for arm in arms):     # fragments alternate: both arms see the same machine load
+            for arm in arms:
+                if not arm.done:
+                    arm.fragment()
+    finally:
+        for arm in arms:
+            shutil.rmtree(arm.dir, ignore_errors=True)
+    off, auto = arms[0].curve, arms[1].curve
+    target = off[-1]["accuracy"] - args.target_gap
+    print(f"\n{'fragment':>8} | {'off: wall s':>10} {'acc':>6} | {'auto: wall s':>12} {'acc':>6} {'level':>5} "
+          f"{'spent':>7}")
+    for i in range(max(len(off), len(auto))):
+        a = off[i] if i < len(off) else None
+        b = auto[i] if i < len(auto) else None
+        left = f"{a['wall_s']:10.1f} {a['accuracy']:6.3f}" if a else " " * 17
+        right = f"{b['wall_s']:12.1f} {b['accuracy']:6.3f} {b['level']:5d} {b['spent']:7.4f}" if b else ""
+        print(f"{i + 1:8d} | {left} | {right}")
+    t_off, t_auto = time_to(off, target), time_to(auto, target)
+    print(f"target accuracy {target:.3f}: off {t_off:.1f} s, auto {t_auto:.1f} s; final accuracy off "
+          f"{off[-1]['accuracy']:.4f}, auto {auto[-1]['accuracy']:.4f}; total wall off {off[-1]['wall_s']:.1f} s, "
+          f"auto {auto[-1]['wall_s']:.1f} s")
+    return {"time_to_target_ratio": t_auto / t_off, "accuracy_delta": auto[-1]["accuracy"] - off[-1]["accuracy"],
+            "target_accuracy": target, "wall_ratio": auto[-1]["wall_s"] / off[-1]["wall_s"],
+            "budget_spent": auto[-1]["spent"]}
+
+
+def simulation(args) -> dict:
+    from parsl_bft.idle.intervals import read_idle_intervals
+    from parsl_bft.jobs import JobSet
+    from parsl_bft.planner import Planner
+    from parsl_bft.scaling import read_scaling_csv
+    from parsl_bft.sim import simulate
+    from parsl_bft.sim.philly import dedicated_cluster, read_philly
+
+    data = Path(args.data)
+    curves = read_scaling_csv(data / "jobs" / "imagenet_mix.scaling.csv")
+    trace = data / "eval" / "philly_2017_jobs_from_pollux.csv.gz"
+    planner = Planner(method="dp", objective=args.objective, t_fwd=args.tfwd)
+    out = {}
+    settings = [("cluster", read_philly(trace, curves, n_jobs=args.jobs, freeze_share=args.freeze_share,
+                                        accuracy_budget=args.budget, max_gpus=args.cluster), None)]
+    idle = read_idle_intervals(data / "eval" / "summit_256n_24h_idle_intervals.csv.gz")
+    day = read_philly(trace, curves, n_jobs=args.jobs, days=1.0, freeze_share=args.freeze_share,
+                      accuracy_budget=args.budget, max_gpus=args.cluster)
+    import dataclasses
+    day = JobSet([dataclasses.replace(j, submit=idle.t0 + j.submit) for j in day.jobs], day.curves, day.layers)
+    settings.append(("summit-idle", day, idle))
+    print(f"\n{'setting':12} {'freezing':8} {'avg JCT h':>9} {'makespan h':>10} {'finished':>8} {'e_idle':>7} "
+          f"{'e_used':>7} {'frozen':>7} {'over budget':>11} {'solve p50 ms':>12} {'p99 ms':>7} {'run s':>6}")
+    for name, js, iv in settings:
+        if iv is None:
+            iv = dedicated_cluster(args.cluster, 0.0, max(j.submit for j in js.jobs) + 60 * 86400)
+        for freeze in (False, True):
+            t = time.perf_counter()
+            m = simulate(iv, js, planner, max_concurrent=args.max_concurrent, freeze=freeze,
+                         until_done=name == "cluster").metrics()
+            out[(name, freeze)] = m
+            print(f"{name:12} {'on' if freeze else 'off':8} {m['avg_jct_s'] / 3600:9.2f} {m['makespan_s'] / 3600:10.1f} "
+                  f"{m['jobs_finished']:8d} {m['e_idle']:7.3f} {m['e_used']:7.3f} {m['frozen_share']:7.1%} "
+                  f"{m['budget_violations']:11d} {m['solve_p50_s'] * 1e3:12.2f} {m['solve_p99_s'] * 1e3:7.2f} "
+                  f"{time.perf_counter() - t:6.0f}")
+    return {"jct_ratio": out[("cluster", True)]["avg_jct_s"] / out[("cluster", False)]["avg_jct_s"],
+            "jct_ratio_summit_idle": out[("summit-idle", True)]["avg_jct_s"] / out[("summit-idle", False)]["avg_jct_s"],
+            "budget_violations": sum(out[(n, True)]["budget_violations"] for n, _, _ in settings),
+            "solve_p99_s_freezing": max(out[(n, True)]["solve_p99_s"] for n, _, _ in settings)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--epochs", type=int, default=10)
+    ap.add_argument("--ranks", type=int, default=2)
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--fragment-steps", type=int, default=22, help="steps per fragment (22: one epoch)")
+    ap.add_argument("--interval", type=int, default=11, help="steps per gradient-statistics interval")
+    ap.add_argument("--profile-steps", type=int, default=20)
+    ap.add_argument("--profile-rounds", type=int, default=2)
+    ap.add_argument("--budget", type=float, default=0.005, help="accuracy budget of the freezable jobs")
+    ap.add_argument("--target-gap", type=float, default=0.01,
+                    help="target = the unfrozen run's final held-out accuracy minus this")
+    ap.add_argument("--t-restart", type=float, default=2.0, help="t_up = t_down, seconds")
+    ap.add_argument("--tfwd", type=float, default=300.0, help="planning look-ahead, seconds")
+    ap.add_argument("--objective", default="jct")
+    ap.add_argument("--jobs", type=int, default=500)
+    ap.add_argument("--cluster", type=int, default=48)
+    ap.add_argument("--freeze-share", type=float, default=0.5)
+    ap.add_argument("--max-concurrent", type=int, default=64)
+    ap.add_argument("--data", default=str(HERE.parents[1] / "shared" / "data"))
+    ap.add_argument("--skip-training", action="store_true")
+    ap.add_argument("--skip-sim", action="store_true")
+    args = ap.parse_args()
+    result: dict = {}
+    if not args.skip_training:
+        lt, mape = profile_model(args)
+        result["throughput_mape"] = mape
+        result.update(training(args, lt))
+    if not args.skip_sim:
+        result.update(simulation(args))
+    keys = ["jct_ratio", "budget_violations", "throughput_mape", "time_to_target_ratio", "accuracy_delta"]
+    print(json.dumps({**{k: result.get(k) for k in keys}, **{k: v for k, v in result.items() if k not in keys}}))
+
+
+if __name__ == "__main__":
+    main()
