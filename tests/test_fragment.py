@@ -280,7 +280,8 @@ def test_a_users_own_training_loop_resumes_exactly_across_fragments_and_world_si
     total = 30 * 64
     r = run_fragment(loop_cfg(ref, total_samples=total))
     assert (r.end_step, r.stopped_by) == (30, "done")
-    run_fragment(loop_cfg(mine, steps=10, total_samples=total))
+    r = run_fragment(loop_cfg(mine, steps=10, total_samples=total, checkpoint_every_s=1e-6))   # saves in background
+    assert r.periodic_saves >= 1 and load_checkpoint(r.checkpoint).step == 10
     JobDir(mine).request_stop()                              # a notice: stops at its first step
     r = run_fragment(loop_cfg(mine, world_size=2, total_samples=total))
     assert (r.start_step, r.end_step, r.stopped_by) == (10, 11, "signal")

@@ -35,6 +35,7 @@ import json
 import math
 import time
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any, Iterator
 
 import torch
@@ -135,7 +136,10 @@ class TrainContext:
 
     def save(self, state: dict[str, Any]) -> None:
         """Checkpoint ``state`` (any nest of dicts, lists, tensors, numbers and strings: state_dicts) with where
-        the job stands; rank 0 writes, the other ranks return at once. Saving twice at a step writes once."""
+        the job stands; rank 0 writes, the other ranks return at once. Saving twice at a step writes once. While
+        training goes on (should_stop() has not said stop) the state is copied to memory and written on a
+        thread: the pause is the copy; if the last such write is still going, this one waits for the next
+        should_save()."""
         if self.rank != 0 or (self.step == self.saved_step and (self.saves or self.restored is not None)):
             return
         if not isinstance(state, dict):
@@ -146,18 +150,23 @@ class TrainContext:
             raise FragmentFailed(f"job {self.job}: {bad} is not finite at step {self.step}: not saving (the last "
                                  "finite checkpoint stays)")
         t = time.perf_counter()
-        self.checkpoint = self._rs.saver.save(TrainingState(
-            model=state, rng=capture_rng(), step=self.step, epoch=self.epoch, samples_done=self.samples_done,
-            data_position=self._pos, job={"name": self.job, "loop": self._cfg.loop, "global_batch": self.global_batch},
-            metrics=self.metrics))
+        ts = TrainingState(model=state, rng=capture_rng(), step=self.step, epoch=self.epoch,
+                           samples_done=self.samples_done, data_position=self._pos,
+                           job={"name": self.job, "loop": self._cfg.loop, "global_batch": self.global_batch},
+                           metrics=self.metrics)
+        if self.stopped_by is None:
+            if not self._rs.saver.periodic(ts):
+                return
+        else:
+            self.checkpoint = self._rs.saver.save(ts)
         self.last_save_s = time.perf_counter() - t
         self.saves, self.save_s = self.saves + 1, self.save_s + self.last_save_s
         self.saved_step, self._saved_at = self.step, time.time()
         self._progress(self.metrics[-1]["loss"] if self.metrics else float("nan"))
 
     def _progress(self, loss: float) -> None:
-        self._rs.jd.write_progress(Progress(self.step, self.samples_done, loss, self.world_size, self.saved_step,
-                                            self._saved_at, time.time()))
+        self._rs.saver.report(Progress(self.step, self.samples_done, loss, self.world_size, self.saved_step,
+                                       self._saved_at, time.time()))
 
 
 def run_loop(cfg: FragmentConfig) -> FragmentResult | None:
@@ -178,6 +187,9 @@ def run_loop(cfg: FragmentConfig) -> FragmentResult | None:
     if rs.rank == 0 and ctx.saved_step != ctx.step:
         raise FragmentFailed(f"job {cfg.job}: the training function returned at step {ctx.step} but saved last at "
                              f"step {ctx.saved_step}: call ctx.save(state) before returning")
+    if rs.rank == 0:
+        written = [c for c in (rs.saver.background.wait(), ctx.checkpoint) if c]   # a save may still be writing
+        ctx.checkpoint = max(written, key=lambda c: Path(c).name, default=None)      # ckpt-<step>.h5: the newest
     close_rank(rs, ctx._net)
     if rs.rank != 0:
         return None
