@@ -17,6 +17,9 @@ from parsl_bft.sites import SiteError, load_site
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from globus_standin import ENDPOINT_ID, StandInEndpoint  # noqa: E402
+import test_slurm  # noqa: E402
+
+slurm = test_slurm.slurm                  # the local Slurm, started (fresh) by the fixture
 
 WORKFLOW = HERE / "data" / "remote" / "tiny_train.py"
 STEPS = 40
@@ -38,14 +41,25 @@ def cli(capsys, *argv):
     return code, out.out, out.err
 
 
-def sites(tmp_path, endpoint_id: str = ENDPOINT_ID) -> Path:
-    """The facility's own site file (embedded default on a steady one-node trace) and the laptop's, which only
-    names the endpoint and where runs live there."""
+SLURM_FACILITY = """name: ci-slurm
+scheduler: slurm
+partition: backfill          # tools/local-slurm.sh's preemptable partition
+node: {cores: 4, gpus: 0, ranks_per_node: 1}
+pilot_walltime: {min_minutes: 1, max_minutes: 3}
+interchange_address: 127.0.0.1
+worker_init: "export SLURM_CONF=/tmp/local-slurm/etc/slurm.conf"
+holes: {poll_seconds: 1, max_pending_seconds: 20, notice_seconds: 20, max_pilots: 1}
+"""
+
+
+def sites(tmp_path, endpoint_id: str = ENDPOINT_ID, facility_site: str | None = None) -> Path:
+    """The facility's own site file (default: the embedded default on a steady one-node trace) and the
+    laptop's, which only names the endpoint and where runs live there."""
     trace = tmp_path / "steady.csv"
     trace.write_text("node,idle_start,idle_end\nn1,0,1000000\n")
     fac = tmp_path / "facility.yaml"
-    fac.write_text(f"name: fac\nscheduler: local\nnode: {{cores: 1}}\n"
-                   f"emulation: {{trace: {trace}, speedup: 1, notice_seconds: 2}}\n")
+    fac.write_text(facility_site or f"name: fac\nscheduler: local\nnode: {{cores: 1}}\n"
+                                    f"emulation: {{trace: {trace}, speedup: 1, notice_seconds: 2}}\n")
     laptop = tmp_path / "laptop.yaml"
     laptop.write_text(f"name: gc\nscheduler: local\nnode: {{cores: 1}}\nglobus_compute_endpoint: {endpoint_id}\n"
                       f"remote: {{site: {fac}, runs_dir: {tmp_path / 'runs'}}}\n")
@@ -54,7 +68,8 @@ def sites(tmp_path, endpoint_id: str = ENDPOINT_ID) -> Path:
 
 @pytest.fixture
 def endpoint(monkeypatch, tmp_path):
-    """The stand-in endpoint, used for every laptop-side connection; afterwards no session is left running."""
+    """The stand-in endpoint, used for every laptop-side connection; afterwards no session is left running.
+    One per test: its processes take the environment of the moment (a facility's SLURM_CONF, say)."""
     import parsl_bft.remote.client as client
     ep = StandInEndpoint()
     monkeypatch.setattr(client, "sdk_executor", ep.executor)
@@ -160,15 +175,32 @@ def test_checkpoints_leave_in_chunks_and_only_recorded_ones(tmp_path):
     assert "no checkpoint of job 'a'" in facility.call("chunk", runs, "r1", "..", "a", 0)["error"]
 
 
+@pytest.fixture(scope="module")
+def local_model(tmp_path_factory):
+    """The workflow's job trained here, as one fragment: what a remote run of it must give back bit for bit."""
+    from parsl_bft.execution.apps import fragment_task
+    from parsl_bft.train.checkpoint import load_checkpoint
+    d = tmp_path_factory.mktemp("local")
+    res = fragment_task(dict(job="tiny", workload=f"{WORKFLOW.parent / 'tiny_model.py'}:Tiny", checkpoint_dir=str(d),
+                             global_batch=32, total_samples=32 * STEPS, workload_args={"hold": str(d / "hold")},
+                             fsync=False))
+    return load_checkpoint(res["checkpoint"])
+
+
+def assert_same_model(path: Path, ref) -> None:
+    from parsl_bft.train.checkpoint import load_checkpoint
+    got = load_checkpoint(path)
+    assert got.step == ref.step == STEPS and got.model.keys() == ref.model.keys()
+    assert all(got.model[k].equal(ref.model[k]) for k in ref.model)
+
+
 @pytest.mark.timeout(600)
-def test_submit_watch_cancel_resume_fetch_equals_a_local_run(tmp_path, endpoint, capsys):
+def test_submit_watch_cancel_resume_fetch_equals_a_local_run(tmp_path, endpoint, local_model, capsys):
     """From the laptop's CLI, each command a fresh connection (the laptop may have gone away in between):
     submit -> status while it trains -> cancel (it checkpoints) -> submit again: it resumes from that checkpoint
     and finishes -> fetch --checkpoint: the model equals one fragment of the same job run here."""
-    from parsl_bft.execution.apps import fragment_task
     from parsl_bft.execution.jobstore import JobStore
     from parsl_bft.remote import remote_session
-    from parsl_bft.train.checkpoint import load_checkpoint
 
     laptop = sites(tmp_path)
     hold = tmp_path / "hold"
@@ -206,13 +238,29 @@ def test_submit_watch_cancel_resume_fetch_equals_a_local_run(tmp_path, endpoint,
     code, out, _ = cli(capsys, "logs", run_id)
     assert out.count("=== session") == 2 and "final checkpoint:" in out
 
-    local = fragment_task(dict(job="tiny", workload=f"{WORKFLOW.parent / 'tiny_model.py'}:Tiny",
-                               checkpoint_dir=str(tmp_path / "local"), global_batch=32, total_samples=32 * STEPS,
-                               workload_args={"hold": str(hold)}, fsync=False))
-    fetched, ref = load_checkpoint(tmp_path / "got" / "tiny.h5"), load_checkpoint(local["checkpoint"])
-    assert fetched.step == ref.step == STEPS
-    assert fetched.model.keys() == ref.model.keys()
-    assert all(fetched.model[k].equal(ref.model[k]) for k in ref.model)
+    assert_same_model(tmp_path / "got" / "tiny.h5", local_model)
     for d in (tmp_path / "runs").glob("*/runner.json"):          # every session ended by itself
         assert not facility._alive(d.parent)
     assert os.path.exists(tmp_path / "runs" / run_id / "exit.json")
+
+
+@pytest.mark.slurm
+@pytest.mark.timeout(600)
+def test_a_run_submitted_to_the_local_slurm_trains_on_a_pilot(slurm, tmp_path, endpoint, local_model, capsys):
+    """The same workflow with the facility's site file on the real local Slurm: the detached session starts a
+    pilot from the endpoint's side, the job trains there, the fetched model equals the local one, and no pilot
+    is left."""
+    from parsl_bft.execution.jobstore import JobStore
+    from parsl_bft.remote import remote_session
+
+    laptop = sites(tmp_path, facility_site=SLURM_FACILITY)
+    code, out, _ = cli(capsys, "submit", WORKFLOW, "--site", laptop, STEPS, tmp_path / "hold")
+    run_id = out.strip()
+    with remote_session(laptop, poll_s=0.5) as remote:
+        assert remote.run(run_id).result(timeout=300)["state"] == "finished"
+    code, out, _ = cli(capsys, "fetch", run_id, "--checkpoint", "--out", tmp_path / "got")
+    assert code == 0
+    assert_same_model(tmp_path / "got" / "tiny.h5", local_model)
+    db = JobStore(tmp_path / "runs" / run_id / "work" / "bft-state" / "tiny" / "state.sqlite", readonly=True)
+    assert all(n.startswith("n") for _, _, d in db.events("launch") for n in d["nodes"])   # a Slurm node
+    wait_for(lambda: not [j for j in slurm.queue() if j.state in ("RUNNING", "PENDING")], "the pilots to end")
