@@ -255,6 +255,16 @@ def test_lr_schedules_are_stated_in_fractions_of_the_run():
             s.step()
         return out
     assert lrs(None) is None and lrs("constant") is None                 # no hidden schedule by default
+    opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)
+    by_epochs = lr_schedule(opt, "step:0.1@2e", 10, "1e", steps_per_epoch=3)   # epochs of 3 steps
+    seen = []
+    for _ in range(10):
+        seen.append(round(opt.param_groups[0]["lr"], 6))
+        opt.step()
+        by_epochs.step()
+    assert seen == [round(1 / 3, 6), round(2 / 3, 6), 1.0, 1.0, 1.0, 1.0, 0.1, 0.1, 0.1, 0.1]
+    with pytest.raises(ValueError, match="in epochs"):
+        lr_schedule(opt, "step:0.1@2e", 10)
     assert lrs("step:0.1@0.5") == [1.0] * 5 + [0.1] * 5
     assert lrs("linear") == [1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1]
     assert lrs("constant", warmup=0.2)[:3] == [0.5, 1.0, 1.0]
@@ -330,3 +340,31 @@ def test_a_failed_ranks_whole_traceback_and_output_reach_the_error_and_stay_on_d
     assert log.parent == d / "logs" and "hello from rank 1" in log.read_text()
     run_fragment(cfg(d, loop=f"{tmp_path / 'user.py'}:train", steps=3))      # a good fragment's output stays too
     assert any("hello from rank 0" in f.read_text() for f in (d / "logs").glob("*-rank0.log"))
+
+
+HOOKED = """
+import torch
+from parsl_bft.train.workloads import SyntheticImages
+
+class Hooked(SyntheticImages):
+    def evaluate(self, model):
+        assert not model.training and not torch.is_grad_enabled()
+        x, y = self.dataset()[:64]
+        return {"accuracy": (model(x).argmax(1) == y).float().mean()}
+
+    def log(self, metrics):
+        print("metrics", metrics, flush=True)
+"""
+
+
+def test_a_workloads_evaluate_and_log_hooks_run_on_rank_0_and_their_metrics_are_kept(tmp_path):
+    (tmp_path / "hooked.py").write_text(HOOKED)
+    d = tmp_path / "j"
+    r = run_fragment(cfg(d, workload=f"{tmp_path / 'hooked.py'}:Hooked", steps=4, world_size=2,
+                         workload_args={"n": 256, "eval_every": 2}))
+    metrics = load_checkpoint(r.checkpoint).metrics
+    assert [("accuracy" in m) for m in metrics] == [False, True, False, True]
+    assert all(0 <= m["accuracy"] <= 1 for m in metrics if "accuracy" in m)
+    log = next((d / "logs").glob("*-rank0.log")).read_text()
+    assert log.count("metrics {") == 4 and "'accuracy'" in log
+    assert "metrics" not in next((d / "logs").glob("*-rank1.log")).read_text()

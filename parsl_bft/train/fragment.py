@@ -222,6 +222,19 @@ class _Saver:
         return path
 
 
+def _evaluate(wl, model: torch.nn.Module) -> dict[str, float]:
+    """The workload's held-out metrics, in eval mode without gradients; every module's mode restored after (a
+    frozen prefix stays in eval mode)."""
+    modes = {m: m.training for m in model.modules()}
+    model.eval()
+    try:
+        with torch.no_grad():
+            return {k: float(v) for k, v in (wl.evaluate(model) or {}).items()}
+    finally:
+        for m, training in modes.items():
+            m.training = training
+
+
 def _to(device, batch):
     """A collated batch (tensors, possibly in tuples, lists or dicts) on ``device``."""
     if isinstance(batch, torch.Tensor):
@@ -326,8 +339,10 @@ def train_rank(cfg: FragmentConfig) -> FragmentResult | None:
         raise FragmentFailed(str(e)) from None
     opt = wl.build_optimizer(params)
     total_steps = -(-cfg.total_samples // cfg.global_batch) if cfg.total_samples else None
-    takes_length = "total_steps" in inspect.signature(wl.build_scheduler).parameters
-    sched = wl.build_scheduler(opt, total_steps) if takes_length else wl.build_scheduler(opt)
+    takes = inspect.signature(wl.build_scheduler).parameters       # user subclasses may take fewer arguments
+    sched = wl.build_scheduler(opt, **{k: v for k, v in (("total_steps", total_steps),
+                                                         ("steps_per_epoch", len(data) // cfg.global_batch))
+                                       if k in takes})
     state = store.latest()
     step = epoch = samples_done = pos = 0
     metrics: list[dict] = []
@@ -415,6 +430,10 @@ def train_rank(cfg: FragmentConfig) -> FragmentResult | None:
             raise FragmentFailed(f"job {cfg.job}: the loss is {last_loss} at step {step}: not saving (the last "
                                  "finite checkpoint stays)")
         metrics.append({"step": step, "loss": last_loss, "world": world})
+        if rank == 0:
+            if wl.eval_every and step % wl.eval_every == 0:
+                metrics[-1].update(_evaluate(wl, model))
+            wl.log(metrics[-1])
         if stop or late:
             stopped_by = "signal" if stop else "deadline"
             break

@@ -25,26 +25,41 @@ from torch import nn
 from torch.utils.data import Dataset, TensorDataset, default_collate
 
 
-def lr_schedule(optimizer, schedule: str | None, total_steps: int | None, warmup: float = 0.0):
-    """A learning-rate schedule stated in fractions of the run, so it means the same whatever the job's size:
-    None or "constant", "cosine" (to 0 at the end), "linear" (to 0), "step:GAMMA@F1,F2,..." (multiply by GAMMA
-    at each fraction F of the run); ``warmup``: the first fraction of the run ramps up linearly."""
+def lr_schedule(optimizer, schedule: str | None, total_steps: int | None, warmup: float | str = 0.0,
+                steps_per_epoch: int | None = None):
+    """A learning-rate schedule stated in fractions of the run, so it means the same whatever the job's size, or
+    in epochs (a number with an ``e``: "30e"): None or "constant", "cosine" (to 0 at the end), "linear" (to 0),
+    "step:GAMMA@M1,M2,..." (multiply by GAMMA at each mark: 0.5 = half-way, 30e = after 30 epochs);
+    ``warmup``: the first fraction of the run (or "2e": epochs) ramps up linearly."""
     if schedule in (None, "", "constant") and not warmup:
         return None
-    if not 0 <= warmup < 1:
-        raise ValueError(f"warmup is a fraction of the run in [0, 1), got {warmup}")
     if total_steps is None or total_steps < 1:
         raise ValueError(f"schedule {schedule!r} / warmup needs the run's length: give the job its samples")
+
+    def steps(mark) -> float:
+        text = str(mark).strip()
+        if text.endswith("e"):
+            if not steps_per_epoch:
+                raise ValueError(f"{text!r} is in epochs, but the dataset's length is not known here")
+            return float(text[:-1]) * steps_per_epoch
+        return float(text) * total_steps
+
+    try:
+        w = steps(warmup)
+    except ValueError as e:
+        raise ValueError(f"warmup {warmup!r}: a fraction of the run in [0, 1) or epochs ('2e') ({e})") from None
+    if not 0 <= w < total_steps:
+        raise ValueError(f"warmup is a fraction of the run in [0, 1) (or epochs within it), got {warmup}")
     kind, _, arg = (schedule or "constant").partition(":")
     if kind not in ("constant", "cosine", "linear", "step") or (arg and kind != "step"):
         raise ValueError(f"unknown schedule {schedule!r}: use constant, cosine, linear or step:GAMMA@F1,F2")
     if kind == "step":
         try:
             gamma, fracs = arg.split("@")
-            gamma, marks = float(gamma), [float(f) * total_steps for f in fracs.split(",")]
-        except ValueError:
-            raise ValueError(f"schedule {schedule!r}: write step:GAMMA@F1,F2 (e.g. step:0.1@0.5,0.75)") from None
-    w = warmup * total_steps
+            gamma, marks = float(gamma), [steps(f) for f in fracs.split(",")]
+        except ValueError as e:
+            raise ValueError(f"schedule {schedule!r}: write step:GAMMA@M1,M2 (fractions of the run, e.g. "
+                             f"step:0.1@0.5,0.75, or epochs, e.g. step:0.1@30e,60e): {e}") from None
 
     def factor(step: int) -> float:
         if step < w:
@@ -63,9 +78,12 @@ def lr_schedule(optimizer, schedule: str | None, total_steps: int | None, warmup
 class Workload:
     name = "workload"
 
-    def __init__(self, seed: int = 0, lr: float = 0.05, schedule: str | None = None, warmup: float = 0.0,
-                 **kwargs):
+    def __init__(self, seed: int = 0, lr: float = 0.05, schedule: str | None = None, warmup: float | str = 0.0,
+                 eval_every: int = 0, **kwargs):
         self.seed, self.lr, self.schedule, self.warmup, self.kwargs = seed, lr, schedule, warmup, kwargs
+        if eval_every < 0:
+            raise ValueError(f"eval_every is a number of steps >= 0, got {eval_every}")
+        self.eval_every = eval_every
 
     def build_model(self) -> nn.Module:
         raise NotImplementedError
@@ -80,9 +98,20 @@ class Workload:
     def build_optimizer(self, params) -> torch.optim.Optimizer:
         return torch.optim.SGD(params, lr=self.lr, momentum=0.9)
 
-    def build_scheduler(self, optimizer, total_steps: int | None = None):
+    def build_scheduler(self, optimizer, total_steps: int | None = None, steps_per_epoch: int | None = None):
         """No schedule unless the workload names one (see ``lr_schedule``)."""
-        return lr_schedule(optimizer, self.schedule, total_steps, self.warmup)
+        return lr_schedule(optimizer, self.schedule, total_steps, self.warmup, steps_per_epoch)
+
+    eval_every: int = 0     # steps between evaluate() calls on rank 0 (0: never); a workload argument too
+
+    def evaluate(self, model: nn.Module) -> dict[str, float]:
+        """Held-out metrics (e.g. {"accuracy": ...}), every ``eval_every`` steps on rank 0, in eval mode without
+        gradients; they join the step's metrics (kept in the checkpoint, passed to ``log``)."""
+        return {}
+
+    def log(self, metrics: dict[str, float]) -> None:
+        """Each step's metrics on rank 0 (step, loss, world size, evaluation results): print them (the rank's
+        log keeps them) or send them to your tracker."""
 
     def collate(self, items: list):
         """How items of ``dataset()`` become one batch."""
