@@ -41,8 +41,8 @@ def place(jobs: list[JobState], sizes: dict[str, int], pool: list[str], placemen
     free = [n for n in pool if n not in held] + released
     placement.observe(alloc)
     default_grow = type(placement).grow is Placement.grow
-    if default_grow:       # every job takes the head of one order: sort once (same result, O(N log N) not O(J N))
-        free = placement.grow(None, free, len(free), remaining)
+    if default_grow and remaining:   # every job takes the head of one order: sort once (O(N log N), not O(J N));
+        free = placement.grow(None, free, len(free), remaining)    # no lifetimes known: that order is the pool's
     for j in placement.grow_order([j for j in jobs if sizes.get(j.name, 0) > j.size], sizes):
         k = sizes[j.name]
         if k > j.size:

@@ -78,7 +78,7 @@ def build_problem(jobs: list[JobState], pool_size: int, objective: Objective, t_
         if levels is not None:
             levels[j.name] = dict(zip(a.tolist(), level.tolist()))
     narrowed = objective.restrict(jobs, allowed, pool_size)
-    values = [v[np.isin(a, b)] for v, a, b in zip(values, allowed, narrowed)]
+    values = [v if b is a else v[np.isin(a, b)] for v, a, b in zip(values, allowed, narrowed)]   # most keep all
     return SizeProblem([j.name for j in jobs], narrowed, values, pool_size)
 
 

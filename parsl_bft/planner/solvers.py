@@ -89,31 +89,33 @@ def _solve_core(p: SizeProblem) -> dict[str, int]:
 def _solve_on(p: SizeProblem, A: np.ndarray, V: np.ndarray, core: np.ndarray) -> tuple[dict[str, int], float]:
     """Exact DP restricted to the core sizes: jobs with one core size are fixed; the others choose their size
     above their smallest core size from what the fixed ones and those minimums leave."""
-    fixed: dict[str, int] = {}
-    names, low, allowed, value = [], [], [], []
-    for j, name in enumerate(p.names):
-        order = np.argsort(A[j][core[j]], kind="stable")
-        a, v = A[j][core[j]][order], V[j][core[j]][order]
-        if len(a) == 1:
-            fixed[name] = int(a[0])
-            continue
-        names.append(name)
-        low.append(int(a[0]))
-        allowed.append(a - a[0])
-        value.append(v)
-    sizes = dict(fixed)
-    if names:
-        sub = SizeProblem(names, allowed, value, p.capacity - sum(fixed.values()) - sum(low))
+    rows = np.arange(len(p.names))
+    cols = core.argmax(axis=1)                   # the one core size of a fixed job
+    active = np.flatnonzero(core.sum(axis=1) > 1)
+    if len(active):
+        fixed = np.ones(len(rows), dtype=bool)
+        fixed[active] = False
+        left = p.capacity - int(A[rows[fixed], cols[fixed]].sum())
+        choices, allowed, value = [], [], []
+        for j in active:
+            c = np.flatnonzero(core[j])
+            a = A[j, c]
+            left -= int(a.min())
+            choices.append(c)
+            allowed.append(a - a.min())
+            value.append(V[j, c])
+        sub = SizeProblem([str(j) for j in active], allowed, value, left)
         best = [int(a[int(np.argmax(v))]) for a, v in zip(allowed, value)]
         if sum(best) <= sub.capacity:
-            picked = dict(zip(names, best))
+            picked = dict(zip(sub.names, best))
         elif sub.capacity * max(len(a) for a in allowed) < SMALL:
             picked = solve_dp_reference(sub)[0]
         else:
             picked = _solve_window(sub)
-        sizes.update({n: lo + picked[n] for n, lo in zip(names, low)})
-    sizes = {n: sizes[n] for n in p.names}
-    return sizes, p.objective(sizes)
+        for j, c, a, name in zip(active, choices, allowed, sub.names):
+            cols[j] = c[int(np.flatnonzero(a == picked[name])[0])]
+    sizes = A[rows, cols]
+    return dict(zip(p.names, sizes.tolist())), float(V[rows, cols].sum())
 
 
 def _solve_window(p: SizeProblem) -> dict[str, int]:
