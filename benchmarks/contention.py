@@ -1,13 +1,14 @@
 """Reproduce SJF-BCO's evaluation (Yu et al., MobiHoc 2022, section 7) in the paper's slotted offline setting.
 
 A. 160 jobs (80 x 1, 14 x 2, 26 x 4, 30 x 8, 8 x 16, 2 x 32 GPUs) on 20 servers of 4/8/16/32 GPUs, per seed:
-   makespan and average JCT of SJF-BCO, List-Scheduling, First-Fit, Random (and First-Fit with overtaking);
+   makespan and average JCT of SJF-BCO, List-Scheduling, First-Fit, Random (and First-Fit with overtaking,
+   Random read as random servers);
 B. kappa sweep (1, 2, 4, 8, 10, 16, 32): SJF-BCO with kappa fixed;
-C. lambda sweep (1, 2, 4, 8) with kappa = 1;
+C. lambda sweep (1, 2, 4, 8) with kappa = 1, and how many servers a multi-GPU job spans;
 D. 10 / 15 / 20 servers (horizon 1500);
 E. optimality gap: SJF-BCO / exact MILP optimum on small instances (2-3 servers of 2/4 GPUs, 4-5 jobs).
 Plots go to out/contention/. LAST line: one JSON object (see the issue).
-Usage: python benchmarks/contention.py [--seeds 30] [--small 50] [--out out/contention] [--quick]
+Usage: python benchmarks/contention.py [--seeds 30] [--small 50] [--out out/contention] [--quick] [--max-extra 0.15]
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from parsl_bft.planner.contention import POLICIES, paper_instance, run, sjf_bco
 from parsl_bft.planner.contention.milp import solve_optimal
 
 ORDER = ("sjf-bco", "ls", "ff", "rand")
+EXTRA = ("ff-bf", "rand-srv")      # other readings of the baselines, reported beside
 KAPPAS = (1, 2, 4, 8, 10, 16, 32)
 LAMBDAS = (1, 2, 4, 8)
 SERVERS = (10, 15, 20)
@@ -99,21 +101,26 @@ def main() -> None:
     ap.add_argument("--small", type=int, default=50, help="small instances for the optimality gap")
     ap.add_argument("--out", default="out/contention")
     ap.add_argument("--quick", action="store_true", help="5 seeds, 10 small instances")
+    ap.add_argument("--max-extra", type=float, default=0.15, help="what contention and overhead add at most to a "
+                    "job's time, split over 2 servers with 4 contending jobs (the paper: 15%%)")
     args = ap.parse_args()
+
+    def paper(seed: int, servers: int):
+        return paper_instance(seed, servers, max_extra=args.max_extra)
     seeds = range(5 if args.quick else args.seeds)
     n_small = 10 if args.quick else args.small
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
 
-    print(f"A. 160 jobs, 20 servers, {len(seeds)} seeds (horizon 1200)")
-    main_rows = [policies(paper_instance(s, 20), s, 1200) for s in seeds]
-    for p in ORDER + ("ff-bf",):
+    print(f"A. 160 jobs, 20 servers, {len(seeds)} seeds (horizon 1200; communication adds <= {args.max_extra:.0%})")
+    main_rows = [policies(paper(s, 20), s, 1200) for s in seeds]
+    for p in ORDER + EXTRA:
         mk = [r[p][0] for r in main_rows]
         jct = [r[p][1] for r in main_rows]
         print(f"  {p:8} makespan median {np.median(mk):7.1f} (p10 {np.percentile(mk, 10):6.0f}, p90 "
               f"{np.percentile(mk, 90):6.0f})  avg JCT median {np.median(jct):6.1f}  paper ~{PAPER.get(p, '-')}")
     order_ok = [r["sjf-bco"][0] < r["ls"][0] < r["ff"][0] < r["rand"][0] for r in main_rows]
-    ratio = {p: float(np.median([r[p][0] / r["sjf-bco"][0] for r in main_rows])) for p in ("ls", "ff", "rand", "ff-bf")}
+    ratio = {p: float(np.median([r[p][0] / r["sjf-bco"][0] for r in main_rows])) for p in ORDER[1:] + EXTRA}
     print(f"  order SJF-BCO < LS < FF < RAND in {sum(order_ok)}/{len(order_ok)} seeds; median ratios "
           + ", ".join(f"{p}/bco {v:.3f}" for p, v in ratio.items()))
     bco_s = [r["_bco_s"] for r in main_rows]
@@ -123,15 +130,21 @@ def main() -> None:
     print("B. kappa sweep (kappa fixed)")
     kappa = {}
     for k in KAPPAS:
-        kappa[k] = [sjf_bco(paper_instance(s, 20), kappas=[k]).outcome.makespan for s in seeds]
+        kappa[k] = [sjf_bco(paper(s, 20), kappas=[k]).outcome.makespan for s in seeds]
         print(f"  kappa {k:2d}: median makespan {np.median(kappa[k]):7.1f}")
     kappa_best = min(KAPPAS, key=lambda k: (np.median(kappa[k]), k))
 
     print("C. lambda sweep (kappa = 1)")
     lam = {}
     for v in LAMBDAS:
-        lam[v] = [sjf_bco(paper_instance(s, 20), kappas=[1], lam=float(v)).outcome.makespan for s in seeds]
-        print(f"  lambda {v}: median makespan {np.median(lam[v]):7.1f}")
+        lam[v], spans = [], []
+        for s in seeds:
+            inst = paper(s, 20)
+            b = sjf_bco(inst, kappas=[1], lam=float(v))
+            lam[v].append(b.outcome.makespan)
+            spans += [len(np.unique(inst.server_of[g])) for j, g in enumerate(b.schedule.gpus) if inst.gpus[j] > 1]
+        print(f"  lambda {v}: median makespan {np.median(lam[v]):7.1f}; servers per multi-GPU job "
+              f"{np.mean(spans):.2f}")
     lam_med = [np.median(lam[v]) for v in LAMBDAS]
     lambda_monotone = bool(all(b <= a for a, b in zip(lam_med, lam_med[1:])))
 
@@ -139,10 +152,10 @@ def main() -> None:
     servers = {20: main_rows}
     for n in SERVERS:
         if n != 20:
-            servers[n] = [policies(paper_instance(s, n), s, 1500) for s in seeds]
-        meds = {p: np.median([r[p][0] for r in servers[n]]) for p in ORDER}
+            servers[n] = [policies(paper(s, n), s, 1500) for s in seeds]
+        meds = {p: np.median([r[p][0] for r in servers[n]]) for p in ORDER + EXTRA}
         print(f"  {n:2d} servers: " + "  ".join(f"{p} {v:7.1f}" for p, v in meds.items())
-              + f"   LS/SJF-BCO {meds['ls'] / meds['sjf-bco']:.3f}")
+              + "   /SJF-BCO: " + ", ".join(f"{p} {meds[p] / meds['sjf-bco']:.3f}" for p in ("ls", "rand", "rand-srv")))
 
     print(f"E. optimality gap on {n_small} small instances (exact MILP)")
     gaps, t0 = [], time.perf_counter()
@@ -154,14 +167,14 @@ def main() -> None:
     print(f"  SJF-BCO / optimal: median {np.median(gaps):.3f}, p95 {np.percentile(gaps, 95):.3f}, max "
           f"{max(gaps):.3f}; optimal in {sum(g == 1.0 for g in gaps)}/{len(gaps)} ({time.perf_counter() - t0:.1f} s)")
 
-    inst = paper_instance(0, 20)
+    inst = paper(0, 20)
     t = time.perf_counter()
     sjf_bco(inst)
     runtime_s = time.perf_counter() - t
     plots(out, main_rows, kappa, lam, servers, gaps)
     print(f"plots: {out / 'policies.png'}, {out / 'sweeps.png'}, {out / 'optimality_gap.png'}")
-    table = {"makespan_median": {p: float(np.median([r[p][0] for r in main_rows])) for p in ORDER + ("ff-bf",)},
-             "jct_median": {p: float(np.median([r[p][1] for r in main_rows])) for p in ORDER + ("ff-bf",)},
+    table = {"makespan_median": {p: float(np.median([r[p][0] for r in main_rows])) for p in ORDER + EXTRA},
+             "jct_median": {p: float(np.median([r[p][1] for r in main_rows])) for p in ORDER + EXTRA},
              "kappa_median": {k: float(np.median(v)) for k, v in kappa.items()},
              "lambda_median": {v: float(np.median(x)) for v, x in lam.items()},
              "servers_median": {n: {p: float(np.median([r[p][0] for r in servers[n]])) for p in ORDER}

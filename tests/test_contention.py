@@ -8,7 +8,8 @@ import pytest
 
 from parsl_bft.planner.contention import (CommParams, Instance, Schedule, contention, degradation, first_fit,
                                           first_fit_backfill, iteration_time, iterations_per_slot, list_scheduling,
-                                          paper_instance, random_placement, run, sjf_bco, sjf_bco_trial)
+                                          paper_instance, random_placement, random_servers, run, sjf_bco,
+                                          sjf_bco_trial)
 from parsl_bft.planner.contention.milp import options, solve_optimal
 
 P = CommParams(alpha=0.5, xi1=1.0, xi2=1.0, b_intra=10.0, b_inter=1.0, reduce_speed=100.0, overhead=1e-3)
@@ -146,6 +147,15 @@ def test_baselines_semantics():
     assert ls.gpus[2].tolist() == [3]                           # least booked work
     a, b = random_placement(inst, seed=1), random_placement(inst, seed=1)
     assert all(np.array_equal(x, y) for x, y in zip(a.gpus, b.gpus))
+    # random servers: a job that fits one server stays on one (the fewest in the drawn order), and it waits
+    # for that server's GPUs even when GPUs on the other server are free
+    r = [random_servers(big, seed=s) for s in range(3)]
+    assert all(len(set(big.server_of[x.gpus[j]].tolist())) == 1 for x in r for j in range(big.n_jobs)
+               if big.gpus[j] <= big.server_gpus.min())
+    assert len({tuple(big.server_of[x.gpus[0]].tolist()) for x in r}) > 1
+    one = _inst([2, 2], [2, 2, 1], [4, 4, 4], [1.0, 1.0, 0.0], [0.5, 0.5, 0.5])
+    waits = [run(one, random_servers(one, seed=s)).makespan for s in range(20)]
+    assert min(waits) < max(waits)                              # both 2-GPU jobs on one server: one waits
 
 
 def test_sjf_bco_within_bound_of_optimum_on_small_random_instances():

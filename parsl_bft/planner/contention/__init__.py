@@ -5,9 +5,9 @@ from .engine import Outcome, Schedule, run
 from .instance import PAPER_MIX, Instance, paper_instance
 from .model import CommParams, contention, degradation, iteration_time, iterations_per_slot
 from .policies import (POLICIES, BcoResult, first_fit, first_fit_backfill, list_scheduling, random_placement,
-                       sjf_bco, sjf_bco_trial)
+                       random_servers, sjf_bco, sjf_bco_trial)
 
 __all__ = ["Outcome", "Schedule", "run", "PAPER_MIX", "Instance", "paper_instance", "CommParams", "contention",
            "degradation", "iteration_time", "iterations_per_slot", "POLICIES", "BcoResult", "first_fit",
            "first_fit_backfill",
-           "list_scheduling", "random_placement", "sjf_bco", "sjf_bco_trial"]
+           "list_scheduling", "random_placement", "random_servers", "sjf_bco", "sjf_bco_trial"]
