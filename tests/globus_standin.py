@@ -11,11 +11,9 @@ import multiprocessing
 from concurrent.futures import Future, ProcessPoolExecutor
 
 import requests
-from globus_compute_sdk import Executor
-from globus_compute_sdk.serialize import ComputeSerializer
 from globus_sdk import GlobusAPIError
 
-from parsl_bft.execution.globus import _run_serialised
+from parsl_bft.execution.globus import LocalEndpointExecutor
 
 ENDPOINT_ID = "5e0f2a52-7d43-4b0c-9a1e-2f7c8d9e0a11"
 
@@ -50,34 +48,14 @@ class _Client:
         return {"status": self.endpoint.status}
 
 
-class StandInExecutor(Executor):
+class StandInExecutor(LocalEndpointExecutor):
+    """The SDK's serialiser on the way out and back (LocalEndpointExecutor); its tasks run on the endpoint."""
+
     def __init__(self, endpoint: StandInEndpoint, endpoint_id: str):
-        # deliberately not Executor.__init__: it would log in to the cloud service and open AMQP
+        super().__init__(endpoint_id, pool=endpoint.pool)
         self.endpoint = endpoint
-        self.endpoint_id = endpoint_id
         self.client = _Client(endpoint)
-        self._ser = ComputeSerializer()
-        self.closed = False
 
     def submit(self, fn, *args, **kwargs) -> Future:
-        if self.closed:
-            raise RuntimeError("this executor was shut down")
-        s = self._ser
-        payload = s.pack_buffers([s.serialize(fn), s.serialize(args), s.serialize(kwargs)])
         self.endpoint.tasks += 1
-        inner = self.endpoint.pool.submit(_run_serialised, payload)
-        outer: Future = Future()
-
-        def done(f: Future) -> None:
-            try:
-                outer.set_result(s.deserialize(f.result()))
-            except BaseException as e:   # noqa: BLE001 - the task's own failure reaches the caller
-                outer.set_exception(e)
-        inner.add_done_callback(done)
-        return outer
-
-    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
-        self.closed = True               # the laptop's side only: the endpoint keeps running
-
-    def _get_result_watcher(self):
-        return None
+        return super().submit(fn, *args, **kwargs)

@@ -31,7 +31,10 @@ class LocalEndpointExecutor(Executor):
     """A globus_compute_sdk.Executor whose 'cloud' is a local process pool: the SDK's serialiser and Parsl's
     GlobusComputeExecutor wiring are real; only the AMQP round trip to the service is replaced."""
 
-    def __init__(self, endpoint_id: str = "00000000-0000-0000-0000-000000000000", workers: int = 2):
+    def __init__(self, endpoint_id: str = "00000000-0000-0000-0000-000000000000", workers: int = 2,
+                 pool: ProcessPoolExecutor | None = None):
+        """``pool``: an endpoint's worker processes that outlive this executor (a laptop's connection to a
+        facility); by default its own."""
         # deliberately not calling Executor.__init__: it would log in to the cloud service
         self.label = "local-endpoint"
         self.endpoint_id = endpoint_id
@@ -39,7 +42,8 @@ class LocalEndpointExecutor(Executor):
         self.user_endpoint_config = None
         self._ser = ComputeSerializer()
         # spawn, like a real endpoint's workers: separate processes that share nothing with this one
-        self._pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"))
+        self._own_pool = pool is None
+        self._pool = pool or ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"))
         self.submitted_specs: list = []
 
     def submit(self, fn, *args, **kwargs) -> Future:
@@ -61,7 +65,8 @@ class LocalEndpointExecutor(Executor):
         return f"LocalEndpointExecutor(endpoint_id={self.endpoint_id!r})"
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
-        self._pool.shutdown(wait=wait, cancel_futures=cancel_futures)
+        if self._own_pool:
+            self._pool.shutdown(wait=wait, cancel_futures=cancel_futures)
 
     def _get_result_watcher(self):
         return _Watcher()
