@@ -272,3 +272,12 @@ def test_simulated_cluster_finishes_sooner_with_freezing_and_within_budgets(tmp_
     assert on["avg_jct_s"] < off["avg_jct_s"] and on["budget_violations"] == 0
     assert all(j["accuracy_spent"] <= 0.01 for j in on["jobs"])
     assert max(j["freeze_level"] for j in on["jobs"] if j["name"] in ("j0", "j2", "j4", "j6")) == 0
+
+
+def test_the_budget_outranks_levels_only_going_up():
+    """Frozen at 3 with its penalty grown past what the budget has left: the planner takes it down to the highest
+    level that fits, even without unfreeze, and even though the restart costs more than the gain."""
+    j = job(budget=0.02, level=3)                  # SETTLED: penalty(3) = 0.25, 0 below
+    j.samples_done, j.nodes, j.accuracy_spent = 5e5, tuple(NODES), 0.015     # 0.015 + 0.25 * 0.5 > 0.02
+    plan = Planner(method="dp", t_fwd=0.01).plan([j], NODES)
+    assert plan.freeze["a"] == 2 and plan.rescale_cost["a"] > 0

@@ -90,8 +90,8 @@ class LayerThroughput:
         out = self._factor(ns, f, self.beta, self.gamma)
         base = self.curve.table(max(int(ns.max(initial=0)), 1))
         for (n, lv), r in self.profile.points.items():
-            if lv == f:
-                out[ns == n] = r / base[n] if n < len(base) else out[ns == n]
+            if lv == f and n < len(base):
+                out[ns == n] = r / base[n]
         return np.where(ns > 0, out, 1.0)
 
     def speedup(self, n: int, f: int) -> float:
@@ -118,8 +118,8 @@ class LayerThroughput:
 
 @dataclass(frozen=True)
 class GradStats:
-    """Per-layer gradient L1 norms summed over the last two recording intervals (input-to-output order);
-    a layer that was frozen in an interval has no entry (nan) there."""
+    """Per-layer gradient L1 norms summed over the last two recording intervals (input-to-output order); a
+    frozen layer keeps its values from before it was frozen, one frozen before it had any is nan."""
 
     prev: tuple[float, ...]
     now: tuple[float, ...]
@@ -161,11 +161,9 @@ def allowed_levels(spec, current: int, penalty: np.ndarray, spent: float, remain
     may unfreeze - but the budget comes first: a job whose current level no longer fits (the penalty of a frozen
     prefix grows as the rest of the model settles and the prefix's share of the learning rises) goes down to
     the highest level that does (level 0 always does: it costs nothing)."""
-    if spec.freeze == "off" and not current:
-        return [0]
-    fits = [f for f in levels if f == 0 or spent + penalty[f] * remaining_share <= spec.accuracy_budget + 1e-12]
     if spec.freeze == "off":
         return [0]
+    fits = [f for f in levels if f == 0 or spent + penalty[f] * remaining_share <= spec.accuracy_budget + 1e-12]
     up = [f for f in fits if f >= current or spec.unfreeze]
     return up or [max(fits)]
 
@@ -173,11 +171,11 @@ def allowed_levels(spec, current: int, penalty: np.ndarray, spent: float, remain
 @dataclass
 class FreezeChoice:
     """For one job, per size: the best level, its effective-rate factor P(n, f) (1 - penalty(f)) / P(n, 0), and
-    that factor at the job's current level."""
+    that factor at the job's current level (None when the budget no longer allows it: the job must change)."""
 
     level: np.ndarray
     factor: np.ndarray
-    current: np.ndarray
+    current: np.ndarray | None
 
 
 def best_levels(job, sizes: np.ndarray, model: LayerThroughput | None) -> FreezeChoice:
@@ -198,7 +196,7 @@ def best_levels(job, sizes: np.ndarray, model: LayerThroughput | None) -> Freeze
         x = factor(f)
         better = x > best_x + 1e-12
         best_f[better], best_x[better] = f, x[better]
-    return FreezeChoice(best_f, best_x, factor(job.freeze))
+    return FreezeChoice(best_f, best_x, factor(job.freeze) if job.freeze in levels else None)
 
 
 def heldout_errors(rows: list[tuple]) -> dict[str, float | None]:

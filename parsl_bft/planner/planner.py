@@ -50,7 +50,7 @@ def build_problem(jobs: list[JobState], pool_size: int, objective: Objective, t_
         ks = np.arange(max(int(a.max()), j.size, 1) + 1)
         u_base = objective.utility(j, ks, now)
         choice = best_levels(j, ks, j.layers)
-        u_now = float(u_base[j.size] * choice.current[j.size])
+        u_now = float(u_base[j.size] * (choice.current if choice.current is not None else choice.factor)[j.size])
 
         def gain_of(u_all: np.ndarray) -> np.ndarray:
             u = u_all[a]
@@ -67,8 +67,9 @@ def build_problem(jobs: list[JobState], pool_size: int, objective: Objective, t_
         value, level = gain_of(u_base * choice.factor) - cost, choice.level[a]
         i = int(np.flatnonzero(a == j.size)[0])
         if j.size and level[i] != j.freeze:
-            # at its own size a new level means a restart: keep the current one unless the gain pays for it
-            stay = gain_of(u_base * choice.current)[i]
+            # at its own size a new level means a restart: keep the current one unless the gain pays for it (or
+            # the budget no longer allows the current one)
+            stay = gain_of(u_base * choice.current)[i] if choice.current is not None else -math.inf
             if stay >= value[i] - s.t_up * u_now:
                 level[i], value[i] = j.freeze, stay
             else:
