@@ -15,15 +15,19 @@ class LiveBars:
                             TextColumn("{task.fields[nodes]}"), TextColumn("{task.fields[loss]}"), TimeElapsedColumn(),
                             console=console or Console(stderr=True))
         self.tasks: dict[str, int] = {}
+        self._orch = None
 
     def __enter__(self) -> "LiveBars":
         self.bar.start()
         return self
 
     def __exit__(self, *exc) -> None:
+        if self._orch is not None:          # the last word: where every job stands as the bars close
+            self(self._orch)
         self.bar.stop()
 
     def __call__(self, orch) -> None:
+        self._orch = orch
         live = orch.live_progress()
         for name, done in live.items():
             if name not in self.tasks:
