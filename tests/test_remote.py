@@ -143,7 +143,9 @@ def test_facility_functions_refuse_and_report(tmp_path):
     assert facility.run_status(runs, "r1")["state"] == "failed"
     assert "already names a different submission" in facility.call("start", runs, "r1", {}, {"digest": "b"})["error"]
     assert "no checkpoint of job 'x'" in facility.call("chunk", runs, "r1", "bft-state/a", "x", 0)["error"]
-    assert "must be a relative path" in facility.call("start", runs, "r2", {"../evil.py": b""}, {"digest": "c"})["error"]
+    assert "must be a relative path" in facility.call("start", runs, "r2", {"../evil.py": b""},
+                                                      {"digest": "c", "workflow": "w.py"})["error"]
+    assert not (tmp_path / "runs" / "r2" / "request.json").exists()
 
 
 def test_checkpoints_leave_in_chunks_and_only_recorded_ones(tmp_path):

@@ -21,7 +21,7 @@ from pathlib import Path
 from ..errors import ParslBftError
 from ..sites import RemoteRuns, Site, SiteError, load_site
 from . import facility
-from .bundle import make_bundle
+from .bundle import Bundle, make_bundle
 
 END_STATES = ("finished", "failed", "cancelled", "lost")
 
@@ -127,7 +127,9 @@ class RemoteSession:
         """Ship the workflow (and the files it names, and ``files``) and start it detached at the facility. The
         same submission again - or the same ``run_id`` - starts no second session; after a cancel or a failure
         it resumes the run."""
-        bundle = make_bundle(workflow, args, files)
+        return self.submit_bundle(make_bundle(workflow, args, files), run_id)
+
+    def submit_bundle(self, bundle: Bundle, run_id: str | None = None) -> RemoteRun:
         digest = bundle.digest(self.remote.site)
         run_id = run_id or bundle.run_id(self.remote.site)
         request = {"workflow": bundle.workflow, "args": list(bundle.args), "site": self.remote.site,
@@ -220,8 +222,9 @@ class RemoteRun:
         with self._lock:
             for fut in [*self._jobs.values(), *([self._done] if self._done else [])]:
                 if not fut.done():
-                    fut.set_exception(RemoteError(f"the remote session closed before run {self.run_id} told; it "
-                                                  "goes on at the facility: watch it again with remote.run(run_id)"))
+                    fut.set_exception(RemoteError(f"the remote session was closed while this waited on run "
+                                                  f"{self.run_id}, which goes on at the facility: "
+                                                  "remote.run(run_id) in a new session watches it again"))
 
     def _update(self, st: dict) -> None:
         self.last = st

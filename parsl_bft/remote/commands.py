@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 from ..errors import UsageError
+from .bundle import make_bundle
 from .client import END_STATES, endpoint_site, known_runs, remember, remote_session
 
 
@@ -75,9 +76,10 @@ def cmd_submit(args) -> int:
     args.file = [*args.file, *late.file]
     if not args.site:
         raise UsageError("submit needs --site: a site file naming the facility's globus_compute_endpoint")
-    endpoint_site(args.site)               # a bad or non-endpoint site fails before any login is tried
+    endpoint_site(args.site)               # a bad site or workflow fails before the service is asked anything
+    bundle = make_bundle(args.workflow, args.args, args.file)
     with remote_session(args.site) as remote:
-        run = remote.submit(args.workflow, args.args, args.file, run_id=args.run_id)
+        run = remote.submit_bundle(bundle, run_id=args.run_id)
     remember(run.run_id, args.site)
     st = run.last
     verb = "started" if st["started"] else f"already submitted ({st['state']}): nothing started"

@@ -84,11 +84,13 @@ def start_run(runs_dir: str, run_id: str, files: dict[str, bytes], request: dict
             raise FacilityError(f"run id {run_id} already names a different submission (other files or "
                                 "arguments): choose another run id")
         if old is None:
-            for name, data in files.items():
-                p = d / "work" / _safe_relative(name)
+            paths = {d / "work" / _safe_relative(name): data for name, data in files.items()}
+            if d / "work" / _safe_relative(request["workflow"]) not in paths:
+                raise FacilityError(f"the workflow {request['workflow']!r} is not among the shipped files")
+            for p, data in paths.items():
                 p.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
                 p.write_bytes(data)
-            (d / "request.json").write_text(json.dumps(request))
+            (d / "request.json").write_text(json.dumps(request))   # last: the run exists once it is complete
         ended = _read_json(d / "exit.json")
         if _alive(d) or (ended is not None and ended["code"] == 0):
             return {**run_status(runs_dir, run_id), "started": False}
@@ -107,11 +109,14 @@ def _spawn(d: Path) -> None:
         with open(d / "session.log", "ab") as log:
             # the runner forks and this child exits at once: the session is nobody's child here, so it
             # outlives the endpoint worker and leaves no zombie behind in it
-            subprocess.run([sys.executable, "-m", "parsl_bft.remote.runner", str(d), str(fd)],
-                           stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, pass_fds=(fd,),
-                           start_new_session=True, check=True, timeout=120)
+            code = subprocess.run([sys.executable, "-m", "parsl_bft.remote.runner", str(d), str(fd)],
+                                  stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, pass_fds=(fd,),
+                                  start_new_session=True, timeout=120).returncode
     finally:
         os.close(fd)
+    if code != 0:
+        tail = run_logs(str(d.parent), d.name, tail=2000)["text"].strip()
+        raise FacilityError(f"the session did not start ({sys.executable} exited {code}): {tail}")
 
 
 def _state_dirs(work: Path) -> list[Path]:
@@ -147,45 +152,50 @@ def _jobs(d: Path) -> list[dict]:
     return rows
 
 
-def run_status(runs_dir: str, run_id: str) -> dict:
-    """The run's state (running, finished, failed, cancelled, lost: ended without a word, e.g. the login node
-    rebooted) and its jobs' progress, read from the run's folder."""
+def _submitted(runs_dir: str, run_id: str) -> Path:
     d = run_dir(runs_dir, run_id)
     if not (d / "request.json").exists():
         raise FacilityError(f"no run {run_id} under {runs_dir} at the facility")
+    return d
+
+
+def run_status(runs_dir: str, run_id: str) -> dict:
+    """The run's state (running, finished, failed, cancelled, lost: ended without a word, e.g. the login node
+    rebooted) and its jobs' progress, read from the run's folder."""
+    d = _submitted(runs_dir, run_id)
     ended = _read_json(d / "exit.json")
     if _alive(d):
         state = "cancelling" if (d / "cancel").exists() else "running"
+    elif ended is not None and ended["code"] == 0:
+        state = "finished"                      # also when a cancel came too late
     elif (d / "cancel").exists():
         state = "cancelled"
-    elif ended is None:
-        state = "lost"
     else:
-        state = "finished" if ended["code"] == 0 else "failed"
+        state = "lost" if ended is None else "failed"
     return {"run_id": run_id, "state": state, "exit_code": ended and ended["code"], "folder": str(d),
             "host": socket.gethostname(), "runner": _read_json(d / "runner.json"), "jobs": _jobs(d)}
 
 
 def run_logs(runs_dir: str, run_id: str, offset: int | None = None, tail: int = 64 << 10) -> dict:
     """The session's log from ``offset`` (at most CHUNK bytes), or its last ``tail`` bytes."""
-    p = run_dir(runs_dir, run_id) / "session.log"
+    p = _submitted(runs_dir, run_id) / "session.log"
     size = p.stat().st_size if p.exists() else 0
     start = max(0, size - tail) if offset is None else min(max(0, offset), size)
-    with open(p, "rb") if size else open(os.devnull, "rb") as f:
-        f.seek(start)
-        data = f.read(min(CHUNK, size - start))
+    data = b""
+    if size > start:
+        with open(p, "rb") as f:
+            f.seek(start)
+            data = f.read(min(CHUNK, size - start))
     return {"text": data.decode("utf-8", "replace"), "offset": start + len(data), "size": size}
 
 
 def cancel_run(runs_dir: str, run_id: str) -> dict:
     """Ask the session to stop: SIGTERM, which a training session turns into checkpoint-and-release."""
-    d = run_dir(runs_dir, run_id)
-    if not (d / "request.json").exists():
-        raise FacilityError(f"no run {run_id} under {runs_dir} at the facility")
+    d = _submitted(runs_dir, run_id)
     if _alive(d):
         (d / "cancel").write_text(time.strftime("%Y-%m-%d %H:%M:%S"))
         runner = _read_json(d / "runner.json")
-        if runner:
+        if runner:                              # else it has not started yet, and stops when it sees the mark
             os.kill(runner["pid"], signal.SIGTERM)
     return run_status(runs_dir, run_id)
 

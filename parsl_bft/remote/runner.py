@@ -22,6 +22,7 @@ def _stop(signum, frame):  # noqa: ARG001
 
 def main(argv: list[str]) -> int:
     d, lock_fd = Path(argv[0]), int(argv[1])
+    os.set_inheritable(lock_fd, False)    # the session's own processes must not keep the run "alive" after it
     if os.fork():
         os._exit(0)                       # the starter returns; the session is re-parented to init
     os.setsid()                           # no signal meant for the endpoint's process group reaches it
@@ -36,6 +37,8 @@ def main(argv: list[str]) -> int:
     site = ["--site", os.path.expanduser(req["site"])] if req.get("site") else []
     code = 1
     try:
+        if (d / "cancel").exists():       # cancelled before runner.json told where to send the signal
+            raise KeyboardInterrupt("cancelled")
         from ..cli import main as cli_main
         code = cli_main(["run", *site, req["workflow"], *req["args"]])
     except SystemExit as e:               # the workflow's own sys.exit
