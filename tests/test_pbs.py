@@ -88,3 +88,22 @@ def test_per_user_job_caps_from_queue_and_server():
         return (0, queue, "") if "-Q" in argv else (0, server, "") if "-B" in argv else (1, "", "")
     assert PBSCommands(run).job_limit("preemptable") == 10
     assert PBSCommands(lambda argv: (1, "", "qstat: Unknown queue")).job_limit("x") is None
+
+
+def test_placement_sets_are_asked_once_and_pilots_name_their_host(tmp_path):
+    calls = []
+    tiers = (Path(__file__).resolve().parent / "data" / "topology" / "pbsnodes_tiers.json").read_text()
+
+    def run(argv):
+        calls.append(argv)
+        return (0, tiers, "") if argv[0] == "pbsnodes" else canned([])(argv)
+    prov = PBSPilotProvider("preemptable", select="1:ncpus=64:ngpus=4", commands=PBSCommands(run),
+                            script_dir=str(tmp_path))
+    topo = prov.topology()
+    assert topo.group("x3001c0s1b1n0") == "x3001-g0" and prov.topology() is topo and len(calls) == 1
+    prov.pilot_target = ("x3001c0s1b1n0",)
+    prov.submit("process_worker_pool.py", 1, "pilot")
+    assert "#PBS -l select=1:ncpus=64:ngpus=4:host=x3001c0s1b1n0" in next(tmp_path.glob("pilot.*.sh")).read_text()
+    assert prov.targets == {"1010.polaris-pbs-01": ("x3001c0s1b1n0",)}
+    # vnodes without a placement set: no topology (logged), and the pilots go wherever PBS puts them
+    assert PBSPilotProvider("q", commands=PBSCommands(canned([])), script_dir=str(tmp_path)).topology() is None

@@ -8,10 +8,12 @@ hole - as TIMEOUT or SCALED_IN, never FAILED (Parsl marks an executor broken whe
 """
 from __future__ import annotations
 
+import logging
 import math
 import os
 import re
 import shlex
+import subprocess
 import time
 from abc import abstractmethod
 from dataclasses import dataclass, field
@@ -21,8 +23,20 @@ from typing import Mapping
 from parsl.jobs.states import JobState, JobStatus
 from parsl.providers.base import ExecutionProvider
 
+from ..topology import Topology, TopologyError
+from .commands import SchedulerError
+
+logger = logging.getLogger(__name__)
+
 
 _JUST_SUBMITTED = ""
+
+
+def node_name(node: str) -> str:
+    """A node name from the scheduler, pasted into a batch directive (an aimed pilot): one plain token."""
+    if not re.fullmatch(r"[\w.-]+", node):
+        raise ValueError(f"cannot aim a pilot at node {node!r}: not a plain host name")
+    return node
 
 
 @dataclass(frozen=True)
@@ -90,6 +104,7 @@ class PilotProvider(ExecutionProvider):
         self.pilot_nodes = nodes_per_block     # the next pilot's size (PilotPool packs holes when jobs are capped)
         self.pilot_target: tuple[str, ...] = ()   # the next pilot's nodes, when aimed (``can_target``)
         self.targets: dict[str, tuple[str, ...]] = {}   # job id -> the nodes it was aimed at
+        self._topology: tuple[Topology | None] | None = None
         self.sizes: dict[str, int] = {}        # job id -> nodes
         self.scheduler_options = list(scheduler_options or [])
         self._poll_s = poll_s
@@ -125,9 +140,21 @@ class PilotProvider(ExecutionProvider):
     multi_node = False       # can one pilot start a worker pool on each of several nodes (``on_each_node``)?
     can_target = False       # can a pilot be aimed at given idle nodes (``pilot_target``)?
 
-    def topology(self):
-        """The network's groups as the scheduler knows them (a ``parsl_bft.topology.Topology``), or None."""
+    def read_topology(self) -> Topology | None:
+        """Ask the scheduler for the network's groups; None where it does not know them."""
         return None
+
+    def topology(self) -> Topology | None:
+        """The network's groups as the scheduler knows them, asked once (they change only when the admins
+        reconfigure the machine); None where unknown or when the query fails (logged: the pilots then go
+        wherever the scheduler puts them)."""
+        if self._topology is None:
+            try:
+                self._topology = (self.read_topology(),)
+            except (SchedulerError, TopologyError, OSError, subprocess.SubprocessError) as e:
+                logger.warning("no network topology: %s", e)
+                self._topology = (None,)
+        return self._topology[0]
 
     def on_each_node(self, command: str, nodes: int) -> str:
         """The command that starts ``command`` once on each of the pilot's ``nodes`` nodes."""

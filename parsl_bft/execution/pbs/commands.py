@@ -10,6 +10,7 @@ import re
 from dataclasses import dataclass
 from datetime import datetime
 
+from ...topology import Topology, parse_pbsnodes_topology
 from ..commands import SchedulerCommands, SchedulerError
 
 
@@ -131,6 +132,11 @@ class PBSCommands(SchedulerCommands):
 
     def nodes(self) -> list[PBSNode]:
         return parse_pbsnodes(self._run(["pbsnodes", "-a", "-F", "json"])[0])
+
+    def topology(self) -> Topology:
+        """The vnodes' placement sets (``parse_pbsnodes_topology``: a TopologyError where no resource names a
+        group for every node)."""
+        return parse_pbsnodes_topology(self._run(["pbsnodes", "-a", "-F", "json"])[0], source="pbsnodes -a")
 
     def queue(self) -> list[PBSJob]:
         """Every job the server holds, in one query: queued jobs' estimated starts and our pilots' states."""

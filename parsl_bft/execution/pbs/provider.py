@@ -3,7 +3,8 @@ from __future__ import annotations
 
 from parsl.jobs.states import JobState
 
-from ..pilot import PilotProvider, QueueJob, Snapshot
+from ...topology import Topology
+from ..pilot import PilotProvider, QueueJob, Snapshot, node_name
 from .commands import PBSCommands, PBSJob
 
 
@@ -40,8 +41,18 @@ class PBSPilotProvider(PilotProvider):
     def job_limit(self) -> int | None:
         return self.cmd.job_limit(self.queue)
 
+    def read_topology(self) -> Topology:
+        """The vnodes' placement sets (``pbsnodes -a -F json``: switch, tier0, ...)."""
+        return self.cmd.topology()
+
+    can_target = True
+
     def script(self, command: str, job_name: str, minutes: int) -> str:
-        opts = [f"-N {job_name}", f"-q {self.queue}", f"-l select={self.select}",
+        select = self.select
+        if self.pilot_target:             # one-node pilots: the chunk names its host
+            (node,) = self.pilot_target
+            select += f":host={node_name(node)}"
+        opts = [f"-N {job_name}", f"-q {self.queue}", f"-l select={select}",
                 f"-l walltime={minutes // 60:02d}:{minutes % 60:02d}:00", "-j oe", f"-o {self.directive_path(self.script_dir + '/')}"]
         opts += [f"-A {self.account}"] if self.account else []
         lines = ["#!/bin/bash", *[f"#PBS {o}" for o in opts + self.scheduler_options], self.worker_init,

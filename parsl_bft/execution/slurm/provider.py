@@ -2,25 +2,13 @@
 from __future__ import annotations
 
 import getpass
-import logging
 import math
-import re
-import subprocess
 
 from parsl.jobs.states import JobState
 
-from ...topology import Topology, TopologyError
-from ..pilot import PilotProvider, Snapshot
-from .commands import SlurmCommands, SlurmError
-
-logger = logging.getLogger(__name__)
-
-
-def _node_name(node: str) -> str:
-    """A node name from sinfo, pasted into an #SBATCH line: one plain token."""
-    if not re.fullmatch(r"[\w.-]+", node):
-        raise ValueError(f"cannot aim a pilot at node {node!r}: not a plain host name")
-    return node
+from ...topology import Topology
+from ..pilot import PilotProvider, Snapshot, node_name
+from .commands import SlurmCommands
 
 
 class SlurmPilotProvider(PilotProvider):
@@ -43,7 +31,6 @@ class SlurmPilotProvider(PilotProvider):
         self.cmd = commands or SlurmCommands()
         self._reservations: tuple[float, list] | None = None
         self._test_only: tuple[float, int, int, bool] | None = None
-        self._topology: tuple[Topology | None] | None = None
 
     RESERVATIONS_EVERY_S = 60.0     # reservations are made by hand, hours ahead: a minute-old view is fresh
 
@@ -88,16 +75,9 @@ class SlurmPilotProvider(PilotProvider):
     multi_node = True
     can_target = True
 
-    def topology(self) -> Topology | None:
-        """``scontrol show topology``, asked once (a tree changes only when the admins reconfigure Slurm); None
-        without topology/tree, or when scontrol fails (logged: the pilots then go wherever Slurm puts them)."""
-        if self._topology is None:
-            try:
-                self._topology = (self.cmd.topology(),)
-            except (SlurmError, TopologyError, OSError, subprocess.SubprocessError) as e:
-                logger.warning("no network topology: %s", e)
-                self._topology = (None,)
-        return self._topology[0]
+    def read_topology(self) -> Topology | None:
+        """``scontrol show topology`` (None without topology/tree)."""
+        return self.cmd.topology()
 
     def on_each_node(self, command: str, nodes: int) -> str:
         return command if nodes == 1 else f"srun --nodes={nodes} --ntasks={nodes} --ntasks-per-node=1 {command}"
@@ -106,7 +86,7 @@ class SlurmPilotProvider(PilotProvider):
         opts = [f"--job-name={job_name}", f"--partition={self.partition}", f"--nodes={self.pilot_nodes}",
                 f"--time={minutes}", f"--time-min={minutes}", f"--signal=B:USR1@{self.notice_s}",
                 "--exclusive", f"--output={self.directive_path(self.script_dir + '/%j.out')}"]
-        opts += [f"--nodelist={','.join(map(_node_name, self.pilot_target))}"] if self.pilot_target else []
+        opts += [f"--nodelist={','.join(map(node_name, self.pilot_target))}"] if self.pilot_target else []
         opts += [f"--qos={self.qos}"] if self.qos else []
         opts += [f"--account={self.account}"] if self.account else []
         lines = ["#!/bin/bash", *[f"#SBATCH {o}" for o in opts + self.scheduler_options], self.worker_init,
