@@ -85,11 +85,13 @@ def endpoint(monkeypatch, tmp_path):
 
 @pytest.mark.parametrize("field", ["partition: debug", "account: proj", "worker_init: 'module load x'",
                                    "checkpoint_dir: /scratch/x"])
-def test_an_endpoint_site_refuses_what_belongs_to_the_facility(tmp_path, field):
+def test_an_endpoint_site_refuses_what_belongs_to_the_facility(tmp_path, field, capsys):
     p = tmp_path / "gc.yaml"
     p.write_text(f"name: gc\nscheduler: slurm\nnode: {{cores: 4}}\nglobus_compute_endpoint: {ENDPOINT_ID}\n{field}\n")
     with pytest.raises(SiteError, match=f"Globus Compute site does not use {field.split(':')[0]}: the facility"):
         load_site(p)
+    assert main(["sites", "validate", str(p)]) == 1
+    assert "does not use" in capsys.readouterr().err
     p.write_text("name: x\nscheduler: local\nnode: {cores: 1}\nremote: {runs_dir: /tmp}\n")
     with pytest.raises(SiteError, match="'remote' is only for a site with 'globus_compute_endpoint'"):
         load_site(p)
