@@ -168,8 +168,9 @@ def simulation(args) -> dict:
             iv = dedicated_cluster(args.cluster, 0.0, max(j.submit for j in js.jobs) + 60 * 86400)
         for freeze in (False, True):
             t = time.perf_counter()
-            m = simulate(iv, js, planner, max_concurrent=args.max_concurrent, freeze=freeze,
-                         until_done=name == "cluster").metrics()
+            m = simulate(iv, js, planner, freeze=freeze, until_done=name == "cluster",
+                         max_concurrent=args.max_concurrent if name == "cluster" else args.max_concurrent_idle
+                         ).metrics()
             out[(name, freeze)] = m
             print(f"{name:12} {'on' if freeze else 'off':8} {m['avg_jct_s'] / 3600:9.2f} {m['makespan_s'] / 3600:10.1f} "
                   f"{m['jobs_finished']:8d} {m['e_idle']:7.3f} {m['e_used']:7.3f} {m['frozen_share']:7.1%} "
@@ -199,7 +200,8 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=500)
     ap.add_argument("--cluster", type=int, default=48)
     ap.add_argument("--freeze-share", type=float, default=0.5)
-    ap.add_argument("--max-concurrent", type=int, default=64)
+    ap.add_argument("--max-concurrent", type=int, default=64, help="jobs admitted at once on the cluster")
+    ap.add_argument("--max-concurrent-idle", type=int, default=10, help="... on the idle slice (BFTrainer's 10)")
     ap.add_argument("--data", default=str(HERE.parents[1] / "shared" / "data"))
     ap.add_argument("--skip-training", action="store_true")
     ap.add_argument("--skip-sim", action="store_true")

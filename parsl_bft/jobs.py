@@ -183,6 +183,8 @@ def jobs_from_dicts(items: list[dict], source: str = "<python>") -> list[JobSpec
                 item[f] = parse_number(source, i, f, str(item[f]))
         if "unfreeze" in item:
             item["unfreeze"] = _parse_bool(source, i, "unfreeze", item["unfreeze"])
+        if item.get("freeze") is False:       # YAML reads a bare `freeze: off` as false
+            item["freeze"] = "off"
         try:
             out.append(JobSpec(**item))
         except TypeError as e:

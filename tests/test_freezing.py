@@ -281,3 +281,22 @@ def test_the_budget_outranks_levels_only_going_up():
     j.samples_done, j.nodes, j.accuracy_spent = 5e5, tuple(NODES), 0.015     # 0.015 + 0.25 * 0.5 > 0.02
     plan = Planner(method="dp", t_fwd=0.01).plan([j], NODES)
     assert plan.freeze["a"] == 2 and plan.rescale_cost["a"] > 0
+
+
+def test_yaml_job_sets_declare_freezing(tmp_path):
+    from parsl_bft.jobs import read_jobset_yaml
+
+    write_scaling_csv(tmp_path / "s.csv", [("m", 1, 100.0), ("m", 1, 150.0, 1, 3, 0.5, 0.2)])
+    (tmp_path / "j.yaml").write_text(
+        "jobs:\n  - {name: a, model: m, min_nodes: 1, max_nodes: 2, t_up: 1, t_down: 1, samples: 100,"
+        " freeze: auto, accuracy_budget: 0.005, unfreeze: yes}\n"
+        "  - {name: b, model: m, min_nodes: 1, max_nodes: 2, t_up: 1, t_down: 1, samples: 100, freeze: off}\n"
+        "scaling_csv: s.csv\n")
+    js = read_jobset_yaml(tmp_path / "j.yaml")
+    assert [(j.freeze, j.accuracy_budget, j.unfreeze) for j in js.jobs] == [("auto", 0.005, True), ("off", 0, False)]
+    assert js.layers["m"].points == {(1, 1): 150.0}
+    (tmp_path / "j.yaml").write_text(
+        "jobs:\n  - {name: a, model: m, min_nodes: 1, max_nodes: 2, t_up: 1, t_down: 1, samples: 100,"
+        " freeze: auto, accuracy_budget: -1}\nscaling_csv: s.csv\n")
+    with pytest.raises(InputError, match="accuracy_budget"):
+        read_jobset_yaml(tmp_path / "j.yaml")
