@@ -105,9 +105,12 @@ def test_the_bundle_ships_the_model_file_the_workflow_names(tmp_path):
     b = make_bundle(WORKFLOW, ["40", "x"])
     assert b.workflow == "tiny_train.py" and sorted(b.files) == ["tiny_model.py", "tiny_train.py"]
     assert b.run_id("s") == make_bundle(WORKFLOW, ["40", "x"]).run_id("s") != make_bundle(WORKFLOW, ["41", "x"]).run_id("s")
-    (tmp_path / "w.py").write_text("print(1)\n")
+    (tmp_path / "x.py").write_text("")
+    (tmp_path / "wf").mkdir()
+    (tmp_path / "wf" / "w.py").write_text(f"open('{tmp_path / 'x.py'}'); open('../x.py')\n")   # not its folder's
+    assert sorted(make_bundle(tmp_path / "wf" / "w.py").files) == ["w.py"]
     with pytest.raises(UsageError, match="must be in its folder"):
-        make_bundle(tmp_path / "w.py", extra=[WORKFLOW])
+        make_bundle(tmp_path / "wf" / "w.py", extra=[tmp_path / "x.py"])
 
 
 def test_not_logged_in_is_a_clear_error_and_no_prompt(tmp_path, monkeypatch, capsys):
@@ -204,7 +207,7 @@ def test_submit_watch_cancel_resume_fetch_equals_a_local_run(tmp_path, endpoint,
     submit -> status while it trains -> cancel (it checkpoints) -> submit again: it resumes from that checkpoint
     and finishes -> fetch --checkpoint: the model equals one fragment of the same job run here."""
     from parsl_bft.execution.jobstore import JobStore
-    from parsl_bft.remote import remote_session
+    from parsl_bft.remote import RemoteError, remote_session
 
     laptop = sites(tmp_path)
     hold = tmp_path / "hold"
@@ -216,6 +219,10 @@ def test_submit_watch_cancel_resume_fetch_equals_a_local_run(tmp_path, endpoint,
     wait_for(Path(f"{hold}.held").exists, "training to start")
     code, out, _ = cli(capsys, "status", run_id)           # a run id from this laptop: no --site needed
     assert code == 0 and f"run {run_id}: running" in out.splitlines()[0]
+
+    with remote_session(laptop, poll_s=0.2) as remote:    # the laptop goes away while a future waits ...
+        waiting = remote.run(run_id).job("tiny")
+    assert isinstance(waiting.exception(timeout=60), RemoteError)    # ... which fails it, not the run
 
     code, _, err = cli(capsys, "cancel", run_id)
     assert code == 0 and f"run {run_id}: cancelling" in err

@@ -46,11 +46,11 @@ def _named_files(source: str, folder: Path) -> set[Path]:
             found.update(p for p in (base.with_suffix(".py"), base / "__init__.py") if p.is_file())
         if isinstance(node, ast.Constant) and isinstance(node.value, str) and 0 < len(node.value) < 300:
             text = node.value.split(":")[0] if re.match(r"^[^:]+\.py:\w+$", node.value) else node.value
-            if "\n" not in text and "\0" not in text:
+            if "\n" not in text and "\0" not in text and not text.startswith(("/", "~")):
                 p = folder / text
                 try:
-                    if p.is_file():
-                        found.add(p)
+                    if p.is_file() and p.resolve().is_relative_to(folder):   # a path elsewhere is not ours
+                        found.add(p.resolve())
                 except OSError:         # a string that is no possible path
                     pass
     return found
