@@ -50,18 +50,18 @@ def add_site_arg(p) -> None:
 
 
 def wants_remote(args) -> bool:
-    """``parsl-bft status X`` means a remote run when --site names an endpoint site, or X is a run id submitted
-    from here and no local directory of that name exists."""
+    """``parsl-bft status X`` means a remote run when --site is given (the endpoint's site file), or X is a run
+    id submitted from here and no local directory of that name exists."""
     if getattr(args, "remote_site", None):
         return True
     return not Path(args.state).exists() and args.state in known_runs()
 
 
-def _session(args, poll_s: float = 30.0):
+def _session(args):
     site = args.remote_site or known_runs().get(args.run_id)
     if not site:
         raise UsageError(f"run {args.run_id} was not submitted from this machine: name its site file with --site")
-    return remote_session(site, poll_s=poll_s)
+    return remote_session(site)
 
 
 def _say(text: str) -> None:
@@ -139,17 +139,14 @@ def cmd_cancel(args) -> int:
 
 
 def cmd_fetch(args) -> int:
+    """One line per finished job: its name and its final checkpoint (at the facility, or the copy here)."""
     with _session(args) as remote:
         run = remote.run(args.run_id)
-        if not args.checkpoint:
-            rows = [r for r in run.status()["jobs"] if r["status"] == "done"
-                    and (not args.job or r["job"] in args.job)]
-            for r in rows:
-                print(f"{r['job']}\t{r['checkpoint']}")
-            if not rows:
-                _say(f"run {args.run_id}: no job has finished yet")
-            return 0
-        got = run.fetch(args.out or args.run_id, args.job)
+        if args.checkpoint:
+            got = run.fetch(args.out or args.run_id, args.job)
+        else:
+            got = {r["job"]: r["checkpoint"] for r in run.status()["jobs"]
+                   if r["status"] == "done" and (not args.job or r["job"] in args.job)}
     for name, path in got.items():
         print(f"{name}\t{path}")
     if not got:
