@@ -66,11 +66,21 @@ def sdk_executor(endpoint_id: str):
     return Executor(endpoint_id=endpoint_id, client=Client(app=check_login()))
 
 
+def _unreachable(e: Exception) -> RemoteError:
+    return RemoteError(f"cannot reach the Globus service ({type(e).__name__}): nothing was sent")
+
+
 def connect(endpoint_id: str):
     """An Executor for an endpoint that exists and is online, or a RemoteError that says which it is not."""
     from globus_sdk import GlobusAPIError, NetworkError
 
-    executor = sdk_executor(endpoint_id)
+    try:
+        executor = sdk_executor(endpoint_id)         # the SDK's Client asks the service for its version here
+    except GlobusAPIError as e:
+        raise NotLoggedIn(f"the Globus service refused these credentials ({e.http_status}: {e.message}): check "
+                          "GLOBUS_COMPUTE_CLIENT_ID / GLOBUS_COMPUTE_CLIENT_SECRET, or log in again") from None
+    except NetworkError as e:
+        raise _unreachable(e) from None
     try:
         status = executor.client.get_endpoint_status(endpoint_id)
     except GlobusAPIError as e:
@@ -81,7 +91,7 @@ def connect(endpoint_id: str):
                                   "facility") from None
     except NetworkError as e:
         executor.shutdown(wait=False)
-        raise RemoteError(f"cannot reach the Globus Compute service: {e}") from None
+        raise _unreachable(e) from None
     if status.get("status") != "online":
         executor.shutdown(wait=False)
         raise EndpointUnavailable(f"Globus Compute endpoint {endpoint_id} is {status.get('status', 'not online')}: "
