@@ -27,8 +27,6 @@ import socket
 import stat
 import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import nullcontext
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Callable
@@ -43,7 +41,7 @@ from ..errors import ParslBftError
 FORMAT = "parsl-bft-checkpoint"
 VERSION = 2                  # 2: a checksum over the metadata too (attributes, dtypes, shapes)
 _NUMERIC_KINDS = "biufc"     # the only dataset types a checkpoint holds
-_HASH_AHEAD = 1 << 20        # arrays this large are hashed on a thread while the next one is read
+_CHUNK = 1 << 22             # data is read and hashed in pieces this large, each hashed while still in cache
 _NUMPY_UNSUPPORTED = {torch.bfloat16: torch.int16}
 for _name, _view in (("float8_e4m3fn", torch.int8), ("float8_e5m2", torch.int8),
                      ("float8_e4m3fnuz", torch.int8), ("float8_e5m2fnuz", torch.int8)):
@@ -224,10 +222,8 @@ class _Reader:
     storage, virtual layouts or filters; every declared size is bounded by the file's own size before anything
     is allocated. ``where`` names the part being read, for the error."""
 
-    def __init__(self, path: str, f: h5py.File, size: int, arrays: bool = True,
-                 hashing: ThreadPoolExecutor | None = None):
-        self.path, self.f, self.size, self.arrays, self.hashing = path, f, size, arrays, hashing
-        self.pending: list[tuple[str, str, Future]] = []     # (dataset, stored digest, digest being computed)
+    def __init__(self, path: str, f: h5py.File, size: int, arrays: bool = True, fd: int | None = None):
+        self.path, self.f, self.size, self.arrays, self.fd = path, f, size, arrays, fd
         self.where: str | None = None
         self.read: list[str] = []
         self.meta = _Meta()
@@ -235,11 +231,22 @@ class _Reader:
     def fail(self, problem: str) -> CheckpointError:
         return CheckpointError(self.path, problem, self.where)
 
-    def verify_pending(self) -> None:
-        for name, digest, fut in self.pending:
-            if fut.result() != digest:
-                self.where = name
-                raise self.fail("checksum mismatch: the data is damaged")
+    def read_hashed(self, ds: h5py.Dataset, a: np.ndarray) -> str:
+        """Read a contiguous dataset straight from its offset into ``a``, hashing each piece as it arrives (one
+        pass over memory instead of a read, then a hash); compact ones (no offset) through HDF5."""
+        offset = ds.id.get_offset()
+        if offset is None or self.fd is None:
+            ds.read_direct(a)
+            return _digest(a)
+        if offset + a.nbytes > self.size:
+            raise self.fail("data past the end of the file")
+        buf, h = memoryview(a.reshape(-1).view(np.uint8)), xxhash.xxh3_64()
+        for pos in range(0, len(buf), _CHUNK):
+            piece = buf[pos:pos + _CHUNK]
+            if os.preadv(self.fd, [piece], offset + pos) != len(piece):
+                raise self.fail("data past the end of the file")
+            h.update(piece)
+        return h.hexdigest()
 
     def attr(self, obj, name: str, default: Any = KeyError) -> Any:
         if name not in obj.attrs:
@@ -317,18 +324,15 @@ class _Reader:
         if declared > self.size:
             raise self.fail(f"declares {declared:,} bytes, more than the whole file ({self.size:,} bytes)")
         self.meta.add(ds.name, "dataset", dt.str, tuple(ds.shape))
-        a = np.empty(ds.shape if self.arrays else 0, dtype=dt)
-        if a.size:
-            ds.read_direct(a)
+        a = _empty(ds.shape, dt) if self.arrays else np.empty(0, dtype=dt)
+        got = self.read_hashed(ds, a) if a.size else _digest(a)
         numpy = self.attr(ds, "numpy", None) if "numpy" in ds.attrs else None
         dtn = self.attr(ds, "torch_dtype", "") if "torch_dtype" in ds.attrs else ""
         digest = self.attr(ds, "xxh3", None)
         self.read.append(ds.name)
         if not self.arrays:
             return None
-        if a.nbytes >= _HASH_AHEAD and self.hashing is not None:   # hashed on a thread while the next is read
-            self.pending.append((ds.name, digest, self.hashing.submit(_digest, a)))
-        elif _digest(a) != digest:
+        if got != digest:
             raise self.fail("checksum mismatch: the data is damaged")
         if numpy is not None:
             return a
@@ -336,6 +340,12 @@ class _Reader:
         if dtn in _BY_NAME:
             t = t.view(_BY_NAME[dtn])
         return t
+
+
+def _empty(shape: tuple, dt: np.dtype) -> np.ndarray:
+    """Memory for a dataset from torch's allocator: numpy asks for transparent huge pages for large arrays, and
+    their page faults (zeroing, compaction) made loads slow and erratic - seconds instead of a fraction."""
+    return torch.empty(math.prod(shape) * dt.itemsize, dtype=torch.uint8).numpy().view(dt).reshape(shape)
 
 
 def _fault(point: str) -> None:
@@ -426,10 +436,9 @@ def load_checkpoint(path: str | Path, *, arrays: bool = True) -> TrainingState:
         f = h5py.File(p, "r")
     except Exception as e:  # noqa: BLE001 - h5py raises OSError, ValueError, RuntimeError ... on damaged files
         raise CheckpointError(p, f"not a readable HDF5 file ({type(e).__name__}: {e})") from None
-    hashing = ThreadPoolExecutor(1, "checkpoint-hash") if arrays else None
-    r = _Reader(p, f, st.st_size, arrays, hashing)
+    r = _Reader(p, f, st.st_size, arrays, f.id.get_vfd_handle())    # HDF5's own descriptor: the same file
     try:
-        with f, hashing or nullcontext():
+        with f:
             if r.attr(f, "format", None) != FORMAT:
                 raise CheckpointError(p, "not a parsl-bft checkpoint")
             version = int(r.attr(f, "version", 0))
@@ -447,7 +456,6 @@ def load_checkpoint(path: str | Path, *, arrays: bool = True) -> TrainingState:
                     if not isinstance(g, h5py.Group):
                         raise r.fail("not a group")
                     parts[key] = r.tree(g)
-            r.verify_pending()
             r.where = None
             manifest = r.json(f, "manifest")
             if version >= 2 and r.meta.hexdigest() != r.attr(f, "meta_xxh3", None):
