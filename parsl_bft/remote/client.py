@@ -11,7 +11,6 @@ laptop is needed: close it, come back, ``remote.run(run_id)``.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import threading
 from concurrent.futures import Future
@@ -22,8 +21,7 @@ from ..errors import ParslBftError
 from ..sites import RemoteRuns, Site, SiteError, load_site
 from . import facility
 from .bundle import Bundle, make_bundle
-
-END_STATES = ("finished", "failed", "cancelled", "lost")
+from .facility import END_STATES
 
 
 class RemoteError(ParslBftError):
@@ -299,26 +297,3 @@ def remote_session(site: Site | str | Path, poll_s: float = 30.0):
         yield session
     finally:
         session.close()
-
-
-def registry_path() -> Path:
-    return Path(os.environ.get("PARSL_BFT_HOME") or Path.home() / ".parsl-bft") / "remote-runs.json"
-
-
-def remember(run_id: str, site_file: str | Path) -> None:
-    """Which site file a run id was submitted with, so ``parsl-bft status RUN_ID`` needs no --site."""
-    p = registry_path()
-    p.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    runs = known_runs()
-    runs[run_id] = str(Path(site_file).resolve())
-    tmp = p.with_name(p.name + ".tmp")
-    tmp.write_text(json.dumps(runs, indent=1))
-    os.replace(tmp, p)
-
-
-def known_runs() -> dict[str, str]:
-    try:
-        runs = json.loads(registry_path().read_text())
-    except (FileNotFoundError, ValueError):
-        return {}
-    return runs if isinstance(runs, dict) else {}

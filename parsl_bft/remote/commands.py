@@ -7,8 +7,8 @@ import time
 from pathlib import Path
 
 from ..errors import UsageError
-from .bundle import make_bundle
-from .client import END_STATES, endpoint_site, known_runs, remember, remote_session
+from .facility import END_STATES
+from .registry import known_runs, remember
 
 
 def add_parsers(sub) -> None:
@@ -58,6 +58,8 @@ def wants_remote(args) -> bool:
 
 
 def _session(args):
+    from .client import remote_session
+
     site = args.remote_site or known_runs().get(args.run_id)
     if not site:
         raise UsageError(f"run {args.run_id} was not submitted from this machine: name its site file with --site")
@@ -76,6 +78,9 @@ def cmd_submit(args) -> int:
     args.file = [*args.file, *late.file]
     if not args.site:
         raise UsageError("submit needs --site: a site file naming the facility's globus_compute_endpoint")
+    from .bundle import make_bundle
+    from .client import endpoint_site, remote_session
+
     endpoint_site(args.site)               # a bad site or workflow fails before the service is asked anything
     bundle = make_bundle(args.workflow, args.args, args.file)
     with remote_session(args.site) as remote:

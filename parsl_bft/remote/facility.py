@@ -27,6 +27,7 @@ from pathlib import Path, PurePosixPath
 
 from ..errors import ParslBftError
 
+END_STATES = ("finished", "failed", "cancelled", "lost")    # the run's session is over (run_status)
 CHUNK = 4 << 20                  # checkpoint bytes per call: base64-encoded still well under the 10 MB task limit
 _RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 

@@ -1,0 +1,30 @@
+"""Which site file each run id was submitted with from this machine, so ``parsl-bft status RUN_ID`` needs no
+--site (``$PARSL_BFT_HOME``, default ~/.parsl-bft, ``remote-runs.json``). Standard library only: the CLI reads it
+to decide whether ``status X`` is a remote run."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+
+def registry_path() -> Path:
+    return Path(os.environ.get("PARSL_BFT_HOME") or Path.home() / ".parsl-bft") / "remote-runs.json"
+
+
+def remember(run_id: str, site_file: str | Path) -> None:
+    p = registry_path()
+    p.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    runs = known_runs()
+    runs[run_id] = str(Path(site_file).resolve())
+    tmp = p.with_name(p.name + ".tmp")
+    tmp.write_text(json.dumps(runs, indent=1))
+    os.replace(tmp, p)
+
+
+def known_runs() -> dict[str, str]:
+    try:
+        runs = json.loads(registry_path().read_text())
+    except (FileNotFoundError, ValueError):
+        return {}
+    return runs if isinstance(runs, dict) else {}
