@@ -4,6 +4,7 @@ cluster other tests use is never restarted."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -108,6 +109,10 @@ def test_a_two_rank_job_planned_in_one_switch_runs_there(cluster, monkeypatch, t
                       or joined == {"n1", "n5", "n6"}, 180, f"pilots on n1, n5, n6 (joined: {joined})")
                 lanes = {n: pool.executor_label(n) for n in joined}
                 assert lanes["n5"] == lanes["n6"] != lanes["n1"], lanes
+                lane = {dfk.executors[lanes[n]] for n in joined} - {dfk.executors[label]}
+                (pid,) = [ex.interchange_proc.pid for ex in lane]       # a Ctrl-C does not reach its interchange
+                sigblk = next(x for x in Path(f"/proc/{pid}/status").read_text().splitlines() if x.startswith("SigBlk"))
+                assert int(sigblk.split()[1], 16) & (1 << (signal.SIGINT - 1)), sigblk
                 pair = JobState(JobSpec("pair", "m", 2, 2, 0.0, 0.0, 64.0, 0.0), ScalingCurve("m", {1: 1.0, 2: 2.0}))
                 solo = JobState(JobSpec("solo", "m", 1, 1, 0.0, 0.0, 64.0, 0.0), ScalingCurve("m", {1: 1.0}))
                 plan = make_planner(site, pool.topology).plan([pair, solo], ["n5", "n1", "n6"])

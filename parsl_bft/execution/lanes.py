@@ -12,6 +12,7 @@ group in use, not per group of the machine.
 from __future__ import annotations
 
 import re
+import signal
 from typing import Callable
 
 from ..topology import Topology, TopologyError
@@ -67,7 +68,9 @@ def dfk_lane_factory(make_executor: Callable[[], object], provider) -> Callable[
     """Lanes for a running DataFlowKernel: ``make_executor()`` builds an unstarted executor like the pool's own
     (the site's Config, built again: a started one has rewritten its worker command and ports); the lane is
     that executor's constructor call again with its own label and the pool's ``provider``, and the DFK starts
-    it (and polls its blocks, as any executor's)."""
+    it (and polls its blocks, as any executor's). Its interchange starts with SIGINT blocked: a terminal's Ctrl-C
+    reaches the whole process group, and a dead interchange hangs Parsl's cleanup (the session's own executors
+    start with SIGINT ignored; lanes start in the orchestrator's thread, where only the mask can be set)."""
     def new(label: str) -> object:
         from parsl.dataflow.dflow import DataFlowKernelLoader
 
@@ -76,6 +79,10 @@ def dfk_lane_factory(make_executor: Callable[[], object], provider) -> Callable[
         like = make_executor()
         kw = {a: getattr(like, a) for a in _init_args(type(like)) if hasattr(like, a)}
         ex = type(like)(**{**kw, "label": label, "provider": provider})
-        DataFlowKernelLoader.dfk().add_executors([ex])
+        old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        try:
+            DataFlowKernelLoader.dfk().add_executors([ex])
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old)
         return ex
     return new
