@@ -124,6 +124,8 @@ def test_not_logged_in_is_a_clear_error_and_no_prompt(tmp_path, monkeypatch, cap
     local.write_text("name: l\nscheduler: local\nnode: {cores: 1}\n")
     code, _, err = cli(capsys, "submit", WORKFLOW, "--site", local)        # refused before any login is tried
     assert code == 2 and "names no globus_compute_endpoint" in err
+    code, _, err = cli(capsys, "submit", WORKFLOW, "--site", sites(tmp_path), "--run-id", "../up")
+    assert code == 2 and "run id '../up': use 1-100 letters" in err
     assert not (tmp_path / "home").exists()
 
 

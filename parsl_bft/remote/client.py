@@ -139,7 +139,7 @@ class RemoteSession:
 
     def submit_bundle(self, bundle: Bundle, run_id: str | None = None) -> RemoteRun:
         digest = bundle.digest(self.remote.site)
-        run_id = run_id or bundle.run_id(self.remote.site)
+        run_id = facility.check_run_id(run_id or bundle.run_id(self.remote.site))
         request = {"workflow": bundle.workflow, "args": list(bundle.args), "site": self.remote.site,
                    "digest": digest}
         status = self.call("start", run_id, bundle.files, request)

@@ -80,7 +80,10 @@ def cmd_submit(args) -> int:
         raise UsageError("submit needs --site: a site file naming the facility's globus_compute_endpoint")
     from .bundle import make_bundle
     from .client import endpoint_site, remote_session
+    from .facility import check_run_id
 
+    if args.run_id:
+        check_run_id(args.run_id)
     endpoint_site(args.site)               # a bad site or workflow fails before the service is asked anything
     bundle = make_bundle(args.workflow, args.args, args.file)
     with remote_session(args.site) as remote:

@@ -32,15 +32,20 @@ CHUNK = 4 << 20                  # checkpoint bytes per call: base64-encoded sti
 _RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 
 
-class FacilityError(Exception):
+class FacilityError(ParslBftError):
     """A request the facility side refuses; the message reaches the laptop as is."""
 
 
-def run_dir(runs_dir: str, run_id: str) -> Path:
+def check_run_id(run_id: str) -> str:
+    """A run id names a folder: one path component, so no id reaches outside ``runs_dir``."""
     if not isinstance(run_id, str) or not _RUN_ID.match(run_id):
         raise FacilityError(f"run id {run_id!r}: use 1-100 letters, digits, '.', '_' or '-', starting with a "
                             "letter or digit")
-    return Path(os.path.expanduser(runs_dir)) / run_id
+    return run_id
+
+
+def run_dir(runs_dir: str, run_id: str) -> Path:
+    return Path(os.path.expanduser(runs_dir)) / check_run_id(run_id)
 
 
 def _safe_relative(name: str) -> PurePosixPath:
@@ -233,6 +238,6 @@ def call(op: str, *args):
     message, not an exception, because the SDK turns a task's exception into its traceback text."""
     try:
         return {"ok": _OPS[op](*args)}
-    except (FacilityError, ParslBftError) as e:     # a damaged state database too: its advice reaches the user
+    except ParslBftError as e:          # a damaged state database too: its advice reaches the user
         return {"error": str(e)}
 
