@@ -320,7 +320,9 @@ def cmd_sites(args) -> int:
         try:
             site = load_site(f)
             note = f" ({len(site.unverified)} unverified: {', '.join(site.unverified)})" if site.unverified else ""
-            print(f"{f}: ok, {site.scheduler} site '{site.name}'{note}")
+            kind = (f"remote site (Globus Compute endpoint {site.globus_compute_endpoint})"
+                    if site.globus_compute_endpoint else f"{site.scheduler} site")
+            print(f"{f}: ok, {kind} '{site.name}'{note}")
         except SiteError as e:
             print(f"parsl-bft sites: error: {_one_line(e)}", file=sys.stderr)
             bad += 1

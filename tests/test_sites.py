@@ -329,3 +329,11 @@ def test_the_site_file_reference_documents_every_field_and_is_current():
     doc = (Path(__file__).resolve().parent.parent / "docs" / "site-files.md").read_text()
     assert doc == reference()
     assert "| `holes.poll_seconds` | float | `5.0` |" in doc and "| `node` | NodeShape | required |" in doc
+
+
+def test_validate_says_an_endpoint_site_is_remote(tmp_path, capsys):
+    from parsl_bft.cli import main
+    f = tmp_path / "gc.yaml"
+    f.write_text(GC_SITE)
+    assert main(["sites", "validate", str(f)]) == 0
+    assert "ok, remote site (Globus Compute endpoint 2a7e6a1c-3e3b-4b8a-9a66-0a3b0c5d9f11) 'x'" in capsys.readouterr().out
