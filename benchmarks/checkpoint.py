@@ -1,6 +1,7 @@
 """HDF5 checkpoint save/load vs torch.save/torch.load of the same state (model + AdamW state).
 
-Two models: ~100M parameters and a small one. Each measurement is the median of 5, in this process, same disk.
+Two models: ~100M parameters and a small one. Each measurement is the fastest of 5 (the least disturbed by
+other work on a shared machine), in this process, same disk.
 Then the training pause of a periodic save: a blocking CheckpointStore.save (what a fragment did) vs
 BackgroundSave.start (copy into buffers kept between saves; a thread writes while training steps run), both
 fsynced as fragments save. Also: fragment start overhead (restore + rendezvous) vs one training step.
@@ -12,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -32,7 +32,7 @@ def make_state(width: int, layers: int):
 
 
 def interleaved(fns: dict, rounds: int = 5, fresh: dict | None = None) -> dict:
-    """Median time of each function, run in alternation round after round (the disk here is shared and noisy:
+    """Fastest time of each function, run in alternation round after round (the disk here is shared and noisy:
     alternating spreads its drift over all of them); dirty pages are flushed and the function's ``fresh`` file
     removed before each run, untimed (a checkpoint is a new file: neither side pays for truncating an old one)."""
     ts: dict = {k: [] for k in fns}
@@ -44,7 +44,7 @@ def interleaved(fns: dict, rounds: int = 5, fresh: dict | None = None) -> dict:
             t = time.perf_counter()
             fn()
             ts[k].append(time.perf_counter() - t)
-    return {k: statistics.median(v) for k, v in ts.items()}
+    return {k: min(v) for k, v in ts.items()}
 
 
 def bench(width: int, layers: int, d: Path) -> dict:
@@ -99,9 +99,8 @@ def stall(model, opt, d: Path, rounds: int = 3) -> dict:
             overlapped += 1
         bg.wait()
         write.append(time.perf_counter() - t)
-    return {"blocking_save_s": statistics.median(blocking), "background_pause_s": statistics.median(pause),
-            "background_write_s": statistics.median(write), "steps_during_writes": overlapped,
-            "stall_ratio": statistics.median(pause) / statistics.median(blocking)}
+    return {"blocking_save_s": min(blocking), "background_pause_s": min(pause), "background_write_s": min(write),
+            "steps_during_writes": overlapped, "stall_ratio": min(pause) / min(blocking)}
 
 
 def fragment_overhead(d: Path) -> dict:
