@@ -17,7 +17,7 @@ from parsl_bft.execution.pilot import Hole
 from parsl_bft.execution.pool import PilotPool
 from parsl_bft.execution.slurm import SlurmCommands, SlurmPilotProvider
 from parsl_bft.execution.jobstore import JobStore
-from parsl_bft.topology import Topology
+from parsl_bft.topology import Topology, slurm_topology
 from parsl_bft.train.checkpoint import CheckpointStore
 from parsl_bft.execution.slurm.commands import (parse_job_limit, parse_reservations, parse_sacct, parse_sbatch,
                                                 parse_sinfo_nodes, parse_squeue, parse_test_only)
@@ -315,6 +315,11 @@ def _check_outcome(slurm, state, tmp_path, ref, after_id, killed):
     assert not db.events("failed")
     check_chain(db, "img", IMG_STEPS)                                # no step skipped, none trained twice
     check_chain(db, "lm", LM_STEPS)
+    # every fragment's ranks ran in the switches its plan chose (tools/local-slurm.sh: two; one executor each)
+    topo = slurm_topology()
+    planned = {d["fragment"]: sorted(map(topo.group, d["nodes"])) for _, _, d in db.events("launch")}
+    placed = {d["fragment"]: sorted(map(topo.group, d["nodes"])) for _, _, d in db.events("placed")}
+    assert placed and all(planned[f] == g for f, g in placed.items()), (planned, placed)
     # every pilot we did not kill (nor orphan) ended as a hole ends: cancelled or timed out; none is left
     ends = {line.split()[0]: line.split()[6] for line in subprocess.run(["sacct", "-c"], capture_output=True,
             text=True).stdout.splitlines() if "parsl.bft" in line and int(line.split()[0]) > after_id}
