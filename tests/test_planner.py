@@ -258,6 +258,7 @@ def random_size_problem(rng, n_jobs, capacity, top, shape):
 def test_fast_dp_is_exact(n_jobs, capacity, top, shape):
     """solve_dp (separable shortcut, Lagrangian core, window DP) reaches the reference DP's objective on
     structured and structureless values; the window DP also makes the reference's tie-breaks."""
+    from parsl_bft.planner.problem import SizeProblem
     from parsl_bft.planner.solvers import _solve_window, solve_dp, solve_dp_reference
 
     rng = np.random.default_rng(n_jobs + capacity)
@@ -267,6 +268,7 @@ def test_fast_dp_is_exact(n_jobs, capacity, top, shape):
         assert p.feasible(fast)
         assert p.objective(fast) == pytest.approx(p.objective(ref), rel=1e-12, abs=1e-9)
         assert _solve_window(p) == ref
+    assert solve_dp(SizeProblem([], [], [], capacity))[0] == {}          # no job: nothing to plan
 
 
 def test_dp_equals_milp_on_a_large_horizon_aware_plan(imagenet):

@@ -9,6 +9,9 @@ import pulp
 
 from .problem import SizeProblem
 
+SMALL = 20_000           # capacity x sizes below which the reference DP is quickest
+CORE_TRY = 1e-5          # first core: sizes within this fraction of the bound of their job's priced choice
+
 
 def solve_dp(p: SizeProblem) -> tuple[dict[str, int], str]:
     """Exact: the same objective as the MILP and ``solve_dp_reference``, fast where values are near concave.
@@ -20,18 +23,20 @@ def solve_dp(p: SizeProblem) -> tuple[dict[str, int], str]:
       Concave speedup curves with a rescale step at the current size make the core a few sizes per job; when
       concavity fails the core grows, up to the whole problem (``_solve_window``) - exact either way.
     """
+    sizes = _separate(p)
+    if sizes is None:
+        sizes = solve_dp_reference(p)[0] if _small(p) else _solve_core(p)
+    return sizes, "optimal"
+
+
+def _separate(p: SizeProblem) -> dict[str, int] | None:
+    """Every job at its own best size, when they all fit at once (then the jobs do not interact)."""
     best = [int(a[int(np.argmax(v))]) for a, v in zip(p.allowed, p.value)]
-    if sum(best) <= p.capacity:
-        return dict(zip(p.names, best)), "optimal"
-    if p.capacity * max(len(a) for a in p.allowed) < SMALL:
-        return solve_dp_reference(p)
-    return _solve_core(p), "optimal"
+    return dict(zip(p.names, best)) if sum(best) <= p.capacity else None
 
 
-SMALL = 20_000           # capacity x sizes below which the reference DP is quickest
-
-
-CORE_TRY = 1e-5          # first core: sizes within this fraction of the bound of their job's priced choice
+def _small(p: SizeProblem) -> bool:
+    return p.capacity * max(len(a) for a in p.allowed) < SMALL
 
 
 def _solve_core(p: SizeProblem) -> dict[str, int]:
@@ -46,8 +51,9 @@ def _solve_core(p: SizeProblem) -> dict[str, int]:
     A = np.zeros((J, K), dtype=np.int64)
     V = np.full((J, K), -np.inf)
     for j, (a, v) in enumerate(zip(p.allowed, p.value)):
-        A[j], V[j, :len(a)] = a[0], v         # padding: a real size at value -inf
+        A[j] = a[0]                             # padding: a real size, at value -inf
         A[j, :len(a)] = a
+        V[j, :len(a)] = v
     rows = np.arange(J)
     cap = p.capacity
     if int(A.min(axis=1).sum()) > cap:          # nothing fits: the reference DP's (infeasible) answer
@@ -105,13 +111,9 @@ def _solve_on(p: SizeProblem, A: np.ndarray, V: np.ndarray, core: np.ndarray) ->
             allowed.append(a - a.min())
             value.append(V[j, c])
         sub = SizeProblem([str(j) for j in active], allowed, value, left)
-        best = [int(a[int(np.argmax(v))]) for a, v in zip(allowed, value)]
-        if sum(best) <= sub.capacity:
-            picked = dict(zip(sub.names, best))
-        elif sub.capacity * max(len(a) for a in allowed) < SMALL:
-            picked = solve_dp_reference(sub)[0]
-        else:
-            picked = _solve_window(sub)
+        picked = _separate(sub)
+        if picked is None:
+            picked = solve_dp_reference(sub)[0] if _small(sub) else _solve_window(sub)
         for j, c, a, name in zip(active, choices, allowed, sub.names):
             cols[j] = c[int(np.flatnonzero(a == picked[name])[0])]
     sizes = A[rows, cols]
@@ -154,8 +156,6 @@ def _solve_window(p: SizeProblem) -> dict[str, int]:
         sizes[p.names[j]] = k
         c -= k
     return {n: sizes[n] for n in p.names}
-
-
 
 
 def solve_dp_reference(p: SizeProblem) -> tuple[dict[str, int], str]:
