@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -58,15 +57,6 @@ def test_plan_puts_a_two_rank_job_in_one_switch_and_it_runs_there(cluster, monke
     subprocess.run(["scancel", blocker], env=cluster, capture_output=True)
 
 
-def _wait(pred, timeout_s, what):
-    """Poll a condition (pilots and fragments take as long as the loaded machine needs; the bound only ends a
-    hung test)."""
-    deadline = time.monotonic() + timeout_s
-    while not pred():
-        assert time.monotonic() < deadline, f"{what}: not within {timeout_s} s"
-        time.sleep(0.5)
-
-
 @pytest.mark.timeout(400)
 def test_a_two_rank_job_planned_in_one_switch_runs_there(cluster, monkeypatch, tmp_path):
     """The runtime path on real pilots: the pool learns the switches from Slurm, aims pilots at the holes (n1 in
@@ -74,6 +64,8 @@ def test_a_two_rank_job_planned_in_one_switch_runs_there(cluster, monkeypatch, t
     on n1; the fragments' ranks report where they ran. An executor for all pilots would put the 2-rank job's
     ranks on n5 and n6 only one time in three."""
     import parsl
+
+    from harness import wait_for
 
     from parsl_bft.execution.config import ensure_venv_on_path
     from parsl_bft.execution.htex import SiteRunner
@@ -96,8 +88,8 @@ def test_a_two_rank_job_planned_in_one_switch_runs_there(cluster, monkeypatch, t
     config.run_dir = str(tmp_path / "runinfo")
     label = config.executors[0].label
     try:
-        _wait(lambda: subprocess.run(["squeue", "-h", "-t", "R", "-j", ",".join(blockers)], env=cluster,
-                                     capture_output=True, text=True).stdout.count("\n") == 2, 60, "facility jobs")
+        wait_for(lambda: subprocess.run(["squeue", "-h", "-t", "R", "-j", ",".join(blockers)], env=cluster,
+                                        capture_output=True, text=True).stdout.count("\n") == 2, 60, 0.5)
         with parsl.load(config) as dfk:
             pool = make_pool(site, dfk.executors[label])
             assert pool.topology.by_group(["n1", "n5", "n6"]) == {"s0": ["n1"], "s1": ["n5", "n6"]}
@@ -105,8 +97,8 @@ def test_a_two_rank_job_planned_in_one_switch_runs_there(cluster, monkeypatch, t
             pool.start()
             joined: set[str] = set()
             try:
-                _wait(lambda: joined.update(n for e in pool.poll() if e.kind == "join" for n in e.nodes)
-                      or joined == {"n1", "n5", "n6"}, 180, f"pilots on n1, n5, n6 (joined: {joined})")
+                wait_for(lambda: joined.update(n for e in pool.poll() if e.kind == "join" for n in e.nodes)
+                         or joined == {"n1", "n5", "n6"}, 180, 0.5)          # pilots on n1, n5, n6
                 lanes = {n: pool.executor_label(n) for n in joined}
                 assert lanes["n5"] == lanes["n6"] != lanes["n1"], lanes
                 lane = {dfk.executors[lanes[n]] for n in joined} - {dfk.executors[label]}
@@ -127,7 +119,7 @@ def test_a_two_rank_job_planned_in_one_switch_runs_there(cluster, monkeypatch, t
                                global_batch=32, total_samples=64, workload_args={"n": 64}, generation="g1",
                                timeout_s=60.0, fragment_id=f"{name}-f1")
                     handles[name] = runner.launch(cfg, nodes)
-                _wait(lambda: all(h.done() for h in handles.values()), 240, "fragments")
+                wait_for(lambda: all(h.done() for h in handles.values()), 240, 0.5)
                 for h in handles.values():
                     assert h.result()["samples_done"] >= 64
                 assert sorted(runner.placed("pair-f1", 2).values()) == ["n5", "n6"]
