@@ -40,13 +40,13 @@ def profile_model(args):
 
     n_layers, shares = measure_layer_shares(WORKLOAD, args.batch)
     levels = list(range(n_layers - 1))
+    configs = [(n, f) for f in levels for n in sorted({1, args.ranks})]
     best: dict = {}
-    for _ in range(args.profile_rounds):        # best of a few rounds: other work on the machine only slows
-        for p in profile(WORKLOAD, sorted({1, args.ranks}), steps=args.profile_steps, global_batch=args.batch,
-                         freeze_levels=levels):
-            key = (p.ranks, p.freeze)
-            best[key] = max(best.get(key, p), p, key=lambda x: x.samples_per_sec)
-    pts = list(best.values())
+    for r in range(args.profile_rounds):     # best of a few rounds, in alternating order: other work on the
+        for n, f in configs[::-1] if r % 2 else configs:       # machine only ever slows a measurement down
+            p = profile(WORKLOAD, [n], steps=args.profile_steps, global_batch=args.batch, freeze_levels=[f])[0]
+            best[(n, f)] = max(best.get((n, f), p), p, key=lambda x: x.samples_per_sec)
+    pts = [best[c] for c in configs]
     rows = [(MODEL, p.ranks, p.samples_per_sec, p.freeze, n_layers, *shares[p.freeze]) for p in pts]
     print(f"\n{'ranks':>5} {'frozen':>6} {'compute':>8} {'params':>7} {'samples/s':>10} {'x level 0':>9}")
     base = {p.ranks: p.samples_per_sec for p in pts if p.freeze == 0}
@@ -189,8 +189,8 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--fragment-steps", type=int, default=22, help="steps per fragment (22: one epoch)")
     ap.add_argument("--interval", type=int, default=11, help="steps per gradient-statistics interval")
-    ap.add_argument("--profile-steps", type=int, default=20)
-    ap.add_argument("--profile-rounds", type=int, default=2)
+    ap.add_argument("--profile-steps", type=int, default=40)
+    ap.add_argument("--profile-rounds", type=int, default=3)
     ap.add_argument("--budget", type=float, default=0.005, help="accuracy budget of the freezable jobs")
     ap.add_argument("--target-gap", type=float, default=0.01,
                     help="target = the unfrozen run's final held-out accuracy minus this")

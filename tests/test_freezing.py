@@ -130,7 +130,8 @@ def test_budget_bounds_the_level_and_levels_only_go_up():
     spent.accuracy_spent = 0.1                               # 0.1 + 0.125 > 0.2: level 3 is out
     spent.samples_done, spent.nodes = 5e5, tuple(NODES)
     assert Planner(method="dp", t_fwd=1e4).plan([spent], NODES).freeze["a"] == 2
-    assert with_budget(0.2) == 3          # 3.02x at 0.75 of the progress beats 1.58x at no cost
+    assert with_budget(0.2) == 2          # a change of level needs twice the headroom: 2 * 0.125 > 0.2
+    assert with_budget(0.3) == 3          # 3.02x at 0.75 of the progress beats 1.58x at no cost
     # frozen at 3 with everything settled below: it stays (no unfreezing), or goes down only when allowed
     unsettled = {"prev": [10, 5, 8, 9], "now": [5, 2.5, 4, 4.5]}
     assert with_budget(0.5, level=3, stats=unsettled) == 3

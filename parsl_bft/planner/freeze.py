@@ -32,6 +32,7 @@ import numpy as np
 from ..scaling import LayerProfile, ScalingCurve
 
 BETA0, GAMMA0 = 2.0 / 3.0, 1.0    # backward ~ 2/3 of a layer's compute; a frozen layer sends no gradient
+UP_MARGIN = 2.0                    # headroom a level change needs, in multiples of its projected spend
 
 
 @dataclass
@@ -163,9 +164,15 @@ def allowed_levels(spec, current: int, penalty: np.ndarray, spent: float, remain
     the highest level that does (level 0 always does: it costs nothing)."""
     if spec.freeze == "off":
         return [0]
-    fits = [f for f in levels if f == 0 or spent + penalty[f] * remaining_share <= spec.accuracy_budget + 1e-12]
-    up = [f for f in fits if f >= current or spec.unfreeze]
-    return up or [max(fits)]
+
+    def fits(f: int, margin: float) -> bool:
+        return f == 0 or spent + margin * penalty[f] * remaining_share <= spec.accuracy_budget + 1e-12
+
+    # a new level needs twice the headroom a held one does, so a job the budget took down does not go straight
+    # back up at the next report (each change restarts it)
+    ok = [f for f in levels if fits(f, 1.0 if f == current else UP_MARGIN)]
+    up = [f for f in ok if f >= current or spec.unfreeze]
+    return up or [max(ok)]
 
 
 @dataclass

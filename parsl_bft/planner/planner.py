@@ -70,7 +70,9 @@ def build_problem(jobs: list[JobState], pool_size: int, objective: Objective, t_
             # at its own size a new level means a restart: keep the current one unless the gain pays for it (or
             # the budget no longer allows the current one)
             stay = gain_of(u_base * choice.current)[i] if choice.current is not None else -math.inf
-            if stay >= value[i] - s.t_up * u_now:
+            # the gain lasts until the job ends, not beyond: a job about to finish is not restarted for speed
+            left = min(1.0, j.remaining / max(j.rate(), 1e-12) / t_fwd)
+            if (value[i] - stay) * left <= s.t_up * u_now:
                 level[i], value[i] = j.freeze, stay
             else:
                 value[i] -= s.t_up * u_now

@@ -168,8 +168,9 @@ def simulate(intervals: IdleIntervals, jobset: JobSet, planner, *, max_concurren
     end = intervals.t1 if duration is None else min(intervals.t1, start + duration)
     predictor = make_predictor(predict, schedule) if isinstance(predict, str) else predict
     layers = {m: LayerThroughput(jobset.curves[m], p) for m, p in jobset.layers.items()} if freeze else {}
+    # with freezing off too: the planner looks again whenever a freezable job reports, so both runs replan alike
     profiles = {j.name: (freeze_profiles or {}).get(j.name) or synthetic_profile(j) for j in jobset.jobs
-                if j.freeze != "off" and j.model in layers}
+                if j.freeze != "off" and j.model in jobset.layers}
     ctl = Controller(jobset.jobs, jobset.curves, planner, max_concurrent=max_concurrent, predictor=predictor,
                      layers=layers)
     tl = Timeline()
