@@ -20,7 +20,8 @@ share. Effective progress = P(n, f) * (1 - penalty(f)).
 Budget. A job with ``accuracy_budget`` B has spent sum(penalty * samples trained at that level / samples): a
 lost share of progress is counted as that much accuracy (conservative: accuracy gains little from the last
 part of a run). A level is allowed only if staying at it to the end keeps the spend within B (spent + penalty *
-remaining share); levels only go up unless the job allows unfreezing, or its level no longer fits the budget.
+remaining share; a change of level needs twice that headroom, so levels do not flap); levels only go up unless
+the job allows unfreezing, or its level no longer fits the budget.
 Without statistics (a job that has not trained yet) only level 0 is allowed: nothing is frozen on faith.
 """
 from __future__ import annotations
