@@ -63,6 +63,7 @@ class TrainContext:
         self._rng = st.rng
         self.start_step, self.start_samples = self.step, self.samples_done
         self.saved_step, self._saved_at = self.step, time.time()
+        rs.saver.durable = (self.saved_step, self._saved_at)    # on disk at the start: what was restored
         self.saves, self.save_s, self.last_save_s = 0, 0.0, 0.0
         self.checkpoint = rs.store.latest_path if restored is not None else None   # the newest, as it goes
         self.stopped_by: str | None = None

@@ -387,6 +387,7 @@ def train_rank(cfg: FragmentConfig) -> FragmentResult | None:
     perm = torch.randperm(n, generator=torch.Generator().manual_seed(cfg.seed * 1_000_003 + epoch))
     start_step, start_samples = step, samples_done
     saved_step, saved_at = step, time.time()
+    saver.durable = (saved_step, saved_at)     # on disk at the start: what this fragment restored
     saves, save_s = 0, 0.0
     last_report = 0.0
     t_train = time.perf_counter()
