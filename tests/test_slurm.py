@@ -194,7 +194,7 @@ checkpoint_dir: {state}/checkpoints
 holes: {{poll_seconds: 1, max_pending_seconds: 20, notice_seconds: 20, max_pilots: 4}}
 objective: {{name: proportional, t_fwd_seconds: 20}}
 """
-IMG_STEPS = 16_000
+IMG_STEPS = 8_000
 
 
 def started(slurm, job_id):
