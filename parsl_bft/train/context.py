@@ -139,8 +139,7 @@ class TrainContext:
         """Checkpoint ``state`` (any nest of dicts, lists, tensors, numbers and strings: state_dicts) with where
         the job stands; rank 0 writes, the other ranks return at once. Saving twice at a step writes once. While
         training goes on (should_stop() has not said stop) the state is copied to memory and written on a
-        thread: the pause is the copy; if the last such write is still going, this one waits for the next
-        should_save()."""
+        thread: the pause is the copy (plus the rest of the previous write, if that is still going)."""
         if self.rank != 0 or (self.step == self.saved_step and (self.saves or self.restored is not None)):
             return
         if not isinstance(state, dict):
@@ -156,8 +155,9 @@ class TrainContext:
                            job={"name": self.job, "loop": self._cfg.loop, "global_batch": self.global_batch},
                            metrics=self.metrics)
         if self.stopped_by is None:
-            if not self._rs.saver.periodic(ts):
-                return
+            if not self._rs.saver.periodic(ts):      # the last write is still going: this one follows it
+                self._rs.saver.background.wait()
+                self._rs.saver.periodic(ts)
         else:
             self.checkpoint = self._rs.saver.save(ts)
         self.last_save_s = time.perf_counter() - t
