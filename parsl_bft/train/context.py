@@ -41,7 +41,8 @@ from typing import Any, Iterator
 import torch
 
 from .checkpoint import TrainingState, capture_rng, finite_weights, restore_rng
-from .fragment import FragmentConfig, FragmentFailed, FragmentResult, close_rank, join_group, open_rank, step_flags
+from .fragment import (FragmentConfig, FragmentFailed, FragmentResult, _local_rank, close_rank, join_group,
+                       open_rank, step_flags)
 from .protocol import Progress
 from .workloads import load_attr
 
@@ -53,7 +54,7 @@ class TrainContext:
     def __init__(self, cfg: FragmentConfig, rs, restored: TrainingState | None):
         self._cfg, self._rs = cfg, rs
         self.rank, self.world_size, self.device = rs.rank, rs.world, rs.device
-        self.local_rank = rs.rank % max(cfg.ranks_per_node, 1)
+        self.local_rank = _local_rank(rs.rank)           # the launcher's, as the device is chosen by
         self.job, self.global_batch, self.seed = cfg.job, cfg.global_batch, cfg.seed
         self.args: dict[str, Any] = dict(cfg.workload_args)
         self.restored: dict | None = restored.model if restored is not None else None
