@@ -25,15 +25,18 @@ def finish(p, timeout=600):
     return json.loads(out.strip().splitlines()[-1])
 
 
-def wait_for(pred, timeout=300, step=0.2):
-    """Conditions, not sleeps: the machine may be loaded; ``timeout`` only stops a hung test."""
+def wait_for(pred, timeout=300, step=0.2, what="condition", or_none=False):
+    """Conditions, not sleeps: the machine may be loaded; ``timeout`` only stops a hung test (an AssertionError
+    naming ``what``; None instead with ``or_none``, where a caller goes on without it)."""
     t = time.monotonic()
     while time.monotonic() - t < timeout:
         v = pred()
         if v:
             return v
         time.sleep(step)
-    raise AssertionError(f"condition not met within {timeout} s")
+    if or_none:
+        return None
+    raise AssertionError(f"{what} not met within {timeout} s")
 
 
 def live_ranks(state) -> list[int]:

@@ -3,7 +3,6 @@ Executor boundary (tests/globus_standin.py); everything else - the SDK's seriali
 separate processes, the detached training session on the embedded default, HDF5 checkpoints - is real."""
 import os
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -17,22 +16,13 @@ from parsl_bft.sites import SiteError, load_site
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from globus_standin import ENDPOINT_ID, StandInEndpoint  # noqa: E402
+from harness import wait_for  # noqa: E402
 import test_slurm  # noqa: E402
 
 slurm = test_slurm.slurm                  # the local Slurm, started (fresh) by the fixture
 
 WORKFLOW = HERE / "data" / "remote" / "tiny_train.py"
 STEPS = 40
-
-
-def wait_for(cond, what: str, timeout_s: float = 300.0):
-    """Polls a condition; the timeout only stops a hang, it is no measurement."""
-    end = time.monotonic() + timeout_s
-    while not (v := cond()):
-        if time.monotonic() > end:
-            raise AssertionError(f"gave up waiting for {what}")
-        time.sleep(0.1)
-    return v
 
 
 def cli(capsys, *argv):
@@ -79,7 +69,7 @@ def endpoint(monkeypatch, tmp_path):
         hold.unlink()
     for d in (tmp_path / "runs").glob("*"):
         facility.cancel_run(str(tmp_path / "runs"), d.name)
-        wait_for(lambda: not facility._alive(d), f"run {d.name} to stop")
+        wait_for(lambda: not facility._alive(d), what=f"run {d.name} to stop")
     ep.close()
 
 
@@ -218,7 +208,7 @@ def test_submit_watch_cancel_resume_fetch_equals_a_local_run(tmp_path, endpoint,
     run_id = out.strip()
     assert code == 0 and run_id.startswith("tiny_train-") and "started" in err
     state = tmp_path / "runs" / run_id / "work" / "bft-state" / "tiny"
-    wait_for(Path(f"{hold}.held").exists, "training to start")
+    wait_for(Path(f"{hold}.held").exists, what="training to start")
     code, out, _ = cli(capsys, "status", run_id)           # a run id from this laptop: no --site needed
     assert code == 0 and f"run {run_id}: running" in out.splitlines()[0]
 
@@ -228,7 +218,7 @@ def test_submit_watch_cancel_resume_fetch_equals_a_local_run(tmp_path, endpoint,
 
     code, _, err = cli(capsys, "cancel", run_id)
     assert code == 0 and f"run {run_id}: cancelling" in err
-    wait_for((state / "jobs" / "tiny" / "STOP").exists, "the session to ask its fragment to stop")
+    wait_for((state / "jobs" / "tiny" / "STOP").exists, what="the session to ask its fragment to stop")
     hold.unlink()
     with remote_session(laptop, poll_s=0.2) as remote:    # the Python API: futures resolved by polling
         st = remote.run(run_id).result(timeout=300)
@@ -276,4 +266,4 @@ def test_a_run_submitted_to_the_local_slurm_trains_on_a_pilot(slurm, tmp_path, e
     assert_same_model(tmp_path / "got" / "tiny.h5", local_model)
     db = JobStore(tmp_path / "runs" / run_id / "work" / "bft-state" / "tiny" / "state.sqlite", readonly=True)
     assert all(n.startswith("n") for _, _, d in db.events("launch") for n in d["nodes"])   # a Slurm node
-    wait_for(lambda: not [j for j in slurm.queue() if j.state in ("RUNNING", "PENDING")], "the pilots to end")
+    wait_for(lambda: not [j for j in slurm.queue() if j.state in ("RUNNING", "PENDING")], what="the pilots to end")

@@ -24,6 +24,7 @@ from parsl_bft.execution.slurm.commands import (parse_job_limit, parse_reservati
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
+from harness import wait_for  # noqa: E402
 
 # recorded on the local 8-node cluster (tools/local-slurm.sh): a 6-node job running, an 8-node job waiting
 SINFO = "n1|alloc\nn2|alloc\nn3|alloc\nn4|alloc\nn5|alloc\nn6|alloc\nn7|plnd\nn8|plnd\n"
@@ -145,16 +146,6 @@ def state_of(slurm, job_id):
     return next((j.state for j in slurm.queue() if j.job_id == job_id), None)
 
 
-def wait_for(pred, timeout, step=1.0):
-    t = time.time()
-    while time.time() - t < timeout:
-        v = pred()
-        if v:
-            return v
-        time.sleep(step)
-    return None
-
-
 @pytest.mark.slurm
 @pytest.mark.timeout(300)
 def test_pilots_soak_a_real_backfill_hole(slurm, tmp_path):
@@ -249,11 +240,12 @@ def test_chaos_on_real_slurm_pilots(slurm, tmp_path):
         schedule = ["pilot", "pilot", "rank", "orchestrator", "checkpoint write"]
         rng.shuffle(schedule)
         for kind in schedule:
-            if not wait_for(lambda: live_ranks(state) or orch.poll() is not None, 300, 0.3) or orch.poll() is not None:
+            if not wait_for(lambda: live_ranks(state) or orch.poll() is not None, 300, 0.3, or_none=True) \
+                    or orch.poll() is not None:
                 break                                       # everything finished before the schedule did
             time.sleep(rng.uniform(0.5, 3.0))
             if kind == "pilot":
-                victim = wait_for(lambda: _pilot_under_a_rank(state) or orch.poll() is not None, 120, 0.3)
+                victim = wait_for(lambda: _pilot_under_a_rank(state) or orch.poll() is not None, 120, 0.3, or_none=True)
                 victim = victim if isinstance(victim, str) else None
                 if victim and subprocess.run(["scancel", "--signal=KILL", "--full", victim]).returncode == 0:
                     faults["pilot"] += 1
