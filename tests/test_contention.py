@@ -172,7 +172,9 @@ def test_sjf_bco_within_bound_of_optimum_on_small_random_instances():
 
 
 def test_milp_options_and_schedule():
-    inst = _inst([2, 4], [3], [5], [0.0], [0.3])
+    # inside one server 3 it/slot, split over both 2 (the all-reduce crosses servers): only (0, 3) reaches 2 slots
+    inst = _inst([2, 4], [3], [5], [0.02], [0.32])
+    assert [int(iterations_per_slot(iteration_time(3, k, 0, 0.02, 0.32, P))) for k in (1, 2)] == [3, 2]
     assert sorted(options(inst, 0)) == [(0, 3), (1, 2), (2, 1)]
     r = solve_optimal(inst, 10)
     assert r.makespan == math.ceil(5 / 3) and run(inst, r.schedule).makespan == r.makespan
