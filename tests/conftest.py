@@ -2,6 +2,13 @@ import os
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
+
+# The same examples on every run (CI included), so a property test cannot pass locally and fail on the next
+# clone by drawing new ones; HYPOTHESIS_PROFILE=explore draws fresh examples to hunt for new failures.
+settings.register_profile("repro", derandomize=True, database=None)
+settings.register_profile("explore", derandomize=False)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "repro"))
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = Path(os.environ.get("PARSL_BFT_SHARED", ROOT.parent / "shared")) / "data"
