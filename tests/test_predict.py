@@ -11,6 +11,7 @@ from parsl_bft.idle.predict import Clairvoyant, EasyReservations, HoleHistory, m
 from parsl_bft.idle.swf import read_swf
 from parsl_bft.jobs import JobSet, JobSpec
 from parsl_bft.planner import JobState, Planner
+from parsl_bft.planner.cohorts import CohortHazard, Cohorts
 from parsl_bft.planner.objectives import Speedup
 from parsl_bft.planner.planner import build_problem
 from parsl_bft.scaling import ScalingCurve
@@ -84,23 +85,46 @@ def test_easy_reservation_timeline_bounds_predictions(tmp_path):
         make_predictor("easy", None)
 
 
-def test_hazard_values_growth_onto_short_lived_nodes_lower_and_leaves_held_nodes_alone():
-    job = JobState(JobSpec("a", "lin", 1, 8, 0, 10, 1e9), LIN, ("h0", "h1"))
-    rem_long = {"h0": 5.0, "h1": 5.0, "f0": 1e5, "f1": 1e5}
-    rem_short = {"h0": 5.0, "h1": 5.0, "f0": 20.0, "f1": 20.0}
+def test_hazard_charges_one_reclaim_per_new_cohort_and_leaves_held_nodes_alone():
+    """Growing onto nodes that leave within T_fwd costs one reclaim pause per cohort (nodes that joined together
+    leave together), not per node; long-lived nodes cost next to nothing; the job's own nodes carry no term."""
+    job = JobState(JobSpec("a", "lin", 1, 8, 0, 25, 1e9), LIN, ("h0", "h1"))
+    pool = ["h0", "h1", "f0", "f1"]
+    p_leave = -math.expm1(-60 / 5.0)                 # a cohort with 5 s left leaves within T_fwd = 60 s
+    cases = {"long, 2 cohorts": ({"f0": 1e5, "f1": 1e5}, ["x", "y"]),
+             "short, 2 cohorts": ({"f0": 5.0, "f1": 5.0}, ["x", "y"]),
+             "short, 1 cohort": ({"f0": 5.0, "f1": 5.0}, ["x", "x"])}
     vals = {}
-    for label, rem in (("long", rem_long), ("short", rem_short)):
-        p = Planner(method="dp", t_fwd=60, horizon_aware=True)
-        free = np.array(sorted([rem["f0"], rem["f1"]], reverse=True))
-        prob = build_problem([job], 4, Speedup(), 60.0, 0.0, rem, free, horizon_model="hazard")
+    for label, (free_rem, keys) in cases.items():
+        rem = {"h0": 5.0, "h1": 5.0, **free_rem}
+        prob = build_problem([job], 4, Speedup(), 60.0, 0.0, rem, np.array([free_rem["f0"], free_rem["f1"]]),
+                             horizon_model="hazard", free_cohorts=keys, cohorts={"h0": "h", "h1": "h"})
         vals[label] = dict(zip(prob.allowed[0].tolist(), prob.value[0].tolist()))
-        sizes = p.plan([job], ["h0", "h1", "f0", "f1"], remaining=rem).sizes
-        vals[label]["plan"] = sizes["a"]
-    # its own nodes (even short-lived ones) are valued as without predictions: T * U(k)
-    assert vals["short"][2] == pytest.approx(60 * 2) and vals["long"][2] == pytest.approx(60 * 2)
-    # growing onto nodes leaving in 20 s costs a reclaim pause (10 s) at size 4 once per 20 s, per node
-    assert vals["short"][4] == pytest.approx(60 * 4 * (1 - 10 * 2 / 20.0))
-    assert vals["long"]["plan"] == 4 and vals["short"]["plan"] == 2
+    for v in vals.values():        # its own (short-lived) nodes are valued as without predictions: T * U(k)
+        assert v[2] == pytest.approx(60 * 2) and v[1] == pytest.approx(60 * 1 - 25 * 2)
+    assert vals["short, 2 cohorts"][4] == pytest.approx(60 * 4 * (1 - 25 * 2 * p_leave / 60))
+    assert vals["short, 1 cohort"][4] == pytest.approx(60 * 4 * (1 - 25 * p_leave / 60))
+    assert vals["short, 2 cohorts"][4] < 60 * 2 < vals["short, 1 cohort"][4] < vals["long, 2 cohorts"][4]
+    # a cohort the job already holds adds no reclaim
+    prob = build_problem([job], 4, Speedup(), 60.0, 0.0, {"h0": 5.0, "h1": 5.0, "f0": 5.0, "f1": 5.0},
+                         np.array([5.0, 5.0]), free_cohorts=["h", "h"], cohorts={"h0": "h", "h1": "h"})
+    assert prob.value[0][list(prob.allowed[0]).index(4)] == pytest.approx(60 * 4)
+    # the planner learns cohorts from the pools it is shown: nodes first seen in one plan joined together
+    for pools, want in (([["h0", "h1"], pool], 4), ([["h0", "h1"], ["h0", "h1", "f0"], pool], 2)):
+        planner = Planner(method="dp", t_fwd=60, horizon_aware=True)
+        for t, seen in enumerate(pools):
+            planner.plan([JobState(job.spec, LIN)], seen, now=t, remaining={n: 1e5 for n in seen})
+        assert planner.plan([job], pool, now=10.0, remaining={n: 5.0 for n in pool}).sizes["a"] == want, pools
+
+
+def test_cohorts_are_the_nodes_first_seen_in_one_plan_and_restart_when_time_goes_back():
+    c = Cohorts()
+    assert c.update(["a", "b"], 0.0) == {"a": 0.0, "b": 0.0}
+    assert c.update(["b", "c", "d"], 5.0) == {"b": 0.0, "c": 5.0, "d": 5.0}      # a left, c and d joined
+    assert c.update(["a", "d"], 7.0) == {"a": 7.0, "d": 5.0}                     # a is back: a new hole
+    assert c.update(["a", "d"], 1.0) == {"a": 1.0, "d": 1.0}                     # a new replay
+    with pytest.raises(ValueError, match="free_cohorts"):
+        CohortHazard(np.array([1.0, 2.0]), ["x"], 60.0)
 
 
 def test_ceiling_is_the_same_replay_with_free_rescales_and_reclaims():

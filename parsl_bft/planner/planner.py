@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .cohorts import CohortHazard, Cohorts
 from .freeze import best_levels
 from .objectives import Objective, make_objective
 from .placement import Placement, place
@@ -19,7 +20,8 @@ METHODS = ("milp", "dp", "greedy", "equal-share", "node-milp")
 def build_problem(jobs: list[JobState], pool_size: int, objective: Objective, t_fwd: float, now: float = 0.0,
                   remaining: dict[str, float] | None = None, free_remaining: np.ndarray | None = None,
                   net_factor=None, horizon_model: str = "hazard",
-                  levels: dict[str, dict[int, int]] | None = None) -> SizeProblem:
+                  levels: dict[str, dict[int, int]] | None = None, free_cohorts: list | None = None,
+                  cohorts: dict[str, float] | None = None) -> SizeProblem:
     """Values v[j,k] = gain of running at size k over the horizon - rescale cost(C_j -> k) at the current rate.
 
     Without horizon information the gain is T_fwd * U_j(k) (BFTrainer). With it (``remaining``: expected idle
@@ -27,11 +29,12 @@ def build_problem(jobs: list[JobState], pool_size: int, objective: Objective, t_
     longest-lived nodes (growing: its own plus the longest-lived free ones); with their remaining times
     r_1 >= ... >= r_k cut at T_fwd, it runs at size m while m nodes are left:
     gain = sum_m min(r_m, T) * (U(m) - U(m-1)), and each node leaving before T costs t_down * U(m).
-    That is ``horizon_model="cut"``. The default, ``"hazard"``, values the same nodes by their predicted
-    remaining time r as rates: a node leaving in r seconds costs the job a reclaim pause t_down at its rate once
-    in r seconds, so growing to size k onto new nodes m is worth T_fwd * U(k) * (1 - t_down * sum_m 1 / r_m) -
-    a node about to leave is worth less the bigger the job it would join, and may be worth leaving idle. The
-    job's own nodes carry no such term: their reclaim costs the same pause as giving them up now (sunk).
+    That is ``horizon_model="cut"``. The default, ``"hazard"``, charges the reclaims that growing adds: growing
+    to size k onto new nodes is worth T_fwd * U(k) * (1 - t_down * h), h the expected reclaims within T_fwd
+    per second (``cohorts.CohortHazard``: one per new cohort - ``free_cohorts``, the free nodes' cohorts;
+    ``cohorts``, node -> cohort for the held ones - with probability 1 - exp(-T_fwd / r)). A cohort about
+    to leave is worth less the bigger the job it would join. The job's own nodes carry no such term: their
+    reclaim costs the same pause as giving them up now (sunk).
     ``net_factor(job, sizes)`` (a topology's predicted slowdown per size, ``netcost.size_factors``) scales the
     gain: a size that must spread over contended groups is worth less.
     Layer elasticity: a job that may be frozen (``JobState.layers`` set, ``spec.freeze`` "auto") is valued at
@@ -41,6 +44,8 @@ def build_problem(jobs: list[JobState], pool_size: int, objective: Objective, t_
     (job, size) and every solver stays exact for the joint choice.
     """
     allowed, values = [], []
+    hazard = CohortHazard(free_remaining, free_cohorts, t_fwd) \
+        if remaining is not None and horizon_model == "hazard" else None
     for j in jobs:
         s = j.spec
         hi = min(s.max_nodes, pool_size)
@@ -57,7 +62,8 @@ def build_problem(jobs: list[JobState], pool_size: int, objective: Objective, t_
             if remaining is None:
                 gain = t_fwd * u
             elif horizon_model == "hazard":
-                gain = t_fwd * u * (1.0 - s.t_down * _hazard(j, a, remaining, free_remaining))
+                own = {(cohorts or {}).get(n, n) for n in j.nodes}
+                gain = t_fwd * u * (1.0 - s.t_down * hazard(own, j.size, a))
             else:
                 held = np.sort([remaining.get(n, math.inf) for n in j.nodes])[::-1]
                 gain = np.array([_horizon_gain(held, int(k), u_all, free_remaining, t_fwd, s.t_down) for k in a])
@@ -83,15 +89,6 @@ def build_problem(jobs: list[JobState], pool_size: int, objective: Objective, t_
     narrowed = objective.restrict(jobs, allowed, pool_size)
     values = [v if b is a else v[np.isin(a, b)] for v, a, b in zip(values, allowed, narrowed)]   # most keep all
     return SizeProblem([j.name for j in jobs], narrowed, values, pool_size)
-
-
-def _hazard(job: JobState, sizes: np.ndarray, remaining: dict[str, float],
-            free_remaining: np.ndarray | None) -> np.ndarray:
-    """sum of 1/r over the nodes a job growing to each size would take (free ones, longest-lived first)."""
-    free = free_remaining if free_remaining is not None else np.zeros(0)
-    h_free = np.concatenate([[0.0], np.cumsum(1.0 / np.maximum(free, 1e-9))])
-    extra = np.minimum(np.maximum(sizes.astype(np.int64) - job.size, 0), len(free))
-    return h_free[extra]
 
 
 def _horizon_gain(held: np.ndarray, k: int, u: np.ndarray, free_remaining: np.ndarray | None, t_fwd: float,
@@ -124,6 +121,7 @@ class Planner:
     horizon_model: str = "hazard"        # how predicted remaining idle time is valued: hazard | cut
     placement: Placement = field(default_factory=Placement)
     network: object | None = None        # a netcost.NetworkCost: values see the groups a size would span
+    _cohorts: Cohorts = field(default_factory=Cohorts, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -146,19 +144,22 @@ class Planner:
                 raise ValueError(f"job {j.name} holds nodes outside the idle pool: {stray[:3]} (remove reclaimed "
                                  "nodes before planning)")
         rem = remaining if self.horizon_aware else None
-        free_rem = None
+        free_rem = free_coh = cohorts = None
         if rem is not None:
+            cohorts = self._cohorts.update(pool, now)
             # nodes a growing job would get: the free ones longest-lived first, then those others give up
             held = {n for j in jobs for n in j.nodes}
-            free_rem = np.concatenate([np.sort([rem.get(n, math.inf) for n in pool if n not in held])[::-1],
-                                       np.sort([rem.get(n, math.inf) for n in held])[::-1]])
+            order = [sorted((n for n in pool if (n in held) == h), key=lambda n: -rem.get(n, math.inf))
+                     for h in (False, True)]
+            free_rem = np.array([rem.get(n, math.inf) for n in order[0] + order[1]])
+            free_coh = [cohorts[n] for n in order[0] + order[1]]
         net_factor = None
         if self.network is not None:
             from .netcost import size_factors
             net_factor = size_factors(self.network, jobs, pool)
         levels: dict[str, dict[int, int]] = {}
         prob = build_problem(jobs, len(pool), self.objective, self.t_fwd, now, rem, free_rem, net_factor,
-                             self.horizon_model, levels)
+                             self.horizon_model, levels, free_coh, cohorts)
         notes: list[str] = []
         alloc = None
         exact = prob.tie_broken()         # the MILP and the DP break exact ties the same way
