@@ -11,7 +11,7 @@ theta_2022 (recorded schedule, outages masked), ImageNet 7-model mix:
   E. hole ends: the Summit slice, 24 h, dp/speedup, side by side: BFTrainer's published replayer figures (from
      docs, not re-run), equal-share, horizon-blind (T_fwd 10 and 60 s), horizon-aware with the online
      hole-history predictor (past only), clairvoyant (the real ends: an upper bound), and each run's ceiling
-     (the same replay with free rescales and reclaims); then theta_2022 replayed FCFS+EASY (the slice of A),
+     (the same replay with free rescales and reclaims); losses as shares of the idle node-seconds; then theta_2022 replayed FCFS+EASY (the slice of A),
      horizon-aware with the EASY reservations from requested walltimes (what the scheduler knows)
 Ratios are against equal-share in the same invocation. LAST line: one JSON object (with section E:
 {"e_idle": best realistic, "e_used", "ceiling_e_idle", "equal_share_e_idle", "clairvoyant_e_idle", "results"}).
@@ -27,6 +27,8 @@ import dataclasses
 import json
 import time
 from pathlib import Path
+
+import numpy as np
 
 from parsl_bft.idle.sources import load_source, mask_outages
 from parsl_bft.jobs import JobSet, load_jobset
@@ -119,6 +121,7 @@ def horizon_section(data: Path, js, day: float, results: list) -> dict:
     best = max(realistic, key=lambda m: m["e_idle"])
     clair = max((m for k, m in rows.items() if "clairvoyant" in k), key=lambda m: m["e_idle"])
     print(f"  -> best realistic: {best['label']}; vs BFTrainer e_idle x{best['e_idle'] / BFTRAINER['e_idle']:.3f}")
+    print(f"  -> nodes that joined together and left together: {_left_together(summit):.0%} of such pairs")
     # every used hole ends in a reclaim that pauses its job t_down (at ~1 node-s per node and second: speedups
     # are near-linear at these sizes) whatever the planner knows: what is left for planning is above this floor
     floor = len(summit.start) * min(j.t_down for j in js.jobs) / best["idle_node_s"]
@@ -152,16 +155,30 @@ def horizon_rows(iv, schedule, js, day: float, results: list, prefix: str, varia
     rows = {}
     for label, predict, kw in variants:
         t = time.perf_counter()
-        m = simulate(iv, js, Planner(objective="speedup", **kw), duration=day, predict=predict, schedule=schedule,
-                     ceiling=True, **SUBMITS).metrics()
+        res = simulate(iv, js, Planner(objective="speedup", **kw), duration=day, predict=predict, schedule=schedule,
+                       ceiling=True, **SUBMITS)
+        m = res.metrics()
+        for loss in ("rescale", "reclaim"):      # in 1-node seconds, as a share of the idle node-seconds
+            m[f"{loss}_share"] = sum(getattr(a, f"{loss}_loss") / a.state.curve.rate(1)
+                                     for a in res.jobs) / m["idle_node_s"]
         m.update(label=f"{prefix} {label}", method=kw["method"], objective="speedup", predict=predict,
                  wall_s=time.perf_counter() - t)
         rows[label] = m
         results.append(m)
         print(f"  {label:44} e_idle {m['e_idle']:.3f}  e_used {m['e_used']:.3f}  ceiling {m['ceiling_e_idle']:.3f}  "
-              f"e_idle/ceiling {m['e_idle'] / m['ceiling_e_idle']:.3f}  rescale {m['rescale_loss'] / 1e6:6.1f}M  "
-              f"reclaim {m['reclaim_loss'] / 1e6:6.1f}M  ({m['wall_s']:.1f} s)")
+              f"e_idle/ceiling {m['e_idle'] / m['ceiling_e_idle']:.3f}  rescale {m['rescale_share']:.4f}  "
+              f"reclaim {m['reclaim_share']:.4f}  ({m['wall_s']:.1f} s)")
     return rows
+
+
+def _left_together(iv) -> float:
+    """Of the pairs of holes that began at one instant, the share that also ended at one instant."""
+    pairs = together = 0
+    for t in np.unique(iv.start):
+        _, n = np.unique(iv.end[iv.start == t], return_counts=True)
+        pairs += n.sum() * (n.sum() - 1) // 2
+        together += int((n * (n - 1) // 2).sum())
+    return together / pairs if pairs else 0.0
 
 
 def topology_section(data: Path, js, day: float, results: list) -> None:
