@@ -139,3 +139,15 @@ def test_ceiling_is_the_same_replay_with_free_rescales_and_reclaims():
     alone = simulate(iv, free, Planner(method="dp")).metrics()
     assert m["ceiling_e_idle"] == pytest.approx(alone["e_idle"])
     assert "ceiling_e_idle" not in simulate(iv, js, Planner(method="dp")).metrics()
+
+
+def test_a_young_cohort_is_used_whole_by_a_horizon_aware_replay():
+    """Eight nodes become idle together and stay 1,000 s; the history predictor has seen no hole yet and gives
+    them 30 s. One reclaim for the cohort is worth risking: the job takes all eight (one per node would have
+    kept it at two)."""
+    names = [f"n{i}" for i in range(8)]
+    iv = IdleIntervals.build(names, list(range(8)), [0] * 8, [1000] * 8, 0, 1000)
+    js = JobSet([JobSpec("a", "lin", 1, 8, 18, 11, 1e12)], {"lin": LIN})
+    for predict in ("history", "clairvoyant"):
+        m = simulate(iv, js, Planner(method="dp", t_fwd=60, horizon_aware=True), predict=predict).metrics()
+        assert m["util"] == pytest.approx(1.0), predict
