@@ -12,7 +12,8 @@ theta_2022 (recorded schedule, outages masked), ImageNet 7-model mix:
      docs, not re-run), equal-share, horizon-blind (T_fwd 10 and 60 s), horizon-aware with the online
      hole-history predictor (past only), clairvoyant (the real ends: an upper bound), and each run's ceiling
      (the same replay with free rescales and reclaims); losses as shares of the idle node-seconds; then theta_2022 replayed FCFS+EASY (the slice of A),
-     horizon-aware with the EASY reservations from requested walltimes (what the scheduler knows)
+     horizon-aware with the EASY reservations from requested walltimes (what the scheduler knows); and
+     8 single days of the full Summit log (first 256 nodes): blind vs aware vs clairvoyant, one mean each
 Ratios are against equal-share in the same invocation. LAST line: one JSON object (with section E:
 {"e_idle": best realistic, "e_used", "ceiling_e_idle", "equal_share_e_idle", "clairvoyant_e_idle", "results"}).
 --submits relative counts the job set's submit times from each replayed window's start (for a log of another
@@ -132,6 +133,7 @@ def horizon_section(data: Path, js, day: float, results: list) -> dict:
                         duration=day, predict=p, **SUBMITS).metrics()["e_idle"] for p in ("history", "clairvoyant")}
     print(f"  -> growing for free (t_up = 0; reclaims and shrinks still cost), aware T_fwd 60: history "
           f"{grow['history']:.3f}, clairvoyant {grow['clairvoyant']:.3f}")
+    days = other_days(data, js, results)
     src = load_source(data / "traces" / "theta_2022.swf.gz", schedule="easy")
     masked = mask_outages(src.intervals)
     t0 = masked.t0 + START
@@ -147,7 +149,26 @@ def horizon_section(data: Path, js, day: float, results: list) -> dict:
             "equal_share_e_idle": rows["equal-share"]["e_idle"], "clairvoyant_e_idle": clair["e_idle"],
             "best": best["label"], "bftrainer": BFTRAINER, "reclaim_floor": floor, "free_growth_e_idle": grow,
             "theta_easy_e_idle": {k: round(m["e_idle"], 4) for k, m in easy.items()},
-            "theta_easy_ceiling_e_idle": easy["blind T_fwd 60"]["ceiling_e_idle"]}
+            "theta_easy_ceiling_e_idle": easy["blind T_fwd 60"]["ceiling_e_idle"], "summit_8_days_mean_e_idle": days}
+
+
+def other_days(data: Path, js, results: list, n: int = 8) -> dict:
+    """One slice can mislead (a plan that differs once sends a replay down another path): the first 256 nodes of
+    the full Summit log, each of its first ``n`` days, blind vs aware (history) vs clairvoyant, T_fwd 60 s."""
+    full = load_source(data / "eval" / "summit_2021feb_idle_intervals.csv.gz").intervals.first_nodes(256)
+    runs = {"blind": ("none", False), "aware history": ("history", True), "clairvoyant (bound)": ("clairvoyant", True)}
+    e = {k: [] for k in runs}
+    for d in range(n):
+        w = full.window(full.t0 + d * 86400, full.t0 + (d + 1) * 86400)
+        for k, (predict, aware) in runs.items():
+            m = simulate(w, js, Planner(method="dp", objective="speedup", t_fwd=60, horizon_aware=aware),
+                         duration=86400, predict=predict, submits="relative").metrics()
+            e[k].append(m["e_idle"])
+            results.append({**m, "label": f"summit day {d} {k}", "method": "dp", "objective": "speedup"})
+    print(f"  Summit log, first 256 nodes, days 0-{n - 1} (jobs from each day's start), T_fwd 60 s, e_idle per day:")
+    for k, v in e.items():
+        print(f"  {k:44} " + " ".join(f"{x:.3f}" for x in v) + f"  mean {np.mean(v):.4f}")
+    return {k: float(np.mean(v)) for k, v in e.items()}
 
 
 def horizon_rows(iv, schedule, js, day: float, results: list, prefix: str, variants) -> dict:
