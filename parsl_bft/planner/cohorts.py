@@ -16,8 +16,9 @@ import numpy as np
 
 class Cohorts:
     """Which nodes joined the idle pool together, learned from the pools the planner is shown: the nodes first
-    seen in one plan joined in one event (both the replay and the runtime plan at every event). Needs no new
-    input from the runtime; a replay that starts again (time going back) starts afresh."""
+    seen in one plan joined in one event (the replay plans at every event; the runtime at every change it
+    sees, so joins it sees at once count as one cohort). Needs no new input from the runtime; a replay that
+    starts again (time going back) starts afresh."""
 
     def __init__(self) -> None:
         self.key: dict[str, float] = {}
