@@ -122,7 +122,8 @@ def horizon_section(data: Path, js, day: float, results: list) -> dict:
     best = max(realistic, key=lambda m: m["e_idle"])
     clair = max((m for k, m in rows.items() if "clairvoyant" in k), key=lambda m: m["e_idle"])
     print(f"  -> best realistic: {best['label']}; vs BFTrainer e_idle x{best['e_idle'] / BFTRAINER['e_idle']:.3f}")
-    print(f"  -> nodes that joined together and left together: {_left_together(summit):.0%} of such pairs")
+    print(f"  -> nodes that joined together and left together: {_left_together(summit):.0%} of such pairs; "
+          f"{len(summit.start) / len(np.unique(summit.start)):.1f} nodes join per event")
     # every used hole ends in a reclaim that pauses its job t_down (at ~1 node-s per node and second: speedups
     # are near-linear at these sizes) whatever the planner knows: what is left for planning is above this floor
     floor = len(summit.start) * min(j.t_down for j in js.jobs) / best["idle_node_s"]
