@@ -128,7 +128,7 @@ def horizon_section(data: Path, js, day: float, results: list) -> dict:
     # are near-linear at these sizes) whatever the planner knows: what is left for planning is above this floor
     floor = len(summit.start) * min(j.t_down for j in js.jobs) / best["idle_node_s"]
     print(f"  -> reclaim floor ~{floor:.3f} ({len(summit.start)} holes x min t_down): at most ~"
-          f"{best['ceiling_e_idle'] - floor:.3f} e_idle for any planner that uses every hole")
+          f"{best['ceiling_e_idle'] - floor:.3f} e_idle (an estimate) for any planner that uses every hole")
     free_growth = JobSet([dataclasses.replace(j, t_up=0.0) for j in js.jobs], js.curves)
     grow = {p: simulate(summit, free_growth, Planner(objective="speedup", method="dp", t_fwd=60, horizon_aware=True),
                         duration=day, predict=p, **SUBMITS).metrics()["e_idle"] for p in ("history", "clairvoyant")}
