@@ -191,7 +191,12 @@ def simulate(intervals: IdleIntervals, jobset: JobSet, planner, *, max_concurren
         if prof is None or r <= 0:
             return math.inf
         x = a.state.samples_done / a.state.spec.samples
-        return t + ((math.floor(x / prof.interval + 1e-9) + 1) * prof.interval - x) * a.state.spec.samples / r
+        k = math.floor(x / prof.interval + 1e-9) + 1
+        # a job a rounding error short of a report time would get a report "now" forever: at Unix-epoch times
+        # (an idle trace) t + 1e-12 == t, so time would stop; that report is the one just made
+        while (at := t + (k * prof.interval - x) * a.state.spec.samples / r) <= t:
+            k += 1
+        return at
 
     while t < end:
         # apply everything that happens at t
@@ -200,7 +205,10 @@ def simulate(intervals: IdleIntervals, jobset: JobSet, planner, *, max_concurren
             ctl.nodes_joined(pending.joined, pending.joined_until, t)
             n_events += 1
             pending = next(events, None)
-        for a in [a for a in ctl.active.values() if a.state.remaining <= 1e-9 * a.state.spec.samples]:
+        # done: within rounding of its work, or so close that its end is not a later time (Unix-epoch times
+        # of an idle trace resolve ~0.2 us: the last crumb of work would otherwise take a zero-length step forever)
+        for a in [a for a in ctl.active.values()
+                  if a.state.remaining <= 1e-9 * a.state.spec.samples or finish_time(a) <= t]:
             ctl.job_finished(a.name, t)
         if until_done and not ctl.active and not ctl.waiting:
             break
