@@ -196,8 +196,16 @@ def topology_from_dict(doc: Mapping, source: str = "topology section") -> Topolo
     if ("groups" in doc) == ("hostname" in doc):
         raise TopologyError(f"{source}: give exactly one of 'groups' or 'hostname'")
     groups: dict[str, str] = {}
-    for g, members in (doc.get("groups") or {}).items():
-        names = _hosts(members) if isinstance(members, str) else [str(m) for m in members]
+    listed = doc.get("groups", {})
+    if not isinstance(listed, Mapping) or ("groups" in doc and not listed):
+        raise TopologyError(f"{source}: 'groups' must map each group to its nodes (a hostlist such as "
+                            f"\"n[1-4]\", or a list of names), got {listed!r}")
+    for g, members in listed.items():
+        if not isinstance(members, str) and not (isinstance(members, list) and members
+                                                 and all(isinstance(m, str) for m in members)):
+            raise TopologyError(f"{source}: group {g!r}: its nodes must be a hostlist such as \"n[1-4]\" or a "
+                                f"list of names, got {members!r}")
+        names = _hosts(members) if isinstance(members, str) else members
         for n in names:
             if n in groups:
                 raise TopologyError(f"{source}: node {n} is in groups {groups[n]} and {g}")

@@ -78,6 +78,18 @@ def test_site_section_and_spec(tmp_path):
         load_topology("no-such-thing")
 
 
+@pytest.mark.parametrize("groups, says", [
+    ("{sw0: 5}", "group 'sw0': its nodes must be a hostlist"), ("[n1, n2]", "'groups' must map each group"),
+    ("{sw0: [n1, null]}", "group 'sw0': its nodes must be"), ("{}", "'groups' must map each group")])
+def test_a_malformed_groups_section_is_a_message_not_a_traceback(tmp_path, capsys, groups, says):
+    """A site file's ``topology.groups`` of the wrong shape (a YAML slip) is refused by ``sites validate``
+    with the field named; it raised a TypeError / AttributeError, and ``groups: {}`` passed."""
+    from parsl_bft.cli import main
+    site = tmp_path / "site.yaml"
+    site.write_text(f"name: x\nscheduler: local\nnode: {{cores: 1}}\ntopology: {{groups: {groups}}}\n")
+    assert main(["sites", "validate", str(site)]) == 1
+    assert says in capsys.readouterr().err
+
 def test_constructor_checks():
     with pytest.raises(TopologyError, match="gpus_per_node"):
         Topology(gpus_per_node=0)
