@@ -1,7 +1,11 @@
 """Remote submission through Globus Compute (parsl_bft.remote): the cloud service is stood in for at the SDK's
 Executor boundary (tests/globus_standin.py); everything else - the SDK's serialiser, the facility functions in
 separate processes, the detached training session on the embedded default, HDF5 checkpoints - is real."""
+import fcntl
+import json
 import os
+import signal
+import socket
 import sys
 from pathlib import Path
 
@@ -144,6 +148,72 @@ def test_facility_functions_refuse_and_report(tmp_path):
                                                       {"digest": "c", "workflow": "w.py"})["error"]
     assert not (tmp_path / "runs" / "r2" / "request.json").exists()
 
+
+def _live_session(tmp_path, run_id: str = "r1") -> tuple[str, Path, int]:
+    """A submitted run whose session is alive: this process holds its lock, as a runner does."""
+    d = tmp_path / "runs" / run_id
+    (d / "work").mkdir(parents=True)
+    (d / "work" / "w.py").write_text("")
+    (d / "request.json").write_text('{"digest": "a", "workflow": "w.py"}')
+    fd = os.open(d / "session.lock", os.O_RDWR | os.O_CREAT)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    return str(tmp_path / "runs"), d, fd
+
+
+@pytest.mark.parametrize("call", ["status", "start"])
+def test_a_session_ending_during_a_call_is_not_lost_nor_started_again(tmp_path, monkeypatch, call):
+    """The session writes exit.json, then lets go of its lock. A call that read exit.json (not there yet) and
+    then found the lock free said "lost" of a finished run (failing every future waiting on it), and a submit
+    started the finished run again. Here the session ends exactly after the call's first read of exit.json."""
+    runs, d, fd = _live_session(tmp_path)
+    read = facility._read_json
+
+    def session_ends_after_this_read(path):
+        out = read(path)
+        if path.name == "exit.json" and not (d / "exit.json").exists():
+            (d / "exit.json").write_text('{"code": 0}')
+            os.close(fd)
+        return out
+    monkeypatch.setattr(facility, "_read_json", session_ends_after_this_read)
+    monkeypatch.setattr(facility, "_spawn", lambda d: pytest.fail("a second session was started"))
+    if call == "status":
+        assert facility.run_status(runs, "r1")["state"] == "running"     # as it was when the lock was tested
+    else:
+        assert facility.start_run(runs, "r1", {"w.py": b""}, {"digest": "a", "workflow": "w.py"})["started"] is False
+
+
+def test_cancel_signals_once_and_only_a_session_on_this_host(tmp_path, monkeypatch):
+    """runner.json's pid means something only on the host that wrote it (runs_dir on a file system several
+    login nodes share): elsewhere cancel signalled whatever process has that pid there. And a second cancel sent
+    a second SIGTERM, which cuts short the checkpointing the first one started."""
+    runs, d, fd = _live_session(tmp_path)
+    sent = []
+    monkeypatch.setattr(os, "kill", lambda pid, sig: sent.append((pid, sig)))
+    (d / "runner.json").write_text(json.dumps({"pid": 4242, "host": "login-elsewhere"}))
+    err = facility.call("cancel", runs, "r1")["error"]
+    assert "runs on login-elsewhere" in err and "cancel it through an endpoint there" in err
+    assert sent == [] and facility.run_status(runs, "r1")["state"] == "running"
+    (d / "runner.json").write_text(json.dumps({"pid": 4242, "host": socket.gethostname()}))
+    assert facility.call("cancel", runs, "r1")["ok"]["state"] == "cancelling"
+    assert facility.call("cancel", runs, "r1")["ok"]["state"] == "cancelling"
+    assert sent == [(4242, signal.SIGTERM)]
+    os.close(fd)
+
+
+def test_submits_from_several_shells_at_once_keep_every_run(tmp_path, monkeypatch):
+    """remote-runs.json is read, changed and replaced by each submit: at once, they lost each other's runs
+    and crashed on each other's temporary file (after the run had started)."""
+    import multiprocessing
+
+    from parsl_bft.remote.registry import known_runs, remember
+    monkeypatch.setenv("PARSL_BFT_HOME", str(tmp_path / "home"))
+    procs = [multiprocessing.get_context("fork").Process(
+        target=lambda k=k: [remember(f"r{k}-{i}", tmp_path / "s.yaml") for i in range(60)]) for k in range(4)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join()
+    assert [p.exitcode for p in procs] == [0] * 4 and len(known_runs()) == 240
 
 def test_checkpoints_leave_in_chunks_and_only_recorded_ones(tmp_path):
     """A final checkpoint bigger than one chunk comes back whole; the calls read no file a job did not record."""

@@ -77,6 +77,13 @@ def _read_json(path: Path) -> dict | None:
         return None
 
 
+def _ended_well(d: Path) -> bool:
+    """Whether the last session finished; only meaningful once ``_alive(d)`` said no (exit.json is written
+    before the lock is let go, so reading it first could miss a session that ends in between)."""
+    ended = _read_json(d / "exit.json")
+    return ended is not None and ended["code"] == 0
+
+
 def start_run(runs_dir: str, run_id: str, files: dict[str, bytes], request: dict) -> dict:
     """Write the run's files (first time) and start its session detached, unless one runs or the run finished:
     the same run id submitted again never starts a second session; after a cancel or a failure it resumes
@@ -97,8 +104,7 @@ def start_run(runs_dir: str, run_id: str, files: dict[str, bytes], request: dict
                 p.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
                 p.write_bytes(data)
             (d / "request.json").write_text(json.dumps(request))   # last: the run exists once it is complete
-        ended = _read_json(d / "exit.json")
-        if _alive(d) or (ended is not None and ended["code"] == 0):
+        if _alive(d) or _ended_well(d):
             return {**run_status(runs_dir, run_id), "started": False}
         for stale in ("exit.json", "cancel", "runner.json"):
             (d / stale).unlink(missing_ok=True)
@@ -169,8 +175,9 @@ def run_status(runs_dir: str, run_id: str) -> dict:
     """The run's state (running, finished, failed, cancelled, lost: ended without a word, e.g. the login node
     rebooted) and its jobs' progress, read from the run's folder."""
     d = _submitted(runs_dir, run_id)
-    ended = _read_json(d / "exit.json")
-    if _alive(d):
+    alive = _alive(d)
+    ended = _read_json(d / "exit.json")     # after the lock test: a session writes it before it lets go
+    if alive:
         state = "cancelling" if (d / "cancel").exists() else "running"
     elif ended is not None and ended["code"] == 0:
         state = "finished"                      # also when a cancel came too late
@@ -196,11 +203,18 @@ def run_logs(runs_dir: str, run_id: str, offset: int | None = None, tail: int = 
 
 
 def cancel_run(runs_dir: str, run_id: str) -> dict:
-    """Ask the session to stop: SIGTERM, which a training session turns into checkpoint-and-release."""
+    """Ask the session to stop: SIGTERM, which a training session turns into checkpoint-and-release. Once:
+    a second SIGTERM would cut short the checkpointing the first one started."""
     d = _submitted(runs_dir, run_id)
-    if _alive(d):
+    if _alive(d) and not (d / "cancel").exists():
+        # the mark before runner.json is read: runner.main writes runner.json, then looks for the mark
         (d / "cancel").write_text(time.strftime("%Y-%m-%d %H:%M:%S"))
         runner = _read_json(d / "runner.json")
+        if runner and runner.get("host") != socket.gethostname():
+            # runs_dir on a file system several login nodes share: that pid means another process here
+            (d / "cancel").unlink(missing_ok=True)
+            raise FacilityError(f"run {run_id}'s session runs on {runner.get('host')}, this endpoint on "
+                                f"{socket.gethostname()}: cancel it through an endpoint there")
         if runner:                              # else it has not started yet, and stops when it sees the mark
             os.kill(runner["pid"], signal.SIGTERM)
     return run_status(runs_dir, run_id)

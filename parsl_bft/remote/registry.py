@@ -3,6 +3,7 @@
 to decide whether ``status X`` is a remote run."""
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 from pathlib import Path
@@ -13,13 +14,17 @@ def registry_path() -> Path:
 
 
 def remember(run_id: str, site_file: str | Path) -> None:
+    """Under a lock, through a temporary file of this process's own: submits from several shells at once
+    (a sweep) must neither lose each other's runs nor fail on each other's temporary file."""
     p = registry_path()
     p.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    runs = known_runs()
-    runs[run_id] = str(Path(site_file).resolve())
-    tmp = p.with_name(p.name + ".tmp")
-    tmp.write_text(json.dumps(runs, indent=1))
-    os.replace(tmp, p)
+    with open(p.with_name(p.name + ".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        runs = known_runs()
+        runs[run_id] = str(Path(site_file).resolve())
+        tmp = p.with_name(f"{p.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(runs, indent=1))
+        os.replace(tmp, p)
 
 
 def known_runs() -> dict[str, str]:
