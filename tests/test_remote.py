@@ -13,7 +13,7 @@ import pytest
 
 from parsl_bft.cli import main
 from parsl_bft.errors import UsageError
-from parsl_bft.remote import facility
+from parsl_bft.remote import RemoteError, facility
 from parsl_bft.remote.bundle import make_bundle
 from parsl_bft.sites import SiteError, load_site
 
@@ -200,6 +200,40 @@ def test_cancel_signals_once_and_only_a_session_on_this_host(tmp_path, monkeypat
     os.close(fd)
 
 
+def test_a_run_resumed_in_the_same_session_is_waited_for_again(tmp_path, monkeypatch):
+    """Cancel, then submit again through the same RemoteSession: ``run.result()`` / ``run.job()`` answered at
+    once with the cancelled session's end. Futures of the Python API are bookkeeping on the laptop: the
+    executor here is a thread pool calling the facility functions in this process, whose ``_spawn`` starts a
+    "session" that is this process holding the run's lock."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from parsl_bft.remote.bundle import Bundle
+    from parsl_bft.remote.client import RemoteSession
+    held = []
+
+    def spawn(d):
+        held.append(os.open(d / "session.lock", os.O_RDWR | os.O_CREAT))
+        fcntl.flock(held[-1], fcntl.LOCK_EX)
+    monkeypatch.setattr(facility, "_spawn", spawn)
+    d = tmp_path / "runs" / "r1"
+
+    def session_ends(code: int) -> None:
+        (d / "exit.json").write_text(json.dumps({"code": code}))
+        os.close(held.pop())
+    remote = RemoteSession(load_site(sites(tmp_path)), ThreadPoolExecutor(1), poll_s=0.05)
+    bundle = Bundle("w.py", {"w.py": b""}, ())
+    run = remote.submit_bundle(bundle, "r1")
+    cancelled_job = run.job("a")
+    remote.run("r1").cancel()
+    session_ends(130)
+    assert run.result(timeout=60)["state"] == "cancelled" and isinstance(cancelled_job.exception(), RemoteError)
+    assert remote.submit_bundle(bundle, "r1").last["started"]
+    job, done = run.job("a"), run.done()
+    assert not job.done() and not done.done() and run.status()["state"] == "running"
+    session_ends(0)
+    assert done.result(timeout=60)["state"] == "finished" and isinstance(job.exception(timeout=60), RemoteError)
+    remote.close()
+
 def test_submits_from_several_shells_at_once_keep_every_run(tmp_path, monkeypatch):
     """remote-runs.json is read, changed and replaced by each submit: at once, they lost each other's runs
     and crashed on each other's temporary file (after the run had started)."""
@@ -269,7 +303,7 @@ def test_submit_watch_cancel_resume_fetch_equals_a_local_run(tmp_path, endpoint,
     submit -> status while it trains -> cancel (it checkpoints) -> submit again: it resumes from that checkpoint
     and finishes -> fetch --checkpoint: the model equals one fragment of the same job run here."""
     from parsl_bft.execution.jobstore import JobStore
-    from parsl_bft.remote import RemoteError, remote_session
+    from parsl_bft.remote import remote_session
 
     laptop = sites(tmp_path)
     hold = tmp_path / "hold"

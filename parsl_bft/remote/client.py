@@ -144,6 +144,8 @@ class RemoteSession:
                    "digest": digest}
         status = self.call("start", run_id, bundle.files, request)
         run = self.run(run_id)
+        if status["started"]:
+            run._new_session()
         run.last = status
         return run
 
@@ -225,6 +227,14 @@ class RemoteRun:
     def waiting(self) -> bool:
         with self._lock:
             return any(not f.done() for f in [*self._jobs.values(), *([self._done] if self._done else [])])
+
+    def _new_session(self) -> None:
+        """The run resumed: what its last session's end resolved (a cancel failed every job) is no answer for
+        this one; futures handed out before keep theirs."""
+        with self._lock:
+            self._jobs = {name: f for name, f in self._jobs.items() if not f.done()}
+            if self._done is not None and self._done.done():
+                self._done = None
 
     def _abandon(self) -> None:
         with self._lock:
