@@ -203,10 +203,9 @@ def run_logs(runs_dir: str, run_id: str, offset: int | None = None, tail: int = 
 
 
 def cancel_run(runs_dir: str, run_id: str) -> dict:
-    """Ask the session to stop: SIGTERM, which a training session turns into checkpoint-and-release. Once:
-    a second SIGTERM would cut short the checkpointing the first one started."""
+    """Ask the session to stop: SIGTERM, which a training session turns into checkpoint-and-release."""
     d = _submitted(runs_dir, run_id)
-    if _alive(d) and not (d / "cancel").exists():
+    if _alive(d):
         # the mark before runner.json is read: runner.main writes runner.json, then looks for the mark
         (d / "cancel").write_text(time.strftime("%Y-%m-%d %H:%M:%S"))
         runner = _read_json(d / "runner.json")
