@@ -232,6 +232,24 @@ def test_a_run_resumed_in_the_same_session_is_waited_for_again(tmp_path, monkeyp
     assert done.result(timeout=60)["state"] == "finished" and isinstance(job.exception(timeout=60), RemoteError)
     remote.close()
 
+@pytest.mark.timeout(120)
+def test_closing_a_session_does_not_wait_for_a_busy_endpoint(tmp_path, endpoint):
+    """A poll sent while the endpoint cannot answer (offline, or its workers busy: tasks queue at the service)
+    kept ``close()`` - the end of ``with remote_session(...)`` - waiting until it was answered (up to
+    call_timeout_s, 10 min). Here the endpoint's one worker is busy until the test lets it go."""
+    import subprocess
+
+    from parsl_bft.remote import remote_session
+    hold = tmp_path / "hold-endpoint"
+    hold.touch()
+    busy = endpoint.pool.submit(subprocess.run, ["sh", "-c", f"while [ -e {hold} ]; do sleep 0.05; done"])
+    with remote_session(sites(tmp_path), poll_s=0.05) as remote:
+        waiting = remote.run("r1").done()
+        wait_for(lambda: endpoint.tasks > 0, what="a poll sent to the endpoint")
+    assert isinstance(waiting.exception(), RemoteError) and not busy.done()
+    hold.unlink()
+    busy.result()
+
 def test_submits_from_several_shells_at_once_keep_every_run(tmp_path, monkeypatch):
     """remote-runs.json is read, changed and replaced by each submit: at once, they lost each other's runs
     and crashed on each other's temporary file (after the run had started)."""

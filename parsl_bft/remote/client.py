@@ -163,7 +163,7 @@ class RemoteSession:
     def _poll(self) -> None:
         while not self._stop.is_set():
             for run in list(self._runs.values()):
-                if run.waiting():
+                if run.waiting() and not self._stop.is_set():
                     try:
                         run.status()
                     except RemoteError as e:    # one failed poll is no verdict; the next one may answer
@@ -174,9 +174,9 @@ class RemoteSession:
         """The laptop goes away: the runs at the facility go on; futures not yet resolved fail with a RemoteError
         (nothing waits forever) - ``run(run_id)`` in a new session watches again."""
         self._stop.set()
-        self.executor.shutdown(wait=False, cancel_futures=True)    # a poll in flight ends now
-        if self._poller is not None:
-            self._poller.join()
+        # a poll already sent is not waited for: the SDK cannot cancel a task it has registered, and an
+        # offline endpoint answers it after call_timeout_s at best; its late answer finds these futures failed
+        self.executor.shutdown(wait=False, cancel_futures=True)
         for run in self._runs.values():
             run._abandon()
 
