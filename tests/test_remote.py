@@ -107,6 +107,18 @@ def test_the_bundle_ships_the_model_file_the_workflow_names(tmp_path):
         make_bundle(tmp_path / "wf" / "w.py", extra=[tmp_path / "x.py"])
 
 
+def test_a_data_set_the_workflow_names_is_refused_before_it_is_read(tmp_path):
+    """A workflow naming its (laptop-side copy of the) data: the bundle read the whole file into memory and only
+    then found it too big (a 1 GiB file: 1 GiB of memory; a data set: the laptop's memory). Now its size is
+    checked first, and the message names it. The file here is sparse: no disk is used."""
+    from parsl_bft.remote.bundle import MAX_BYTES
+    (tmp_path / "w.py").write_text("DATA = 'data/train.bin'\n")
+    (tmp_path / "data").mkdir()
+    with open(tmp_path / "data" / "train.bin", "wb") as f:
+        f.truncate(MAX_BYTES * 170)
+    with pytest.raises(UsageError, match=r"with data/train\.bin \(1020\.0 MiB\): put data at the facility"):
+        make_bundle(tmp_path / "w.py")
+
 def test_not_logged_in_is_a_clear_error_and_no_prompt(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("GLOBUS_COMPUTE_USER_DIR", str(tmp_path / "gc"))      # no stored tokens
     monkeypatch.delenv("GLOBUS_COMPUTE_CLIENT_ID", raising=False)

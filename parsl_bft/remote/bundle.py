@@ -65,6 +65,7 @@ def make_bundle(workflow: str | Path, args=(), extra=()) -> Bundle:
     folder = wf.resolve().parent
     todo = [wf.resolve(), *(Path(e).resolve() for e in extra)]
     files: dict[str, bytes] = {}
+    size = 0
     while todo:
         p = todo.pop()
         try:
@@ -75,14 +76,15 @@ def make_bundle(workflow: str | Path, args=(), extra=()) -> Bundle:
             continue
         if not p.is_file():
             raise UsageError(f"no such file to ship: {p}")
+        size += p.stat().st_size        # before reading: a data set the workflow names may be gigabytes
+        if size > MAX_BYTES:
+            raise UsageError(f"the workflow and its files are more than one Globus Compute task carries "
+                             f"({MAX_BYTES >> 20} MiB) with {name} ({p.stat().st_size / 2**20:.1f} MiB): put data "
+                             "at the facility and name its path there")
         files[name] = p.read_bytes()
         if p.suffix == ".py":
             try:
                 todo.extend(_named_files(files[name].decode(), folder) - {folder / n for n in files})
             except (SyntaxError, UnicodeDecodeError, ValueError) as e:
                 raise UsageError(f"{p}: not a Python file parsl-bft can read: {e}") from None
-    size = sum(map(len, files.values()))
-    if size > MAX_BYTES:
-        raise UsageError(f"the workflow and its files are {size / 2**20:.1f} MiB, more than one Globus Compute "
-                         f"task carries ({MAX_BYTES >> 20} MiB): put data at the facility and name its path there")
     return Bundle(wf.resolve().relative_to(folder).as_posix(), files, tuple(args))
