@@ -132,6 +132,8 @@ def test_not_logged_in_is_a_clear_error_and_no_prompt(tmp_path, monkeypatch, cap
     assert code == 2 and "names no globus_compute_endpoint" in err
     code, _, err = cli(capsys, "submit", WORKFLOW, "--site", sites(tmp_path), "--run-id", "../up")
     assert code == 2 and "run id '../up': use 1-100 letters" in err
+    code, _, err = cli(capsys, "submit", WORKFLOW, "--site", sites(tmp_path), "40", "--run", "../up")
+    assert code == 2 and "not logged in" in err         # the workflow's own --run: no abbreviation of --run-id
     assert not (tmp_path / "home").exists()
 
 

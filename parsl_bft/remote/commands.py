@@ -71,7 +71,8 @@ def _say(text: str) -> None:
 
 
 def cmd_submit(args) -> int:
-    after = argparse.ArgumentParser(prog="parsl-bft submit", add_help=False)
+    # no abbreviations: a workflow's own --run or --s after the workflow is the workflow's, not --run-id / --site
+    after = argparse.ArgumentParser(prog="parsl-bft submit", add_help=False, allow_abbrev=False)
     _submit_options(after)                 # parsl-bft submit W.py --site S.yaml ARGS, as with parsl-bft run
     late, args.args = after.parse_known_args(args.args)
     args.site, args.run_id = late.site or args.site, late.run_id or args.run_id
