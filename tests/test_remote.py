@@ -308,6 +308,32 @@ def test_checkpoints_leave_in_chunks_and_only_recorded_ones(tmp_path):
     assert "no checkpoint of job 'a'" in facility.call("chunk", runs, "r1", "..", "a", 0)["error"]
 
 
+def test_fetch_keeps_same_named_jobs_of_same_named_state_dirs_apart(tmp_path):
+    """Two sessions of one workflow in exp1/bft-state and exp2/bft-state, each with a job "a": both final
+    checkpoints were copied to bft-state-a.h5, the second over the first. The executor is a thread pool calling
+    the facility functions here (what is tested is the laptop's naming)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from parsl_bft.execution.jobstore import JobStore
+    from parsl_bft.remote.client import RemoteSession
+    run = tmp_path / "runs" / "r1"
+    (run / "work").mkdir(parents=True)
+    (run / "request.json").write_text('{"digest": "a"}')
+    (run / "exit.json").write_text('{"code": 0}')
+    for exp in ("exp1", "exp2"):
+        state = run / "work" / exp / "bft-state"
+        (state / "jobs" / "a").mkdir(parents=True)
+        (state / "jobs" / "a" / "ckpt-000000001.h5").write_text(exp)
+        db = JobStore(state / "state.sqlite")
+        db.add("a", {"samples": 1})
+        db.update("a", status="done", samples_done=1, checkpoint="jobs/a/ckpt-000000001.h5")
+        db.close()
+    remote = RemoteSession(load_site(sites(tmp_path)), ThreadPoolExecutor(1))
+    got = remote.run("r1").fetch(tmp_path / "got")
+    remote.close()
+    assert sorted(p.read_text() for p in got.values()) == ["exp1", "exp2"]
+    assert sorted(p.name for p in (tmp_path / "got").iterdir()) == sorted(p.name for p in got.values())
+
 @pytest.fixture(scope="module")
 def local_model(tmp_path_factory):
     """The workflow's job trained here, as one fragment: what a remote run of it must give back bit for bit."""

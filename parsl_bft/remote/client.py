@@ -275,7 +275,8 @@ class RemoteRun:
         names = [r["job"] for r in rows]
         out = {}
         for r in rows:
-            key = r["job"] if names.count(r["job"]) == 1 else f"{Path(r['state']).name}-{r['job']}"
+            # the whole state path: exp1/bft-state and exp2/bft-state both end in bft-state
+            key = r["job"] if names.count(r["job"]) == 1 else f"{r['state'].replace('/', '-')}-{r['job']}"
             out[key] = self._download(r, dest / f"{key}.h5")
         return out
 
