@@ -99,6 +99,7 @@ def test_the_bundle_ships_the_model_file_the_workflow_names(tmp_path):
     b = make_bundle(WORKFLOW, ["40", "x"])
     assert b.workflow == "tiny_train.py" and sorted(b.files) == ["tiny_model.py", "tiny_train.py"]
     assert b.run_id("s") == make_bundle(WORKFLOW, ["40", "x"]).run_id("s") != make_bundle(WORKFLOW, ["41", "x"]).run_id("s")
+    assert make_bundle(WORKFLOW, [40, Path("x")]).run_id("s") == b.run_id("s")     # the Python API's args: argv
     (tmp_path / "x.py").write_text("")
     (tmp_path / "wf").mkdir()
     (tmp_path / "wf" / "w.py").write_text(f"open('{tmp_path / 'x.py'}'); open('../x.py')\n")   # not its folder's

@@ -87,4 +87,5 @@ def make_bundle(workflow: str | Path, args=(), extra=()) -> Bundle:
                 todo.extend(_named_files(files[name].decode(), folder) - {folder / n for n in files})
             except (SyntaxError, UnicodeDecodeError, ValueError) as e:
                 raise UsageError(f"{p}: not a Python file parsl-bft can read: {e}") from None
-    return Bundle(wf.resolve().relative_to(folder).as_posix(), files, tuple(args))
+    # sys.argv of the workflow there: strings (an int reached argparse at the facility; a Path, json here)
+    return Bundle(wf.resolve().relative_to(folder).as_posix(), files, tuple(map(str, args)))
