@@ -2,20 +2,38 @@
 buys in throughput, what it costs in training progress, and which level a job should run at. No Parsl here.
 
 Layer-aware throughput. The level-0 curve P(n) gives the time of one sample, 1/P(n); its Amdahl fit splits it
-into a part that shrinks with n (compute, share (1-s)/n over s + (1-s)/n) and a part that does not
-(synchronisation and other serial overheads). Freezing a prefix that holds a share c of the compute and q of
-the parameters removes the prefix's backward pass (beta * c of the compute) and its gradients from the
-all-reduce (gamma * q of the rest):
-    1/P(n, f) = 1/P(n) * (par(n) * (1 - beta c_f) + ser(n) * (1 - gamma q_f)).
-beta and gamma are fitted (least squares, linear) on the measured (n, f) points; measured points are used as
-they are, the model fills the gaps; ``heldout_mape`` reports leave-one-out error.
+into a part that shrinks with n (compute, share par(n) = ((1-s)/n) / (s + (1-s)/n)) and a part that does not
+(ser(n): synchronisation and per-step overheads). Freezing the first f layers (forward shares c_f of the compute,
+q_f of the parameters) saves, of a sample's time,
+    saved(n, f) = beta sigma_f par(n) (1 - omega [n > 1]) + gamma q_f ser(n),   1/P(n, f) = (1 - saved) / P(n)
+- sigma_f: the backward pass no longer computed, from the measured forward shares (a layer's backward ~ twice
+  its forward: one for its weight gradient, one for its input gradient): the frozen prefix's whole backward, and
+  the input gradient of the first layer that still trains, which nothing needs any more (the model's first layer
+  never computes one):  sigma_f = (c_f + c_{f+1} - c_1) / (3 - c_1).  The first trainable layer's part is what a
+  frozen-share model misses most: freezing a cheap first convolution spares the expensive second one's input
+  gradient (the digits CNN: c_1 = 0.04, yet ~1.5-2x).
+- omega: the share of that backward time that was hiding the gradient all-reduce (DDP overlaps them); with it
+  gone, the all-reduce shows. This is why freezing pays less on several ranks (the public BERT profile: 2.26x on
+  one GPU, 1.35x on 2 x 4 GPUs, synchronisation no shorter): it depends on placement, not only on the shares.
+- gamma q_f: the frozen parameters' share of the all-reduce and the optimizer step, no longer done.
+beta, gamma and beta*omega are fitted (least squares, linear) on the measured (n, f) points; a parameter the points
+cannot determine (no multi-rank point: omega; no serial time: gamma) keeps its prior, fitted to the public BERT
+profile (``BERT_PROFILE``). Measured points are used as they are, the model fills the gaps; ``heldout_errors``
+reports the leave-one-out error per measured point.
 
-Frozen penalty. Fragments record, per layer, the L1 norm of its gradient summed over intervals of steps
-(train/freezing.py). A layer's plasticity is how fast that norm still changes, r_i = |g_prev - g_now| / g_prev
-(AutoFreeze's rate); its weight in the learning is its share of the gradient norm. Freezing the first k layers
-loses   penalty(k) = sum_{i<k} share_i * min(1, r_i / median(r))   of the job's progress: a layer that has
-settled (small r, little gradient) costs ~nothing, one still changing as fast as the median layer costs its whole
-share. Effective progress = P(n, f) * (1 - penalty(f)).
+Frozen penalty. Fragments record, per layer and interval of steps (train/freezing.py), the signal share of its
+gradient, rho_i = |mu_i|^2 / (|mu_i|^2 + sigma_i^2): the part that points the same way from step to step, as
+opposed to minibatch noise that cancels, and the mean gradient energy E_i = |mu_i|^2 + sigma_i^2. SGD's progress
+(its first-order loss decrease) from a layer is lr |mu_i|^2 = lr rho_i E_i; its noise moves the layer nowhere.
+Freezing the first k layers loses
+    penalty(k) = sum_{i<k} rho_i E_i / sum_j E_j
+of what the optimizer does, with rho_i the larger of the last two intervals' (a settled layer must be quiet in
+both: one quiet interval may be noise). Settled layers cost ~nothing whatever their share of the gradient.
+Statistics without the signal (the simulator's synthetic profiles) fall back to AutoFreeze's rate of change of
+the per-layer L1 norms, r_i = |g_prev - g_now| / g_prev: penalty(k) = sum_{i<k} share_i * min(1, r_i / median r).
+Effective progress = P(n, f) * (1 - penalty(f)). Calibrated on real data by benchmarks/freeze_calibration.py:
+the signal separates the first epochs (rho 0.5-0.8) from the noise-dominated rest, but a layer can still
+drift below what an interval resolves (see the README).
 
 Budget. A job with ``accuracy_budget`` B has spent sum(penalty * samples trained at that level / samples): a
 lost share of progress is counted as that much accuracy (conservative: accuracy gains little from the last
@@ -32,8 +50,24 @@ import numpy as np
 
 from ..scaling import LayerProfile, ScalingCurve
 
-BETA0, GAMMA0 = 2.0 / 3.0, 1.0    # backward ~ 2/3 of a layer's compute; a frozen layer sends no gradient
+# priors (the model fitted to BERT_PROFILE): backward as in sigma, the frozen share of all-reduce and optimizer
+# partly saved, half of the spared backward was hiding the all-reduce
+BETA0, GAMMA0, OMEGA0 = 0.92, 0.44, 0.61
+# the public BERT profile (../shared/notes/layer-elasticity.md; batch 8 per GPU): GPUs -> (s/step unfrozen, with
+# 72 of 80 atomic layers frozen). Shares assumed: layers of equal compute, the embeddings (~20% of the
+# parameters, ~1% of the compute) first.
+BERT_PROFILE = {1: (0.259, 0.115), 8: (0.327, 0.243), 16: (0.347, 0.255)}
 UP_MARGIN = 2.0                    # headroom a level change needs, in multiples of its projected spend
+
+
+def saved_backward(shares: dict[int, tuple[float, float]], n_layers: int) -> dict[int, float]:
+    """level -> sigma_f, the share of a training step's compute freezing the first f layers spares (module doc).
+    A level whose next level's share is unknown (not measured) counts no input gradient for its first trainable
+    layer; the fitted beta absorbs what that misses."""
+    c = {f: cf for f, (cf, _) in shares.items()}
+    c.setdefault(n_layers, 1.0)
+    c1 = c.get(1, 0.0)
+    return {f: (c[f] + c.get(f + 1, c[f]) - c1) / (3 - c1) if f else 0.0 for f in shares}
 
 
 @dataclass
@@ -44,52 +78,64 @@ class LayerThroughput:
     profile: LayerProfile
     beta: float = field(init=False)
     gamma: float = field(init=False)
+    omega: float = field(init=False)
 
     def __post_init__(self) -> None:
-        self.beta, self.gamma = self._fit(self.profile.points)
+        self._sigma = saved_backward(self.profile.shares, self.profile.n_layers)
+        self.beta, self.gamma, self.omega = self._fit(self.profile.points)
 
     def _split(self, n: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Shares of a sample's time that shrink with n (compute) and that do not (serial, synchronisation)."""
-        s = self.curve.serial_fraction
-        n = np.maximum(np.asarray(n, dtype=float), 1.0)
-        par = (1 - s) / n
-        return par / (s + par), s / (s + par)
+        """Shares of a sample's time on n nodes that is the one-node compute split n ways, par(n) = P(n) / (n P(1))
+        (the parallel efficiency), and that one node does not spend (synchronisation, waiting), 1 - par(n)."""
+        n = np.maximum(np.asarray(n, dtype=np.int64), 1)
+        rates = self.curve.table(int(n.max()))
+        par = np.minimum(rates[n] / (n * rates[1]), 1.0)
+        return par, 1.0 - par
 
-    def _fit(self, points: dict[tuple[int, int], float]) -> tuple[float, float]:
-        if not points:
-            return BETA0, GAMMA0
-        ns = np.array([n for n, _ in points])
-        c = np.array([self.profile.shares[f][0] for _, f in points])
-        q = np.array([self.profile.shares[f][1] for _, f in points])
+    def _columns(self, ns: np.ndarray, fs) -> np.ndarray:
+        """saved(n, f) = columns @ (beta, gamma, beta * omega)."""
+        sigma = np.array([self._sigma[f] for f in fs])
+        q = np.array([self.profile.shares[f][1] for f in fs])
         par, ser = self._split(ns)
+        return np.column_stack([sigma * par, q * ser, -sigma * par * (np.asarray(ns) > 1)])
+
+    def _fit(self, points: dict[tuple[int, int], float]) -> tuple[float, float, float]:
+        if not points:
+            return BETA0, GAMMA0, OMEGA0
+        ns = np.array([n for n, _ in points])
+        a = self._columns(ns, [f for _, f in points])
         base = np.array([self.curve.rate(int(n)) for n in ns])
         saved = 1.0 - base / np.array(list(points.values()))       # share of the level-0 time saved
-        a = np.column_stack([par * c, ser * q])
-        if not np.any(a[:, 1]):                                     # no serial time measured: gamma stays a prior
-            beta = float(np.linalg.lstsq(a[:, :1], saved, rcond=None)[0][0])
-            return float(np.clip(beta, 0.0, 1.0)), GAMMA0
-        beta, gamma = np.linalg.lstsq(a, saved, rcond=None)[0]
-        return float(np.clip(beta, 0.0, 1.0)), float(np.clip(gamma, 0.0, 1.0))
+        prior = np.array([BETA0, GAMMA0, BETA0 * OMEGA0])
+        free = np.any(a != 0, axis=0)          # a parameter no point depends on keeps its prior
+        x = prior.copy()
+        x[free] = np.linalg.lstsq(a[:, free], saved - a[:, ~free] @ prior[~free], rcond=None)[0]
+        beta = float(np.clip(x[0], 0.0, 1.0 / max(max(self._sigma.values()), 1e-9)))   # never a negative time
+        omega = float(np.clip(x[2] / x[0], -1.0, 1.0)) if free[2] and x[0] > 0 else OMEGA0
+        return beta, float(np.clip(x[1], 0.0, 1.0)), omega
 
-    def _factor(self, ns: np.ndarray, f: int, beta: float, gamma: float) -> np.ndarray:
+    def _factor(self, ns: np.ndarray, f: int, params: tuple[float, float, float]) -> np.ndarray:
         """The model's P(n, f) / P(n, 0) (measured points not substituted)."""
-        c, q = self.profile.shares[f]
-        par, ser = self._split(ns)
-        return 1.0 / (par * (1 - beta * c) + ser * (1 - gamma * q))
+        beta, gamma, omega = params
+        saved = self._columns(ns, [f] * len(ns)) @ np.array([beta, gamma, beta * omega])
+        return 1.0 / np.maximum(1.0 - saved, 1e-3)
 
-    def predict(self, n: int, f: int, beta: float | None = None, gamma: float | None = None) -> float:
+    @property
+    def params(self) -> tuple[float, float, float]:
+        return self.beta, self.gamma, self.omega
+
+    def predict(self, n: int, f: int, params: tuple[float, float, float] | None = None) -> float:
         """The model's samples/s (measured points not substituted)."""
         if n <= 0:
             return 0.0
-        b, g = (self.beta if beta is None else beta), (self.gamma if gamma is None else gamma)
-        return float(self.curve.rate(n) * self._factor(np.array([n]), f, b, g)[0])
+        return float(self.curve.rate(n) * self._factor(np.array([n]), f, params or self.params)[0])
 
     def speedups(self, ns: np.ndarray, f: int) -> np.ndarray:
         """P(n, f) / P(n, 0) for sizes ``ns`` (1 where n = 0); measured points as measured."""
         ns = np.asarray(ns, dtype=np.int64)
         if f == 0:
             return np.ones(len(ns))
-        out = self._factor(ns, f, self.beta, self.gamma)
+        out = self._factor(ns, f, self.params)
         base = self.curve.table(max(int(ns.max(initial=0)), 1))
         for (n, lv), r in self.profile.points.items():
             if lv == f and n < len(base):
@@ -103,16 +149,18 @@ class LayerThroughput:
     def rate(self, n: int, f: int) -> float:
         return self.curve.rate(n) * self.speedup(n, f) if n > 0 else 0.0
 
-    def heldout_mape(self) -> float | None:
-        """Mean absolute percentage error predicting each measured frozen point from a fit without it."""
+    def heldout(self) -> dict[tuple[int, int], tuple[float, float]]:
+        """(nodes, level) -> (measured, predicted by a fit without that point), for every measured frozen point."""
         pts = self.profile.points
         if len(pts) < 2:
-            return None
-        errs = []
-        for key, r in pts.items():
-            b, g = self._fit({k: v for k, v in pts.items() if k != key})
-            errs.append(abs(self.predict(key[0], key[1], b, g) - r) / r)
-        return float(np.mean(errs))
+            return {}
+        return {key: (r, self.predict(*key, self._fit({k: v for k, v in pts.items() if k != key})))
+                for key, r in pts.items()}
+
+    def heldout_mape(self) -> float | None:
+        """Mean absolute percentage error predicting each measured frozen point from a fit without it."""
+        h = self.heldout()
+        return float(np.mean([abs(p - r) / r for r, p in h.values()])) if h else None
 
 
 # --- penalty -----------------------------------------------------------------------------------------------
@@ -120,18 +168,26 @@ class LayerThroughput:
 
 @dataclass(frozen=True)
 class GradStats:
-    """Per-layer gradient L1 norms summed over the last two recording intervals (input-to-output order); a
-    frozen layer keeps its values from before it was frozen, one frozen before it had any is nan."""
+    """Per-layer gradient statistics of the last recording intervals (input-to-output order; train/freezing.py's
+    GradRecorder): L1 norms summed over the previous and the last interval, and (when the recorder measured them)
+    the signal share of the last two intervals' gradients and their mean energy in the last one. A frozen layer keeps its values from
+    before it was frozen; one frozen before it had any is nan."""
 
     prev: tuple[float, ...]
     now: tuple[float, ...]
+    signal: tuple[float, ...] | None = None
+    signal_prev: tuple[float, ...] | None = None
+    energy: tuple[float, ...] | None = None
 
     @classmethod
     def from_dict(cls, d: dict | None) -> "GradStats | None":
-        """From a fragment's report (train/freezing.py): None until two intervals are complete."""
+        """From a fragment's report: None until two intervals are complete."""
         if not d or not d.get("prev") or not d.get("now"):
             return None
-        return cls(tuple(float(x) for x in d["prev"]), tuple(float(x) for x in d["now"]))
+
+        def vec(k):
+            return tuple(float(x) for x in d[k]) if d.get(k) and len(d[k]) == len(d["now"]) else None
+        return cls(vec("prev"), vec("now"), vec("signal"), vec("signal_prev"), vec("energy"))
 
     def plasticity(self) -> np.ndarray:
         prev, now = np.array(self.prev), np.array(self.now)
@@ -146,14 +202,25 @@ def penalty_curve(stats: GradStats | None, n_layers: int) -> np.ndarray:
     out[0] = 0.0
     if stats is None or len(stats.now) != n_layers:
         return out
-    now = np.array(stats.now)
-    r = stats.plasticity()
-    known = np.isfinite(r) & np.isfinite(now)
-    if not known.any() or not np.nansum(now[known]) > 0:
-        return out
-    share = np.where(known, now, 0.0) / np.nansum(now[known])
-    med = float(np.median(r[known]))
-    cost = np.where(known, share * np.minimum(1.0, r / med if med > 0 else np.where(r > 0, 1.0, 0.0)), 1.0)
+    if stats.signal is not None and stats.energy is not None:
+        rho, energy = np.array(stats.signal), np.array(stats.energy)
+        if stats.signal_prev is not None:      # settled only when neither interval showed a consistent pull:
+            rho = np.maximum(rho, np.array(stats.signal_prev))     # one quiet interval may be noise
+        known = np.isfinite(rho) & np.isfinite(energy)
+        if not known.any() or not energy[known].sum() > 0:
+            return out
+        # the consistent part of a layer's gradient, as a share of all the gradient the optimizer follows: what
+        # freezing it loses; its noise (what cancels over the interval) moves the model nowhere and is not lost
+        cost = np.where(known, np.clip(rho, 0.0, 1.0) * np.where(known, energy, 0.0) / energy[known].sum(), 1.0)
+    else:      # statistics without the signal (the simulator's profiles): the rate of change of the L1 norms
+        now = np.array(stats.now)
+        r = stats.plasticity()
+        known = np.isfinite(r) & np.isfinite(now)
+        if not known.any() or not np.nansum(now[known]) > 0:
+            return out
+        share = np.where(known, now, 0.0) / np.nansum(now[known])
+        med = float(np.median(r[known]))
+        cost = np.where(known, share * np.minimum(1.0, r / med if med > 0 else np.where(r > 0, 1.0, 0.0)), 1.0)
     return np.minimum(1.0, np.concatenate([[0.0], np.cumsum(cost)[:-1]]))
 
 
