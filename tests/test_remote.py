@@ -311,8 +311,9 @@ def test_checkpoints_leave_in_chunks_and_only_recorded_ones(tmp_path):
 
 def test_fetch_keeps_same_named_jobs_of_same_named_state_dirs_apart(tmp_path):
     """Two sessions of one workflow in exp1/bft-state and exp2/bft-state, each with a job "a": both final
-    checkpoints were copied to bft-state-a.h5, the second over the first. The executor is a thread pool calling
-    the facility functions here (what is tested is the laptop's naming)."""
+    checkpoints were copied to bft-state-a.h5, the second over the first. And --out naming a file raised a
+    FileExistsError. The executor is a thread pool calling the facility functions here (what is tested is the
+    laptop's side)."""
     from concurrent.futures import ThreadPoolExecutor
 
     from parsl_bft.execution.jobstore import JobStore
@@ -331,9 +332,12 @@ def test_fetch_keeps_same_named_jobs_of_same_named_state_dirs_apart(tmp_path):
         db.close()
     remote = RemoteSession(load_site(sites(tmp_path)), ThreadPoolExecutor(1))
     got = remote.run("r1").fetch(tmp_path / "got")
-    remote.close()
     assert sorted(p.read_text() for p in got.values()) == ["exp1", "exp2"]
     assert sorted(p.name for p in (tmp_path / "got").iterdir()) == sorted(p.name for p in got.values())
+    (tmp_path / "a-file").touch()                  # --out naming a file: a message, not a FileExistsError
+    with pytest.raises(RemoteError, match="cannot use .*a-file as the folder for the checkpoints: File exists"):
+        remote.run("r1").fetch(tmp_path / "a-file")
+    remote.close()
 
 @pytest.fixture(scope="module")
 def local_model(tmp_path_factory):

@@ -271,7 +271,10 @@ class RemoteRun:
             missing = sorted(set(jobs) - {r["job"] for r in rows})
             raise RemoteError(f"run {self.run_id}: no final checkpoint yet for {', '.join(missing)}")
         dest = Path(dest)
-        dest.mkdir(parents=True, exist_ok=True)
+        try:
+            dest.mkdir(parents=True, exist_ok=True)
+        except OSError as e:            # a file of that name, no permission: the CLI's one-line error
+            raise RemoteError(f"fetch: cannot use {dest} as the folder for the checkpoints: {e.strerror}") from None
         names = [r["job"] for r in rows]
         out = {}
         for r in rows:
