@@ -1,18 +1,22 @@
 """HDF5 checkpoint save/load vs torch.save/torch.load of the same state (model + AdamW state).
 
-Two models: ~100M parameters and a small one. Each measurement is the fastest of 5 (the least disturbed by
-other work on a shared machine), in this process, same disk.
-Then the training pause of a periodic save: a blocking CheckpointStore.save (what a fragment did) vs
-BackgroundSave.start (copy into buffers kept between saves; a thread writes while training steps run), both
-fsynced as fragments save. Also: fragment start overhead (restore + rendezvous) vs one training step.
+Two models: ~100M parameters and a small one. Every comparison runs its arms in alternation (ABAB...), 6 rounds
+in this process, same disk, and reports each arm's median: this 2-core machine is shared, its load varies
+within seconds, and alternating spreads that over all arms while the median drops the outliers (the spread of
+the per-round ratios is printed too). Then the training pause of a periodic save: a blocking CheckpointStore.save
+(what a fragment did) vs BackgroundSave.start (copy into buffers kept between saves; a thread writes while
+training steps run), alternating, both fsynced as fragments save. Also: fragment start overhead (restore +
+rendezvous) vs one training step.
 LAST line: {"params": P, "save_ratio": hdf5_save_s / torch_save_s, "load_ratio": hdf5_load_s / torch_load_s,
-"stall_ratio": background pause / blocking save} for the large model (fsync off for the save ratio: torch.save
-does not fsync; the fsynced HDF5 save is printed too).
+"stall_ratio": background pause / blocking save} for the large model, medians (fsync off for the save ratio:
+torch.save does not fsync; the fsynced HDF5 save is printed too).
 """
 from __future__ import annotations
 
+import itertools
 import json
 import os
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -31,20 +35,33 @@ def make_state(width: int, layers: int):
     return model, opt
 
 
-def interleaved(fns: dict, rounds: int = 5, fresh: dict | None = None) -> dict:
-    """Fastest time of each function, run in alternation round after round (the disk here is shared and noisy:
-    alternating spreads its drift over all of them); dirty pages are flushed and the function's ``fresh`` file
-    removed before each run, untimed (a checkpoint is a new file: neither side pays for truncating an old one)."""
+ROUNDS = 6                   # a multiple of 2 and 3: every arm gets every place in the order equally often
+
+
+def interleaved(fns: dict, fresh: dict | None = None) -> dict[str, list[float]]:
+    """Times of each function, run in alternation round after round, each round starting one function later
+    (which one runs right after another's 1.2 GB write mattered here: each gets every place in turn); dirty pages
+    are flushed and the function's ``fresh`` file removed before each run, untimed (a checkpoint is a new file:
+    neither side pays for truncating an old one)."""
     ts: dict = {k: [] for k in fns}
-    for _ in range(rounds):
-        for k, fn in fns.items():
+    names = list(fns)
+    for i in range(ROUNDS):
+        for k in names[i % len(names):] + names[:i % len(names)]:
+            fn = fns[k]
             if fresh:
                 fresh[k].unlink(missing_ok=True)
             os.sync()
             t = time.perf_counter()
             fn()
             ts[k].append(time.perf_counter() - t)
-    return {k: min(v) for k, v in ts.items()}
+    return ts
+
+
+def ratio(r: dict, name: str, ts: dict, a: str, b: str) -> None:
+    """Median of arm ``a`` over median of arm ``b``, and the range of the per-round ratios."""
+    per_round = [x / y for x, y in zip(ts[a], ts[b])]
+    r[name] = statistics.median(ts[a]) / statistics.median(ts[b])
+    r[f"{name}_range"] = (min(per_round), max(per_round))
 
 
 def bench(width: int, layers: int, d: Path) -> dict:
@@ -53,21 +70,23 @@ def bench(width: int, layers: int, d: Path) -> dict:
     st = TrainingState(model=model.state_dict(), optimizer=opt.state_dict())
     h5, pt = d / "c.h5", d / "c.pt"
     obj = {"model": model.state_dict(), "optimizer": opt.state_dict()}
-    r = {"params": params, **interleaved({
-        "torch_save_s": lambda: torch.save(obj, pt),
-        "hdf5_save_s": lambda: save_checkpoint(h5, st, fsync=False),
-        "hdf5_save_fsync_s": lambda: save_checkpoint(h5, st, fsync=True)}, fresh={"torch_save_s": pt, "hdf5_save_s": h5, "hdf5_save_fsync_s": h5})}
-    r.update(interleaved({"torch_load_s": lambda: torch.load(pt, weights_only=True),
-                          "hdf5_load_s": lambda: load_checkpoint(h5)}))
-    r["bytes"] = h5.stat().st_size
-    r["save_ratio"] = r["hdf5_save_s"] / r["torch_save_s"]
-    r["load_ratio"] = r["hdf5_load_s"] / r["torch_load_s"]
+    saves = interleaved({"torch_save_s": lambda: torch.save(obj, pt),
+                         "hdf5_save_s": lambda: save_checkpoint(h5, st, fsync=False),
+                         "hdf5_save_fsync_s": lambda: save_checkpoint(h5, st, fsync=True)},
+                        fresh={"torch_save_s": pt, "hdf5_save_s": h5, "hdf5_save_fsync_s": h5})
+    loads = interleaved({"torch_load_s": lambda: torch.load(pt, weights_only=True),
+                         "hdf5_load_s": lambda: load_checkpoint(h5)})
+    r = {"params": params, "bytes": h5.stat().st_size,
+         **{k: statistics.median(v) for k, v in {**saves, **loads}.items()}}
+    ratio(r, "save_ratio", saves, "hdf5_save_s", "torch_save_s")
+    ratio(r, "load_ratio", loads, "hdf5_load_s", "torch_load_s")
     r.update(stall(model, opt, d / "store"))
     return r
 
 
-def stall(model, opt, d: Path, rounds: int = 3) -> dict:
-    """Training pause of a periodic save, blocking vs background, with training steps while the thread writes."""
+def stall(model, opt, d: Path) -> dict:
+    """Training pause of a periodic save, blocking vs background, alternating, with training steps while the
+    thread writes."""
     store = CheckpointStore(d, keep=2)
     x = torch.randn(2, model[0].in_features)
 
@@ -82,25 +101,33 @@ def stall(model, opt, d: Path, rounds: int = 3) -> dict:
     bg = BackgroundSave(lambda st: store.save(st, fsync=True))
     bg.prepare(state(0))
     bg.wait()
-    step, blocking, pause, write, overlapped = 0, [], [], [], 0
-    for _ in range(rounds):
-        os.sync()
-        step += 1
+    ts: dict[str, list[float]] = {"blocking": [], "pause": [], "write": []}
+    steps, overlapped = itertools.count(1), 0
+
+    def blocking() -> None:
         t = time.perf_counter()
-        store.save(state(step), fsync=True)
-        blocking.append(time.perf_counter() - t)
-        os.sync()
-        step += 1
+        store.save(state(next(steps)), fsync=True)
+        ts["blocking"].append(time.perf_counter() - t)
+
+    def background() -> None:
+        nonlocal overlapped
         t = time.perf_counter()
-        bg.start(state(step))
-        pause.append(time.perf_counter() - t)
+        bg.start(state(next(steps)))
+        ts["pause"].append(time.perf_counter() - t)
         while bg.busy():                       # training goes on while the thread writes
             train_step()
             overlapped += 1
         bg.wait()
-        write.append(time.perf_counter() - t)
-    return {"blocking_save_s": min(blocking), "background_pause_s": min(pause), "background_write_s": min(write),
-            "steps_during_writes": overlapped, "stall_ratio": min(pause) / min(blocking)}
+        ts["write"].append(time.perf_counter() - t)
+
+    for i in range(ROUNDS):
+        for arm in (blocking, background) if i % 2 == 0 else (background, blocking):
+            os.sync()
+            arm()
+    r = {"blocking_save_s": statistics.median(ts["blocking"]), "background_pause_s": statistics.median(ts["pause"]),
+         "background_write_s": statistics.median(ts["write"]), "steps_during_writes": overlapped}
+    ratio(r, "stall_ratio", ts, "pause", "blocking")
+    return r
 
 
 def fragment_overhead(d: Path) -> dict:
@@ -117,16 +144,19 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         d = Path(tmp)
         rows = [bench(256, 4, d), bench(4096, 6, d)]
-        print(f"{'params':>12} {'MB':>7} {'torch.save':>10} {'hdf5 save':>10} {'(fsync)':>9} {'ratio':>6} "
-              f"{'torch.load':>10} {'hdf5 load':>10} {'ratio':>6}")
+        print(f"medians of {ROUNDS} alternating rounds (per-round ratio range in brackets)")
+        print(f"{'params':>12} {'MB':>7} {'torch.save':>10} {'hdf5 save':>10} {'(fsync)':>9} {'ratio':>17} "
+              f"{'torch.load':>10} {'hdf5 load':>10} {'ratio':>17}")
+        span = "{:>6.2f} [{:.2f}-{:.2f}]".format
         for r in rows:
             print(f"{r['params']:>12,} {r['bytes'] / 1e6:>7.1f} {r['torch_save_s']:>10.3f} {r['hdf5_save_s']:>10.3f} "
-                  f"{r['hdf5_save_fsync_s']:>9.3f} {r['save_ratio']:>6.2f} {r['torch_load_s']:>10.3f} "
-                  f"{r['hdf5_load_s']:>10.3f} {r['load_ratio']:>6.2f}")
+                  f"{r['hdf5_save_fsync_s']:>9.3f} {span(r['save_ratio'], *r['save_ratio_range'])} "
+                  f"{r['torch_load_s']:>10.3f} {r['hdf5_load_s']:>10.3f} {span(r['load_ratio'], *r['load_ratio_range'])}")
         for r in rows:
             print(f"{r['params']:>12,} periodic save: blocking {r['blocking_save_s']:.3f} s, background pause "
-                  f"{r['background_pause_s']:.3f} s (written in {r['background_write_s']:.3f} s while "
-                  f"{r['steps_during_writes']} training steps ran), stall ratio {r['stall_ratio']:.3f}")
+                  f"{r['background_pause_s']:.3f} s (written in {r['background_write_s']:.3f} s; "
+                  f"{r['steps_during_writes']} training steps ran during the writes), stall ratio "
+                  f"{span(r['stall_ratio'], *r['stall_ratio_range']).strip()}")
         o = fragment_overhead(d)
         print(f"fragment start (1 rank, images): restore {o['restore_s']:.3f} s + rendezvous {o['rendezvous_s']:.3f} s"
               f" = {o['start_over_step']:.1f} training steps ({o['step_s'] * 1e3:.1f} ms each); "

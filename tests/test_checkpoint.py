@@ -207,3 +207,59 @@ def test_where_a_job_stands_reads_no_array(tmp_path):
         f.attrs["samples_done"] = 10**6
     with pytest.raises(CheckpointError, match="metadata checksum"):
         load_checkpoint(path, arrays=False)
+
+
+def test_large_arrays_load_exactly_and_damage_in_any_piece_is_found(tmp_path):
+    """Datasets of 1 MiB and more are read piece by piece into a memory mapping of their own: exact, writable,
+    independent of the file, picklable like any tensor; a flipped byte in the last, partial piece is found."""
+    big, odd = torch.randn(1 << 20), torch.arange(300_001, dtype=torch.int32)     # 4 MiB; 1.2 MB, partial piece
+    path = save_checkpoint(tmp_path / "c.h5", TrainingState(model={"big": big, "odd": odd}))
+    back = load_checkpoint(path).model
+    assert torch.equal(back["big"], big) and torch.equal(back["odd"], odd)
+    path.unlink()
+    back["big"].add_(1.0)
+    assert torch.equal(back["big"], big + 1.0)
+    assert torch.equal(pickle.loads(pickle.dumps(back["odd"])), odd)
+    path = save_checkpoint(tmp_path / "c.h5", TrainingState(model={"big": big, "odd": odd}))
+    with h5py.File(path, "r") as f:
+        end = f["model/k1"].id.get_offset() + odd.numel() * 4
+    with open(path, "r+b") as fh:
+        fh.seek(end - 1)
+        last = fh.read(1)
+        fh.seek(end - 1)
+        fh.write(bytes([last[0] ^ 0x01]))
+    with pytest.raises(CheckpointError, match="checksum mismatch") as e:
+        load_checkpoint(path)
+    assert e.value.dataset == "/model/k1"
+
+
+def test_background_copy_of_every_tensor_layout(tmp_path):
+    """``start`` copies plain CPU tensors with memmove and the rest (views with strides, conjugate views) with
+    copy_: the checkpoint holds the values either way."""
+    base = torch.randn(5, 7)
+    model = {"t": base.t(), "column": base[:, 2], "conj": torch.randn(3, dtype=torch.complex64).conj(),
+             "scalar": torch.tensor(2.5), "flags": torch.tensor([True, False, True]),
+             "bf16": torch.randn(6).to(torch.bfloat16), "big": torch.randn(1 << 18), "none": torch.zeros(0)}
+    st = TrainingState(model=model, optimizer={"state": {0: {"step": torch.tensor(3.0)}}, "param_groups": []})
+    bg = BackgroundSave(lambda s: save_checkpoint(tmp_path / "c.h5", s, fsync=False))
+    bg.prepare(st)
+    bg.wait()
+    assert bg.start(st)
+    bg.wait()
+    back = load_checkpoint(tmp_path / "c.h5")
+    for k, t in model.items():
+        assert back.model[k].dtype == t.dtype and torch.equal(back.model[k], t.resolve_conj()), k
+    assert back.optimizer["state"][0]["step"].item() == 3.0
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_background_copy_from_a_gpu_goes_to_pinned_buffers(tmp_path):
+    st = TrainingState(model={"w": torch.randn(256, 256, device="cuda"), "b": torch.randn(256, device="cuda")})
+    bg = BackgroundSave(lambda s: save_checkpoint(tmp_path / "c.h5", s, fsync=False))
+    bg.prepare(st)
+    bg.wait()
+    assert bg.start(st)
+    bg.wait()
+    assert all(buf.is_pinned() for buf in bg._buffers.values())
+    back = load_checkpoint(tmp_path / "c.h5")
+    assert all(torch.equal(back.model[k], t.cpu()) for k, t in st.model.items())
