@@ -120,6 +120,7 @@ def test_a_data_set_the_workflow_names_is_refused_before_it_is_read(tmp_path):
     with pytest.raises(UsageError, match=r"with data/train\.bin \(1020\.0 MiB\): put data at the facility"):
         make_bundle(tmp_path / "w.py")
 
+
 def test_not_logged_in_is_a_clear_error_and_no_prompt(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("GLOBUS_COMPUTE_USER_DIR", str(tmp_path / "gc"))      # no stored tokens
     monkeypatch.delenv("GLOBUS_COMPUTE_CLIENT_ID", raising=False)
@@ -247,6 +248,7 @@ def test_a_run_resumed_in_the_same_session_is_waited_for_again(tmp_path, monkeyp
     assert done.result(timeout=60)["state"] == "finished" and isinstance(job.exception(timeout=60), RemoteError)
     remote.close()
 
+
 @pytest.mark.timeout(120)
 def test_closing_a_session_does_not_wait_for_a_busy_endpoint(tmp_path, endpoint):
     """A poll sent while the endpoint cannot answer (offline, or its workers busy: tasks queue at the service)
@@ -265,20 +267,19 @@ def test_closing_a_session_does_not_wait_for_a_busy_endpoint(tmp_path, endpoint)
     hold.unlink()
     busy.result()
 
+
 def test_submits_from_several_shells_at_once_keep_every_run(tmp_path, monkeypatch):
     """remote-runs.json is read, changed and replaced by each submit: at once, they lost each other's runs
     and crashed on each other's temporary file (after the run had started)."""
-    import multiprocessing
+    import subprocess
 
-    from parsl_bft.remote.registry import known_runs, remember
+    from parsl_bft.remote.registry import known_runs
     monkeypatch.setenv("PARSL_BFT_HOME", str(tmp_path / "home"))
-    procs = [multiprocessing.get_context("fork").Process(
-        target=lambda k=k: [remember(f"r{k}-{i}", tmp_path / "s.yaml") for i in range(60)]) for k in range(4)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join()
-    assert [p.exitcode for p in procs] == [0] * 4 and len(known_runs()) == 240
+    code = ("import sys\nfrom parsl_bft.remote.registry import remember\n"
+            "for i in range(150):\n    remember(f'r{sys.argv[1]}-{i}', sys.argv[2])\n")
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(k), str(tmp_path / "s.yaml")]) for k in range(4)]
+    assert [p.wait() for p in procs] == [0] * 4 and len(known_runs()) == 600
+
 
 def test_checkpoints_leave_in_chunks_and_only_recorded_ones(tmp_path):
     """A final checkpoint bigger than one chunk comes back whole; the calls read no file a job did not record."""
@@ -338,6 +339,7 @@ def test_fetch_keeps_same_named_jobs_of_same_named_state_dirs_apart(tmp_path):
     with pytest.raises(RemoteError, match="cannot use .*a-file as the folder for the checkpoints: File exists"):
         remote.run("r1").fetch(tmp_path / "a-file")
     remote.close()
+
 
 @pytest.fixture(scope="module")
 def local_model(tmp_path_factory):

@@ -90,6 +90,7 @@ def test_a_malformed_groups_section_is_a_message_not_a_traceback(tmp_path, capsy
     assert main(["sites", "validate", str(site)]) == 1
     assert says in capsys.readouterr().err
 
+
 def test_constructor_checks():
     with pytest.raises(TopologyError, match="gpus_per_node"):
         Topology(gpus_per_node=0)
