@@ -114,6 +114,10 @@ def test_site_file_topology_section_reaches_the_planner(tmp_path):
     planner = make_planner(load_site(good))
     assert isinstance(planner.placement, BcoPlacement) and planner.placement.topology.group("n6") == "s1"
     assert planner.network.topology.gpus_per_node == 4
+    # a node the site file does not list (added later): its own group, the plan goes on
+    jobs = [state("j")]
+    plan = planner.plan(jobs, ["n1", "n2", "n9"])
+    assert sorted(plan.allocation["j"]) == ["n1", "n2", "n9"] and planner.placement.topology.group("n9") == "n9"
     assert make_planner(load_site(_write(tmp_path, "plain.yaml", base))).network is None
     with pytest.raises(SiteError, match="topology.*n2 is in groups s0 and s1"):
         load_site(_write(tmp_path, "bad.yaml", base + "topology:\n  groups: {s0: 'n[1-2]', s1: n2}\n"))

@@ -78,12 +78,17 @@ def site_runtime(site: Site) -> dict:
 def make_planner(site: Site, topology=None):
     """A site whose network's groups are known (``topology``: what its pool learned; else its ``topology:``
     section) gets SJF-BCO's placement and sizes valued by their predicted network slowdown. Pilots per group
-    make a fragment's ranks run in the groups planned (parsl_bft.execution.lanes)."""
+    make a fragment's ranks run in the groups planned (parsl_bft.execution.lanes). A node the topology does not
+    know (added to the machine after the site file was written or the scheduler was asked) is a group of its
+    own, placed as the contention-blind worst case, never a run stopped by a stale site file."""
+    from dataclasses import replace
+
     from ..planner import Planner
 
     kw = {}
     topo = topology if topology is not None else site_topology(site)
     if topo is not None:
+        topo = replace(topo, singletons=True)
         from ..planner.netcost import NetworkCost
         from ..planner.topo_placement import BcoPlacement
         kw = {"placement": BcoPlacement(topo), "network": NetworkCost(topo)}
