@@ -660,3 +660,11 @@ def test_pilots_go_to_holes_group_by_group_each_group_its_own_executor(tmp_path)
     cluster.jobs["1"]["state"] = "COMPLETED"               # the facility job ends: holes everywhere; one more
     cluster.jobs["1"]["nodes"] = []                        # node goes to a switch we hold (s2, s3 have more)
     assert joined() == ["n1"] and pool.executor_label("n1") == label
+    # s0's pilots end and a facility job takes s0 and s1's other holes: the two nodes wanted next are in s2, a
+    # group new to us, under s0's lane (no pilot left there), not a third interchange
+    for j in [j for j, r in cluster.jobs.items() if set(r["nodes"]) & {"n1", "n4"}]:
+        cluster.jobs[j]["state"] = "COMPLETED"
+    cluster.jobs["2"] = {"state": "RUNNING", "node": "n[1-6]", "start": clock["t"],
+                         "nodes": [f"n{i}" for i in range(1, 7)]}
+    assert joined() == ["n10", "n9"] and list(lanes) == [label]
+    assert {pool.executor_label(n) for n in ("n9", "n10")} == {label} and pool.executor_label("n7") == "site"

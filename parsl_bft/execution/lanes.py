@@ -6,14 +6,13 @@ at is an executor (``python_app(..., executors=[label])``). So a pilot pool that
 pilot provider (one scheduler survey serves them all), and submits each pilot to the lane of its group, aimed
 at hole nodes of that group (``--nodelist``). A fragment's share planned on node n goes to the lane n is in:
 its rank runs on a node of n's group (on n itself, unless another job's share of the same group took n first;
-then the books follow, ``Controller.bind``). Lanes are made as groups first get pilots: one interchange per
-group in use, not per group of the machine.
+then the books follow, ``Controller.bind``). Lanes are made as groups get pilots, and a lane whose group has
+no pilot left serves the next new group: one interchange per group in use, not per group of the machine.
 """
 from __future__ import annotations
 
-import re
 import signal
-from typing import Callable
+from collections.abc import Callable, Collection
 
 from ..topology import Topology, TopologyError
 from .pilot import Hole
@@ -34,13 +33,17 @@ class Lanes:
         except TopologyError:
             return node
 
-    def executor(self, group: str):
+    def executor(self, group: str, busy: Collection[str] = ()):
+        """The lane of ``group``. A group new to the pool takes over the lane of a group with no pilot left
+        (``busy``: the groups with pilots queued or running), so that a session whose holes wander over many
+        racks keeps as many interchanges as groups it holds at once, not one per group it ever held."""
         if group not in self.executors:
             if self.base not in self.executors.values():
                 self.executors[group] = self.base
+            elif idle := next((g for g in self.executors if g not in busy), None):
+                self.executors[group] = self.executors.pop(idle)
             else:
-                label = f"{self.base.label}_{len(self.executors)}_{re.sub(r'[^A-Za-z0-9_]', '_', group)}"
-                self.executors[group] = self._new(label)
+                self.executors[group] = self._new(f"{self.base.label}_lane{len(self.executors)}")
         return self.executors[group]
 
     def pilots(self, holes: list[Hole], want: int, per: int, max_pilots: int,

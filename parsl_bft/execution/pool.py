@@ -319,12 +319,14 @@ class PilotPool:
             self.executor.scale_out_facade(pilots_n)
             return
         held = {self.lanes.group(n) for j, nodes in self._nodes.items() if j not in self._noticed for n in nodes}
+        busy = {lane for j, (lane, _) in pilots.items() if j not in self._gone}
         for group, nodes in self.lanes.pilots(holes, want, per, pilots_n, held):
             self.provider.pilot_nodes, self.provider.pilot_target = len(nodes), nodes
             try:
-                self.lanes.executor(group).scale_out_facade(1)
+                self.lanes.executor(group, busy).scale_out_facade(1)
             finally:
                 self.provider.pilot_target = ()
+            busy.add(group)
 
     def release(self, nodes) -> None:
         """The orchestrator is done with these nodes on notice (what ran there has checkpointed): cancel their
