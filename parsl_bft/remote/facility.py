@@ -121,9 +121,13 @@ def _spawn(d: Path) -> None:
         with open(d / "session.log", "ab") as log:
             # the runner forks and this child exits at once: the session is nobody's child here, so it
             # outlives the endpoint worker and leaves no zombie behind in it
-            code = subprocess.run([sys.executable, "-m", "parsl_bft.remote.runner", str(d), str(fd)],
-                                  stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, pass_fds=(fd,),
-                                  start_new_session=True, timeout=120).returncode
+            try:
+                code = subprocess.run([sys.executable, "-m", "parsl_bft.remote.runner", str(d), str(fd)],
+                                      stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                      pass_fds=(fd,), start_new_session=True, timeout=120).returncode
+            except subprocess.TimeoutExpired:
+                raise FacilityError(f"the session runner did not detach within 120 s (a hung file system under "
+                                    f"{d}?); see {d / 'session.log'}") from None
     finally:
         os.close(fd)
     if code != 0:
