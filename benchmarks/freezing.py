@@ -1,8 +1,8 @@
 """Layer elasticity (issue 15), measured: real training with and without auto-freezing, and the simulator.
 
-1. Throughput: ``profile`` measures the digits CNN (benchmarks/digits_cnn.py) on 1 and --ranks ranks at every
-   freeze level (best of --profile-rounds); the layer-aware model's held-out error is leave-one-out over the
-   frozen points.
+1. Throughput: the digits CNN (benchmarks/digits_cnn.py) on 1 and --ranks ranks at every freeze level, the
+   levels' steps interleaved in the same processes (benchmarks/layer_throughput.py; median step); the
+   layer-aware model's held-out error is leave-one-out over the frozen points, printed per point.
 2. Training: the same job twice through fragments on --ranks ranks (gloo, real HDF5 checkpoints, fragments of
    --fragment-steps steps): freezing off, and freezing "auto" - after every fragment the planner (exact DP)
    reads the fragment's per-layer gradient statistics and picks the next fragment's level within the budget.
@@ -10,7 +10,7 @@
    fragment; time to target = wall time of the fragments (launch, restore, training, checkpoint) until the
    held-out accuracy first reaches the unfrozen run's final accuracy minus --target-gap.
 3. Simulator: --jobs Philly jobs (a --freeze-share of them freezable) on a dedicated cluster of --cluster nodes,
-   and (--summit) the same kind of jobs (one day of arrivals) on the Summit idle slice; freezing on vs off,
+   and the same kind of jobs (one day of arrivals) on the Summit idle slice; freezing on vs off,
    same planner.
 
 Prints tables, then (LAST line) one JSON object:
@@ -35,31 +35,41 @@ MODEL = "digits-cnn"
 
 
 def profile_model(args):
-    from parsl_bft.planner.freeze import LayerThroughput, heldout_errors
-    from parsl_bft.scaling import LayerProfile, ScalingCurve
-    from parsl_bft.train.profiler import measure_layer_shares, profile
+    """Measure, fit, and print each frozen point's leave-one-out prediction. Two shared cores make a fragment's
+    throughput swing 2x with the other work on the machine (`parsl-bft profile` times whole fragments, one
+    configuration after another), so here every level trains in the same processes, one step each in turn
+    (benchmarks/layer_throughput.py: the median step); forward shares are the median of --share-rounds
+    measurements (a single one put the first convolution anywhere between 1% and 16%)."""
+    import numpy as np
+    from layer_throughput import measure
 
-    n_layers, shares = measure_layer_shares(WORKLOAD, args.batch)
+    from parsl_bft.planner.freeze import LayerThroughput
+    from parsl_bft.scaling import LayerProfile, ScalingCurve
+    from parsl_bft.train.profiler import measure_layer_shares
+
+    wargs: dict = {}
+    runs = [measure_layer_shares(WORKLOAD, args.batch, wargs) for _ in range(args.share_rounds)]
+    n_layers = runs[0][0]
+    shares = {f: (float(np.median([r[1][f][0] for r in runs])), runs[0][1][f][1]) for f in runs[0][1]}
     levels = list(range(n_layers - 1))
-    configs = [(n, f) for f in levels for n in sorted({1, args.ranks})]
-    best: dict = {}
-    for r in range(args.profile_rounds):     # best of a few rounds, in alternating order: other work on the
-        for n, f in configs[::-1] if r % 2 else configs:       # machine only ever slows a measurement down
-            p = profile(WORKLOAD, [n], steps=args.profile_steps, global_batch=args.batch, freeze_levels=[f])[0]
-            best[(n, f)] = max(best.get((n, f), p), p, key=lambda x: x.samples_per_sec)
-    pts = [best[c] for c in configs]
-    rows = [(MODEL, p.ranks, p.samples_per_sec, p.freeze, n_layers, *shares[p.freeze]) for p in pts]
-    print(f"\n{'ranks':>5} {'frozen':>6} {'compute':>8} {'params':>7} {'samples/s':>10} {'x level 0':>9}")
-    base = {p.ranks: p.samples_per_sec for p in pts if p.freeze == 0}
-    for p in pts:
-        c, q = shares[p.freeze]
-        print(f"{p.ranks:5d} {p.freeze:6d} {c:8.2f} {q:7.2f} {p.samples_per_sec:10.1f} "
-              f"{p.samples_per_sec / base[p.ranks]:9.2f}")
-    mape = heldout_errors(rows)[MODEL]
-    curve = ScalingCurve(MODEL, base)
-    lt = LayerThroughput(curve, LayerProfile(MODEL, n_layers, {f: shares[f] for f in levels if f},
-                                             {(p.ranks, p.freeze): p.samples_per_sec for p in pts if p.freeze}))
-    print(f"layer-aware throughput model: beta {lt.beta:.2f} gamma {lt.gamma:.2f}, held-out error {mape:.1%}")
+    rates = {n: measure(n, levels, workload=WORKLOAD, workload_args=wargs, batch=args.batch,
+                        steps=args.profile_steps) for n in sorted({1, args.ranks})}
+    base = {n: r[0] for n, r in rates.items()}
+    lt = LayerThroughput(ScalingCurve(MODEL, base),
+                         LayerProfile(MODEL, n_layers, {f: shares[f] for f in levels if f},
+                                      {(n, f): x for n, r in rates.items() for f, x in r.items() if f}))
+    held = lt.heldout()
+    print(f"\n{'ranks':>5} {'frozen':>6} {'compute':>8} {'params':>7} {'samples/s':>10} {'x level 0':>9} "
+          f"{'held-out prediction':>19} {'error':>7}")
+    for n, r in rates.items():
+        for f, x in r.items():
+            c, q = shares[f]
+            m, pred = held.get((n, f), (None, None))
+            tail = f"{pred:19.1f} {pred / m - 1:+7.1%}" if m else ""
+            print(f"{n:5d} {f:6d} {c:8.2f} {q:7.2f} {x:10.1f} {x / base[n]:9.2f} {tail}")
+    mape = lt.heldout_mape()
+    print(f"layer-aware throughput model: beta {lt.beta:.2f} gamma {lt.gamma:.2f} omega {lt.omega:.2f}, "
+          f"held-out error {mape:.1%} (leave-one-out over the frozen points)")
     return lt, mape
 
 
@@ -156,7 +166,7 @@ def simulation(args) -> dict:
     out = {}
     settings = [("cluster", read_philly(trace, curves, n_jobs=args.jobs, freeze_share=args.freeze_share,
                                         accuracy_budget=args.budget, max_gpus=args.cluster), None)]
-    if args.summit:      # slow: more than 10 minutes here for the freezing-off replay alone (not yet known why)
+    if not args.no_summit:
         idle = read_idle_intervals(data / "eval" / "summit_256n_24h_idle_intervals.csv.gz")
         day = read_philly(trace, curves, n_jobs=args.jobs, days=1.0, freeze_share=args.freeze_share,
                           accuracy_budget=args.budget, max_gpus=args.cluster)
@@ -182,7 +192,7 @@ def simulation(args) -> dict:
             "budget_violations": sum(out[(n, True)]["budget_violations"] for n, _, _ in settings),
             "solve_p99_s_freezing": max(out[(n, True)]["solve_p99_s"] for n, _, _ in settings),
             **({"jct_ratio_summit_idle": out[("summit-idle", True)]["avg_jct_s"]
-                / out[("summit-idle", False)]["avg_jct_s"]} if args.summit else {})}
+                / out[("summit-idle", False)]["avg_jct_s"]} if not args.no_summit else {})}
 
 
 def main() -> None:
@@ -192,8 +202,8 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--fragment-steps", type=int, default=22, help="steps per fragment (22: one epoch)")
     ap.add_argument("--interval", type=int, default=11, help="steps per gradient-statistics interval")
-    ap.add_argument("--profile-steps", type=int, default=40)
-    ap.add_argument("--profile-rounds", type=int, default=3)
+    ap.add_argument("--profile-steps", type=int, default=40, help="timed steps per level (median)")
+    ap.add_argument("--share-rounds", type=int, default=3, help="forward-share measurements (median)")
     ap.add_argument("--budget", type=float, default=0.005, help="accuracy budget of the freezable jobs")
     ap.add_argument("--target-gap", type=float, default=0.01,
                     help="target = the unfrozen run's final held-out accuracy minus this")
@@ -208,7 +218,7 @@ def main() -> None:
     ap.add_argument("--data", default=str(HERE.parents[1] / "shared" / "data"))
     ap.add_argument("--skip-training", action="store_true")
     ap.add_argument("--skip-sim", action="store_true")
-    ap.add_argument("--summit", action="store_true", help="also replay the jobs on the Summit idle slice (slow)")
+    ap.add_argument("--no-summit", action="store_true", help="skip the replay on the Summit idle slice")
     args = ap.parse_args()
     result: dict = {}
     if not args.skip_training:
