@@ -170,8 +170,8 @@ class LayerThroughput:
 class GradStats:
     """Per-layer gradient statistics of the last recording intervals (input-to-output order; train/freezing.py's
     GradRecorder): L1 norms summed over the previous and the last interval, and (when the recorder measured them)
-    the signal share of the last two intervals' gradients and their mean energy in the last one. A frozen layer keeps its values from
-    before it was frozen; one frozen before it had any is nan."""
+    the signal share of the last two intervals' gradients and their mean energy in the last one. A frozen layer
+    keeps its values from before it was frozen; one frozen before it had any is nan."""
 
     prev: tuple[float, ...]
     now: tuple[float, ...]

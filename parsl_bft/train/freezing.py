@@ -13,9 +13,8 @@ import math
 import torch
 from torch import nn
 
-RECORD_EVERY = 5         # steps between two gradient-norm samples (one pass over the gradients: cheap)
-INTERVAL = 50            # steps per statistics interval (FragmentConfig.grad_stats_interval); the penalty compares
-                         # the last two
+INTERVAL = 50            # steps per statistics interval (FragmentConfig.grad_stats_interval)
+SAMPLES_PER_INTERVAL = 10    # gradient samples per interval: enough to tell a consistent gradient from noise
 
 
 def freeze_prefix(model: nn.Module, blocks: list[nn.Module], k: int) -> list[nn.Parameter]:
@@ -57,20 +56,39 @@ def carry_optimizer_state(saved: dict, model: nn.Module, blocks: list[nn.Module]
 
 
 class GradRecorder:
-    """Per-layer L1 norms of the gradient, summed every ``every`` steps over intervals of ``interval`` steps.
-    Frozen layers keep the values they had when they were frozen (their plasticity stays what it was).
-    ``state()`` goes into the checkpoint so intervals span fragments; ``report()`` is what the planner reads."""
+    """Per-layer gradient statistics over intervals of ``interval`` steps, sampled every ``every`` steps (about
+    ten samples an interval: one pass over the gradients each), for the planner's penalty model:
+
+    - ``now`` / ``prev``: the L1 norm of the layer's gradient summed over the last / the previous interval;
+    - ``signal`` / ``signal_prev``: the share of the layer's gradient energy that is consistent from step to
+      step rather than minibatch noise, rho = (|sum g|^2 - sum |g|^2) / ((T - 1) sum |g|^2) over the T samples
+      of the last / the previous interval: E[rho] = |mu|^2 / (|mu|^2 + sigma^2) for gradients g = mu + noise,
+      so ~0 for a layer whose gradients cancel (settled: training it moves it nowhere) and ~1 for one pulled
+      one way (still learning);
+    - ``energy``: the mean |g|^2 over the last interval's samples (rho * energy estimates |mu|^2: SGD's
+      first-order loss decrease from the layer is lr |mu|^2, so it weighs the layer's part in the progress).
+
+    Frozen layers keep the values they had when they were frozen. ``state()`` goes into the checkpoint (a
+    partial interval does not: the running gradient sum is the size of the model; a restored fragment starts a
+    fresh interval); ``report()`` is what the planner reads."""
+
+    KEYS = ("prev", "now", "signal_prev", "signal", "energy")
 
     def __init__(self, blocks: list[nn.Module], frozen: int, restored: dict | None = None,
-                 every: int = RECORD_EVERY, interval: int = INTERVAL):
-        self.blocks, self.frozen, self.interval = blocks, frozen, interval
-        self.every = max(1, min(every, interval // 2))
+                 every: int | None = None, interval: int = INTERVAL):
+        self.blocks, self.frozen, self.interval = blocks, frozen, max(2, interval)
+        self.every = max(1, min(every or max(1, self.interval // SAMPLES_PER_INTERVAL), self.interval // 2))
         n = len(blocks)
-        r = restored if restored and len(restored.get("acc", [])) == n else {}
-        self.prev = list(r.get("prev") or [math.nan] * n)
-        self.now = list(r.get("now") or [math.nan] * n)
-        self.acc = list(r.get("acc") or [0.0] * n)
-        self.start = int(r.get("start", -1))
+        r = restored if restored and len(restored.get("now") or []) == n else {}
+        self.stats = {k: list(r.get(k) or [math.nan] * n) for k in self.KEYS}
+        self._reset()
+
+    def _reset(self) -> None:
+        self.start = -1
+        self.samples = 0
+        self.l1 = [0.0] * len(self.blocks)
+        self.sq = [0.0] * len(self.blocks)
+        self.sums: list[list[torch.Tensor] | None] = [None] * len(self.blocks)
 
     def record(self, step: int) -> None:
         """After backward (gradients all-reduced), before the optimizer step; ``step`` counts from 0."""
@@ -78,24 +96,38 @@ class GradRecorder:
             return
         if self.start < 0:
             self.start = step
+        self.samples += 1
         with torch.no_grad():
             for i, b in enumerate(self.blocks[self.frozen:], self.frozen):
-                self.acc[i] += sum(float(p.grad.abs().sum()) for p in b.parameters() if p.grad is not None)
+                gs = [p.grad.detach().reshape(-1).float() for p in b.parameters() if p.grad is not None]
+                self.l1[i] += sum(float(g.abs().sum()) for g in gs)
+                self.sq[i] += sum(float(g.square().sum()) for g in gs)
+                if self.sums[i] is None:
+                    self.sums[i] = [g.clone() for g in gs]
+                else:
+                    for acc, g in zip(self.sums[i], gs):
+                        acc.add_(g)
         if step - self.start + self.every >= self.interval:
+            t = self.samples
             for i in range(self.frozen, len(self.blocks)):
-                self.prev[i], self.now[i] = self.now[i], self.acc[i]
-            self.acc = [0.0] * len(self.blocks)
-            self.start = -1
+                total = sum(float(s.square().sum()) for s in self.sums[i] or [])
+                st = self.stats
+                st["prev"][i], st["now"][i] = st["now"][i], self.l1[i]
+                st["signal_prev"][i] = st["signal"][i]
+                st["signal"][i] = (total - self.sq[i]) / ((t - 1) * self.sq[i]) if t > 1 and self.sq[i] > 0 \
+                    else math.nan
+                st["energy"][i] = self.sq[i] / t
+            self._reset()
 
     def state(self) -> dict:
-        return {"prev": self.prev, "now": self.now, "acc": self.acc, "start": self.start}
+        return {k: list(v) for k, v in self.stats.items()}
 
     def report(self) -> dict:
-        """{"prev": [...], "now": [...]} per layer once two intervals of the trainable layers are complete, else {}
-        (layers frozen before they had statistics stay nan: the penalty model counts them as costly)."""
-        if any(math.isnan(x) for x in self.prev[self.frozen:] + self.now[self.frozen:]):
+        """The statistics once two intervals of the trainable layers are complete, else {} (layers frozen before
+        they had statistics stay nan: the penalty model counts them as costly)."""
+        if any(math.isnan(x) for k in ("prev", "now") for x in self.stats[k][self.frozen:]):
             return {}
-        return {"prev": list(self.prev), "now": list(self.now)}
+        return self.state()
 
 
 def layer_shares(model: nn.Module, blocks: list[nn.Module], batch, loss_fn,
