@@ -68,12 +68,15 @@ def bench(width: int, layers: int, d: Path) -> dict:
     model, opt = make_state(width, layers)
     params = sum(p.numel() for p in model.parameters())
     st = TrainingState(model=model.state_dict(), optimizer=opt.state_dict())
-    h5, pt = d / "c.h5", d / "c.pt"
+    h5, h5f, pt = d / "c.h5", d / "f.h5", d / "c.pt"
     obj = {"model": model.state_dict(), "optimizer": opt.state_dict()}
+    # a file per arm: when two shared one, one arm removed the other's unwritten pages (nothing left to flush
+    # before it ran) and the other came after a 1.2 GB flush, and page-cache writes right after a flush were up
+    # to 4x slower here
     saves = interleaved({"torch_save_s": lambda: torch.save(obj, pt),
                          "hdf5_save_s": lambda: save_checkpoint(h5, st, fsync=False),
-                         "hdf5_save_fsync_s": lambda: save_checkpoint(h5, st, fsync=True)},
-                        fresh={"torch_save_s": pt, "hdf5_save_s": h5, "hdf5_save_fsync_s": h5})
+                         "hdf5_save_fsync_s": lambda: save_checkpoint(h5f, st, fsync=True)},
+                        fresh={"torch_save_s": pt, "hdf5_save_s": h5, "hdf5_save_fsync_s": h5f})
     loads = interleaved({"torch_load_s": lambda: torch.load(pt, weights_only=True),
                          "hdf5_load_s": lambda: load_checkpoint(h5)})
     r = {"params": params, "bytes": h5.stat().st_size,
