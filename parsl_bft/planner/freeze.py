@@ -1,25 +1,29 @@
 """Layer elasticity (after IceFrog, with parsl-bft's own models): what freezing the first f layers of a model
 buys in throughput, what it costs in training progress, and which level a job should run at. No Parsl here.
 
-Layer-aware throughput. The level-0 curve P(n) gives the time of one sample, 1/P(n); its Amdahl fit splits it
-into a part that shrinks with n (compute, share par(n) = ((1-s)/n) / (s + (1-s)/n)) and a part that does not
-(ser(n): synchronisation and per-step overheads). Freezing the first f layers (forward shares c_f of the compute,
-q_f of the parameters) saves, of a sample's time,
-    saved(n, f) = beta sigma_f par(n) (1 - omega [n > 1]) + gamma q_f ser(n),   1/P(n, f) = (1 - saved) / P(n)
+Layer-aware throughput. The level-0 curve P(n) gives the time of one sample, 1/P(n): a share par(n) = P(n) /
+(n P(1)) of it (the parallel efficiency) is the one-node compute split n ways, the rest, ser(n), what one node
+does not spend (synchronisation, waiting). (An Amdahl fit of the curve would call all time serial when two
+ranks on shared cores run no faster than one; the one-rank step is compute all the same.) Freezing the first
+f layers (forward shares c_f of the compute, q_f of the parameters) saves, of a sample's time,
+    saved(n, f) = beta sigma_f par(n) + (gamma q_f - omega sigma_f) ser(n),   1/P(n, f) = (1 - saved) / P(n)
 - sigma_f: the backward pass no longer computed, from the measured forward shares (a layer's backward ~ twice
   its forward: one for its weight gradient, one for its input gradient): the frozen prefix's whole backward, and
   the input gradient of the first layer that still trains, which nothing needs any more (the model's first layer
   never computes one):  sigma_f = (c_f + c_{f+1} - c_1) / (3 - c_1).  The first trainable layer's part is what a
   frozen-share model misses most: freezing a cheap first convolution spares the expensive second one's input
-  gradient (the digits CNN: c_1 = 0.04, yet ~1.5-2x).
-- omega: the share of that backward time that was hiding the gradient all-reduce (DDP overlaps them); with it
-  gone, the all-reduce shows. This is why freezing pays less on several ranks (the public BERT profile: 2.26x on
-  one GPU, 1.35x on 2 x 4 GPUs, synchronisation no shorter): it depends on placement, not only on the shares.
-- gamma q_f: the frozen parameters' share of the all-reduce and the optimizer step, no longer done.
-beta, gamma and beta*omega are fitted (least squares, linear) on the measured (n, f) points; a parameter the points
-cannot determine (no multi-rank point: omega; no serial time: gamma) keeps its prior, fitted to the public BERT
-profile (``BERT_PROFILE``). Measured points are used as they are, the model fills the gaps; ``heldout_errors``
-reports the leave-one-out error per measured point.
+  gradient (the digits CNN: c_1 = 0.03, yet 1.2-1.4x).
+- omega sigma_f ser(n): the all-reduce the spared backward was hiding (DDP overlaps them) shows. What is hidden is
+  bounded by the all-reduce, which shows in the curve as ser(n) (DDP's last bucket is never hidden): the more
+  backward is spared, the more of it shows (never more than the backward it hid under). This is why freezing
+  pays less on several nodes (the public BERT profile: 2.26x on one GPU, 1.35x on 2 x 4 GPUs, synchronisation no
+  shorter), and nearly as much on two ranks that scale well as on one: it depends on placement through the
+  curve, not only on the shares. A negative omega is waiting that shrinks with compute (ranks on shared cores
+  wait for the slowest).
+beta, gamma and omega are fitted (least squares, linear) on the measured (n, f) points; a parameter the points
+cannot determine (no multi-rank point: gamma, omega) keeps its prior, fitted to the public BERT profile
+(``BERT_PROFILE``: gamma 0, as its synchronisation did not shrink). Measured points are used as they are, the
+model fills the gaps; ``LayerThroughput.heldout`` predicts each measured point from a fit without it.
 
 Frozen penalty. Fragments record, per layer and interval of steps (train/freezing.py), the signal share of its
 gradient, rho_i = |mu_i|^2 / (|mu_i|^2 + sigma_i^2): the part that points the same way from step to step, as
@@ -50,9 +54,8 @@ import numpy as np
 
 from ..scaling import LayerProfile, ScalingCurve
 
-# priors (the model fitted to BERT_PROFILE): backward as in sigma, the frozen share of all-reduce and optimizer
-# partly saved, half of the spared backward was hiding the all-reduce
-BETA0, GAMMA0, OMEGA0 = 0.92, 0.44, 0.61
+# priors (the model fitted to BERT_PROFILE, gamma fixed at 0: the three points cannot tell gamma from omega)
+BETA0, GAMMA0, OMEGA0 = 0.92, 0.0, 1.2
 # the public BERT profile (../shared/notes/layer-elasticity.md; batch 8 per GPU): GPUs -> (s/step unfrozen, with
 # 72 of 80 atomic layers frozen). Shares assumed: layers of equal compute, the embeddings (~20% of the
 # parameters, ~1% of the compute) first.
@@ -93,11 +96,11 @@ class LayerThroughput:
         return par, 1.0 - par
 
     def _columns(self, ns: np.ndarray, fs) -> np.ndarray:
-        """saved(n, f) = columns @ (beta, gamma, beta * omega)."""
+        """saved(n, f) = columns @ (beta, gamma, omega)."""
         sigma = np.array([self._sigma[f] for f in fs])
         q = np.array([self.profile.shares[f][1] for f in fs])
         par, ser = self._split(ns)
-        return np.column_stack([sigma * par, q * ser, -sigma * par * (np.asarray(ns) > 1)])
+        return np.column_stack([sigma * par, q * ser, -sigma * ser])
 
     def _fit(self, points: dict[tuple[int, int], float]) -> tuple[float, float, float]:
         if not points:
@@ -106,18 +109,25 @@ class LayerThroughput:
         a = self._columns(ns, [f for _, f in points])
         base = np.array([self.curve.rate(int(n)) for n in ns])
         saved = 1.0 - base / np.array(list(points.values()))       # share of the level-0 time saved
-        prior = np.array([BETA0, GAMMA0, BETA0 * OMEGA0])
+        x = np.array([BETA0, GAMMA0, OMEGA0])
+        lo = np.array([0.0, 0.0, -3.0])
+        hi = np.array([1.0 / max(max(self._sigma.values()), 1e-9), 1.0, 3.0])   # beta: never a negative time
         free = np.any(a != 0, axis=0)          # a parameter no point depends on keeps its prior
-        x = prior.copy()
-        x[free] = np.linalg.lstsq(a[:, free], saved - a[:, ~free] @ prior[~free], rcond=None)[0]
-        beta = float(np.clip(x[0], 0.0, 1.0 / max(max(self._sigma.values()), 1e-9)))   # never a negative time
-        omega = float(np.clip(x[2] / x[0], -1.0, 1.0)) if free[2] and x[0] > 0 else OMEGA0
-        return beta, float(np.clip(x[1], 0.0, 1.0)), omega
+        for _ in range(3):                     # one out of bounds is held at its bound, the others refitted
+            x[free] = np.linalg.lstsq(a[:, free], saved - a[:, ~free] @ x[~free], rcond=None)[0]
+            out = free & ((x < lo) | (x > hi))
+            if not out.any():
+                break
+            x = np.clip(x, lo, hi)
+            free &= ~out
+        x = np.clip(x, lo, hi)
+        return float(x[0]), float(x[1]), float(x[2])
 
     def _factor(self, ns: np.ndarray, f: int, params: tuple[float, float, float]) -> np.ndarray:
         """The model's P(n, f) / P(n, 0) (measured points not substituted)."""
-        beta, gamma, omega = params
-        saved = self._columns(ns, [f] * len(ns)) @ np.array([beta, gamma, beta * omega])
+        spared, sync, shown = (self._columns(ns, [f] * len(ns)) * np.array(params)).T
+        # what the spared backward hid cannot cost more than the backward did
+        saved = spared + sync + np.maximum(shown, -spared)
         return 1.0 / np.maximum(1.0 - saved, 1e-3)
 
     @property
