@@ -106,6 +106,7 @@ class Arm:
 
     def fragment(self) -> None:
         from parsl_bft.execution.layers import fragment_reported
+        from parsl_bft.planner.freeze import GradStats, penalty_curve
         from parsl_bft.train.fragment import FragmentConfig
         from parsl_bft.train.launcher import run_fragment
 
@@ -121,7 +122,10 @@ class Arm:
         st.samples_done = res.samples_done
         self.curve.append({"wall_s": self.wall, "train_s": res.train_s, "samples": res.samples_done,
                            "level": st.freeze, "accuracy": digits_cnn.accuracy(res.checkpoint, size=a.size),
-                           "spent": st.accuracy_spent})
+                           "spent": st.accuracy_spent,
+                           # what the planner reads before the next fragment: the penalty of each level
+                           "penalty": penalty_curve(GradStats.from_dict(st.grad_stats), st.layers.profile.n_layers)
+                           if self.auto else None})
         if self.auto:
             st.freeze = self.planner.plan([st], self.nodes).freeze["digits"]
 
@@ -133,6 +137,9 @@ def time_to(curve: list[dict], target: float) -> float:
 def training(args, lt) -> dict:
     """Both arms, --repeats times; the ratio reported is the median repeat's (the accuracy curves do not depend on
     the machine's load, the wall times do)."""
+    from parsl_bft.train.launcher import start_rank_server
+
+    start_rank_server()      # its start-up (seconds) is no arm's: both arms' ranks fork from it
     runs = []
     for rep in range(args.repeats):
         arms = [Arm(False, lt, args), Arm(True, lt, args)]
@@ -155,13 +162,13 @@ def training(args, lt) -> dict:
 def report(args, off: list[dict], auto: list[dict]) -> dict:
     target = off[-1]["accuracy"] - args.target_gap
     print(f"\n{'fragment':>8} | {'off: wall s':>11} {'train s':>7} {'acc':>6} | {'auto: wall s':>12} {'train s':>7} "
-          f"{'acc':>6} {'level':>5} {'spent':>7}")
+          f"{'acc':>6} {'level':>5} {'spent':>7}  penalty of levels 1.. after it")
     for i in range(max(len(off), len(auto))):
         a = off[i] if i < len(off) else None
         b = auto[i] if i < len(auto) else None
         left = f"{a['wall_s']:11.1f} {a['train_s']:7.2f} {a['accuracy']:6.3f}" if a else " " * 26
-        right = (f"{b['wall_s']:12.1f} {b['train_s']:7.2f} {b['accuracy']:6.3f} {b['level']:5d} {b['spent']:7.4f}"
-                 if b else "")
+        right = (f"{b['wall_s']:12.1f} {b['train_s']:7.2f} {b['accuracy']:6.3f} {b['level']:5d} {b['spent']:7.4f}  "
+                 + " ".join(f"{p:.4f}" for p in b["penalty"][1:-1]) if b else "")
         print(f"{i + 1:8d} | {left} | {right}")
     t_off, t_auto = time_to(off, target), time_to(auto, target)
     print(f"target accuracy {target:.3f}: off {t_off:.1f} s, auto {t_auto:.1f} s (ratio {t_auto / t_off:.3f}); final "
