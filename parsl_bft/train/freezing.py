@@ -114,8 +114,10 @@ class GradRecorder:
                 st = self.stats
                 st["prev"][i], st["now"][i] = st["now"][i], self.l1[i]
                 st["signal_prev"][i] = st["signal"][i]
-                st["signal"][i] = (total - self.sq[i]) / ((t - 1) * self.sq[i]) if t > 1 and self.sq[i] > 0 \
-                    else math.nan
+                if t < 2:
+                    st["signal"][i] = math.nan
+                else:         # no gradient at all (a block without parameters) has nothing to lose
+                    st["signal"][i] = (total - self.sq[i]) / ((t - 1) * self.sq[i]) if self.sq[i] > 0 else 0.0
                 st["energy"][i] = self.sq[i] / t
             self._reset()
 
