@@ -57,7 +57,8 @@ def carry_optimizer_state(saved: dict, model: nn.Module, blocks: list[nn.Module]
 
 class GradRecorder:
     """Per-layer gradient statistics over intervals of ``interval`` steps, sampled every ``every`` steps (about
-    ten samples an interval: one pass over the gradients each), for the planner's penalty model:
+    ten samples an interval; a sample is a few passes over the gradients and one model-sized running sum: cheap
+    next to a backward pass), for the planner's penalty model:
 
     - ``now`` / ``prev``: the L1 norm of the layer's gradient summed over the last / the previous interval;
     - ``signal`` / ``signal_prev``: the share of the layer's gradient energy that is consistent from step to
