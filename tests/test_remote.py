@@ -361,7 +361,7 @@ def assert_same_model(path: Path, ref) -> None:
 
 
 @pytest.mark.timeout(600)
-def test_submit_watch_cancel_resume_fetch_equals_a_local_run(tmp_path, endpoint, local_model, capsys):
+def test_submit_watch_cancel_resume_fetch_equals_a_local_run(tmp_path, endpoint, local_model, capsys, monkeypatch):
     """From the laptop's CLI, each command a fresh connection (the laptop may have gone away in between):
     submit -> status while it trains -> cancel (it checkpoints) -> submit again: it resumes from that checkpoint
     and finishes -> fetch --checkpoint: the model equals one fragment of the same job run here."""
@@ -371,6 +371,7 @@ def test_submit_watch_cancel_resume_fetch_equals_a_local_run(tmp_path, endpoint,
     laptop = sites(tmp_path)
     hold = tmp_path / "hold"
     hold.touch()                                      # training waits before step 6 while this exists
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")   # the endpoint worker's own GPU: not the pilots'
     code, out, err = cli(capsys, "submit", WORKFLOW, "--site", laptop, STEPS, hold)
     run_id = out.strip()
     assert code == 0 and run_id.startswith("tiny_train-") and "started" in err
@@ -407,6 +408,9 @@ def test_submit_watch_cancel_resume_fetch_equals_a_local_run(tmp_path, endpoint,
     assert code == 0 and out.split() == ["tiny", str(tmp_path / "got" / "tiny.h5")]
     code, out, _ = cli(capsys, "logs", run_id)
     assert out.count("=== session") == 2 and "final checkpoint:" in out
+    assert "not passed on to pilots (the endpoint worker's own accelerator pinning): CUDA_VISIBLE_DEVICES" in out
+    ranks = [p.read_text() for p in (state / "jobs" / "tiny" / "logs").glob("*.log")]
+    assert ranks and all("CUDA_VISIBLE_DEVICES=None" in r for r in ranks)
 
     assert_same_model(tmp_path / "got" / "tiny.h5", local_model)
     for d in (tmp_path / "runs").glob("*/runner.json"):          # every session ended by itself

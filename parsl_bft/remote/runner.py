@@ -20,6 +20,16 @@ def _stop(signum, frame):  # noqa: ARG001
     raise KeyboardInterrupt("SIGTERM")    # before and after the training session too: end with exit.json
 
 
+# Set by an endpoint for its own worker (Globus Compute's available_accelerators); sbatch and qsub pass the
+# environment on, so a pilot on a 4-GPU compute node would see only the login-node worker's one device.
+WORKER_PINNING = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "ZE_AFFINITY_MASK")
+
+
+def drop_worker_pinning(environ) -> list[str]:
+    """Remove the endpoint worker's accelerator pinning from ``environ``; the names removed."""
+    return [k for k in WORKER_PINNING if environ.pop(k, None) is not None]
+
+
 def main(argv: list[str]) -> int:
     d, lock_fd = Path(argv[0]), int(argv[1])
     os.set_inheritable(lock_fd, False)    # the session's own processes must not keep the run "alive" after it
@@ -31,9 +41,13 @@ def main(argv: list[str]) -> int:
                                                "started": time.strftime("%Y-%m-%d %H:%M:%S")}))
     req = json.loads((d / "request.json").read_text())
     os.environ.pop("PARSL_BFT_SITE", None)    # the facility site file from the request, else the default
+    dropped = drop_worker_pinning(os.environ)
     os.chdir(d / "work")
     print(f"=== session {os.getpid()} on {socket.gethostname()} at {time.strftime('%Y-%m-%d %H:%M:%S')}",
           flush=True)
+    if dropped:
+        print(f"=== not passed on to pilots (the endpoint worker's own accelerator pinning): {', '.join(dropped)}",
+              flush=True)
     site = ["--site", os.path.expanduser(req["site"])] if req.get("site") else []
     code = 1
     try:

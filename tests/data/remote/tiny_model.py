@@ -12,6 +12,7 @@ class Tiny(SyntheticImages):
     def __init__(self, hold: str = "", hold_at: int = 5, **kw):
         super().__init__(**{"n": 256, "width": 8, **kw})
         self.hold, self.hold_at, self.calls = hold, hold_at, 0
+        print(f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')}", flush=True)   # in the rank's log
 
     def loss(self, model, batch):
         self.calls += 1
