@@ -272,7 +272,10 @@ def cmd_status(args) -> int:
 
     db_path = Path(args.state) / "state.sqlite"
     if not db_path.is_file():
-        raise UsageError(f"no orchestrator state at {db_path}")
+        # workflows keep their state one level down (bft-state/<workflow>): name those rather than only fail
+        inside = sorted(str(p.parent) for p in Path(args.state).glob("*/state.sqlite"))
+        hint = f"; state directories in it: {', '.join(inside)}" if inside else ""
+        raise UsageError(f"no orchestrator state at {db_path}{hint}")
     db = JobStore(db_path, readonly=True)     # a read-only command: nothing is created or changed
     t = Table(title=f"parsl-bft jobs in {args.state}")
     for c in ("job", "status", "progress", "nodes now", "fragments", "rescales", "node-s held", "training share"):

@@ -1,0 +1,31 @@
+"""`parsl-bft status` on the default folder: workflows keep their state one level down (bft-state/<workflow>)."""
+from __future__ import annotations
+
+import io
+from contextlib import redirect_stderr
+
+from parsl_bft.cli import main
+from parsl_bft.execution.jobstore import JobStore
+
+
+def test_status_without_state_names_the_state_directories_inside(tmp_path):
+    for name in ("digits", "image_classifier"):
+        (tmp_path / name).mkdir()
+        JobStore(tmp_path / name / "state.sqlite").close()
+    (tmp_path / "notes").mkdir()                        # a folder without state is not named
+    err = io.StringIO()
+    with redirect_stderr(err):
+        rc = main(["status", str(tmp_path)])
+    assert rc == 2
+    line = err.getvalue().strip()
+    assert line.startswith("parsl-bft status: error: no orchestrator state at ")
+    assert line.endswith(f"state directories in it: {tmp_path / 'digits'}, {tmp_path / 'image_classifier'}")
+
+
+def test_status_on_a_file_or_a_missing_folder_says_only_that(tmp_path):
+    (tmp_path / "f").write_text("x")
+    for state in (tmp_path / "f", tmp_path / "missing"):
+        err = io.StringIO()
+        with redirect_stderr(err):
+            assert main(["status", str(state)]) == 2
+        assert err.getvalue().strip() == f"parsl-bft status: error: no orchestrator state at {state / 'state.sqlite'}"
