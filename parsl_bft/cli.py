@@ -349,7 +349,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "kept aside (renamed), so jobs whose spec changed may keep their names")
     r.add_argument("--quiet", action="store_true", help="no live progress bars (on stderr)")
     r.add_argument("workflow")
-    r.add_argument("args", nargs=argparse.REMAINDER, help="passed to the workflow as sys.argv[1:]")
+    # argparse counts a REMAINDER positional as required and names it in the "required" error; it may be empty
+    r.add_argument("args", nargs=argparse.REMAINDER, help="passed to the workflow as sys.argv[1:]").required = False
     r.set_defaults(func=cmd_run)
 
     st = sub.add_parser("status", help="per-job progress and nodes held, from an orchestrator's state directory")

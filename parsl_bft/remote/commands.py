@@ -17,7 +17,7 @@ def add_parsers(sub) -> None:
     _submit_options(s)
     s.add_argument("workflow")
     s.add_argument("args", nargs=argparse.REMAINDER, help="passed to the workflow as sys.argv[1:] (the options "
-                   "above may come after the workflow too)")
+                   "above may come after the workflow too)").required = False    # may be empty (see cli.py's run)
     s.set_defaults(func=cmd_submit)
     for name, func, what in (("logs", cmd_logs, "the log of a submitted run's session"),
                              ("cancel", cmd_cancel, "stop a submitted run (it checkpoints; submit again resumes)"),

@@ -1,8 +1,10 @@
-"""`parsl-bft status` on the default folder: workflows keep their state one level down (bft-state/<workflow>)."""
+"""Usage errors of the commands the README names: they say what is missing, and nothing else."""
 from __future__ import annotations
 
 import io
 from contextlib import redirect_stderr
+
+import pytest
 
 from parsl_bft.cli import main
 from parsl_bft.execution.jobstore import JobStore
@@ -29,3 +31,13 @@ def test_status_on_a_file_or_a_missing_folder_says_only_that(tmp_path):
         with redirect_stderr(err):
             assert main(["status", str(state)]) == 2
         assert err.getvalue().strip() == f"parsl-bft status: error: no orchestrator state at {state / 'state.sqlite'}"
+
+
+@pytest.mark.parametrize("command", ["run", "submit"])
+def test_run_and_submit_without_a_workflow_name_only_the_workflow_as_missing(command):
+    err = io.StringIO()
+    with redirect_stderr(err), pytest.raises(SystemExit) as exit_:
+        main([command])
+    assert exit_.value.code == 2
+    assert err.getvalue().splitlines()[-1] == (f"parsl-bft {command}: error: the following arguments are required: "
+                                               "workflow")
