@@ -167,6 +167,9 @@ def _freeze_fields(p: str, line: int, row: dict[str, str]) -> tuple[int, int, fl
         if x > 1:
             raise InputError(p, line, c, f"a share of the model, in [0, 1]; got {x:g}")
         shares.append(x)
+    if f == 0 and any(shares):          # level 0's shares are (0, 0) by definition: these were silently dropped
+        raise InputError(p, line, "frozen_compute", f"freeze level 0 freezes nothing: its shares must be 0, got "
+                                                    f"{shares[0]:g}, {shares[1]:g} (a missing freeze level?)")
     return f, n, shares[0], shares[1]
 
 

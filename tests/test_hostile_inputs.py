@@ -468,6 +468,11 @@ def bad(tmp_path_factory):
     (d / "state_corrupt" / "state.sqlite").write_bytes(b"garbage" * 100)
     (d / "state_empty" / "state.sqlite").write_bytes(b"")
     (d / "newline.yaml").write_text(SLURM_SITE.replace("backfill", '"backfill\\n#SBATCH --uid=0"'))
+    (d / "topo.yaml").write_text("topology: {groups: [\n")
+    (d / "topo.conf").write_bytes(b"\xff\xfeSwitchName=s1 Nodes=a\n")
+    (d / "lvl0.jobs.csv").write_text((d / "ok.jobs.csv").read_text())
+    (d / "lvl0.scaling.csv").write_text("model,nodes,samples_per_sec,freeze,layers,frozen_compute,frozen_params\n"
+                                        "m,1,10,0,3,0.5,0.5\nm,2,19,,,,\n")
     return d
 
 
@@ -509,6 +514,16 @@ CLI_CASES = {     # name: (argv with {d} for the folder of bad files, what the o
     "a directory as a site file": (["sites", "show", "{d}/dir.swf"], "dir.swf: is a directory"),
     "demo --speedup nan": (["demo", "--speedup", "nan"], "--speedup must be a finite number"),
     "profile --ranks x": (["profile", "images", "--ranks", "1,x"], "--ranks '1,x'"),
+    "simulate --cluster 0": (["simulate", "--cluster", "0", "--jobs", "{d}/ok.jobs.csv"],
+                             "--cluster needs 1 to 1,000,000 nodes, got 0"),
+    "simulate --cluster 1e10": (["simulate", "--cluster", "10000000000", "--jobs", "{d}/ok.jobs.csv"],
+                                "got 10,000,000,000"),
+    "topology not valid YAML": (["simulate", "--idle-intervals", OK_CSV, "--jobs", "{d}/ok.jobs.csv", "--topology",
+                                 "{d}/topo.yaml"], "topo.yaml:2: not valid YAML"),
+    "topology not UTF-8": (["simulate", "--idle-intervals", OK_CSV, "--jobs", "{d}/ok.jobs.csv", "--topology",
+                            "{d}/topo.conf"], "topo.conf: not UTF-8 text"),
+    "frozen shares at freeze level 0": (["jobs", "{d}/lvl0.jobs.csv"],
+                                        "lvl0.scaling.csv:2: field 'frozen_compute' freeze level 0 freezes nothing"),
 }
 
 
@@ -520,6 +535,27 @@ def test_every_command_given_bad_input_exits_2_with_one_line_and_no_traceback(ba
     assert rc == 2, (rc, err)
     assert len(lines) == 1 and lines[0].startswith(f"parsl-bft {argv[0]}: error: "), err
     assert expect in lines[0] and "Traceback" not in err
+
+
+def test_a_training_function_called_with_anything_but_ctx_is_refused_naming_its_signature(tmp_path):
+    from parsl_bft.train.context import _check_signature
+    _check_signature(lambda ctx, lr=0.1: None, "f.py:ok")
+    for fn, expect in ((lambda ctx, extra: None, r"takes \(ctx, extra\)"), (lambda: None, r"takes \(\)"),
+                       (5, "is a int, not a function")):
+        with pytest.raises(ValueError, match=f"training function 'f.py:x' {expect}.*def train"):
+            _check_signature(fn, "f.py:x")
+
+
+def test_a_training_loop_that_never_calls_should_stop_fails_at_its_second_batch(tmp_path):
+    """It took batches for ever: no notice, deadline or budget reached it (should_stop is where they are read),
+    so a reclaim left the rank running on nodes given back."""
+    from parsl_bft.train.fragment import FragmentConfig, FragmentFailed
+    from parsl_bft.train.launcher import run_fragment
+    (tmp_path / "user.py").write_text("def train(ctx):\n    for idx in ctx.batches(256):\n        pass\n")
+    with pytest.raises(FragmentFailed, match=r"took the next batch without calling ctx.should_stop\(\)"):
+        run_fragment(FragmentConfig(job="a", workload="unused", loop=f"{tmp_path / 'user.py'}:train", steps=3,
+                                    checkpoint_dir=str(tmp_path / "j"), global_batch=32, fsync=False,
+                                    timeout_s=60))
 
 
 def test_status_reads_only(bad):

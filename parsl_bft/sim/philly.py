@@ -10,6 +10,7 @@ import numpy as np
 from ..csvio import parse_number, read_rows
 from ..errors import BadRows, InputError
 from ..idle.intervals import IdleIntervals
+from ..idle.swf import MAX_NODES
 from ..jobs import JobSet, JobSpec
 from ..scaling import ScalingCurve
 from .freezing import synthetic_layers
@@ -19,8 +20,8 @@ PHILLY_COLUMNS = ["timestamp", "duration", "num_gpus"]
 
 def dedicated_cluster(n: int, t0: float, t1: float) -> IdleIntervals:
     """n nodes, all free from t0 to t1: the simulator's input for a cluster that runs only these jobs."""
-    if n < 1:
-        raise ValueError(f"--cluster needs >= 1 node, got {n}")
+    if not 1 <= n <= MAX_NODES:      # per-node arrays: 1e10 nodes exhausted the memory
+        raise ValueError(f"--cluster needs 1 to {MAX_NODES:,} nodes, got {n:,}")
     return IdleIntervals.build([f"node{i}" for i in range(n)], np.arange(n), np.full(n, t0), np.full(n, t1), t0, t1,
                                source=f"dedicated cluster of {n} nodes")
 

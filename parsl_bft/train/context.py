@@ -31,6 +31,7 @@ told to stop has finished the job (its own end, e.g. a fixed number of epochs).
 """
 from __future__ import annotations
 
+import inspect
 import json
 import math
 import time
@@ -99,7 +100,12 @@ class TrainContext:
             while self.stopped_by is None and self._pos + B <= n:
                 idx = perm[self._pos: self._pos + B][self.rank::self.world_size]
                 self._pos += B                   # where the job stands once this step is done
+                step = self.step
                 yield idx
+                if self.step == step and self.stopped_by is None:   # else no notice ever stops it: it runs on
+                    raise FragmentFailed(f"job {self.job}: the training function took the next batch without "
+                                         "calling ctx.should_stop() after the last one: call it once per step "
+                                         "(it counts the step and ends the fragment when the nodes are reclaimed)")
 
     def report(self, **metrics: float) -> None:
         """This step's metrics (rank 0's are kept with the checkpoint; ``loss`` also shows as live progress)."""
@@ -171,10 +177,26 @@ class TrainContext:
                                        self._saved_at, time.time()))
 
 
+def _check_signature(fn, spec: str) -> None:
+    """Before a rank is set up: a training function is called as fn(ctx)."""
+    if not callable(fn):
+        raise ValueError(f"training function {spec!r} is a {type(fn).__name__}, not a function: write def train(ctx)")
+    try:
+        sig = inspect.signature(fn)
+    except ValueError:                   # a builtin without a signature: the call itself will say
+        return
+    try:
+        sig.bind(None)
+    except TypeError:
+        raise ValueError(f"training function {spec!r} takes {sig}; it is called with the context alone: "
+                         "write def train(ctx)") from None
+
+
 def run_loop(cfg: FragmentConfig) -> FragmentResult | None:
     """One rank of a fragment whose training is the user's function ``cfg.loop``. Returns the result on rank 0."""
     rs = open_rank(cfg)
     fn = load_attr(cfg.loop, "training function")
+    _check_signature(fn, cfg.loop)
     restored = rs.store.latest()
     ctx = TrainContext(cfg, rs, restored)
     restore_s = time.perf_counter() - rs.t0
