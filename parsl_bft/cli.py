@@ -178,6 +178,17 @@ def cmd_profile(args) -> int:
         raise UsageError(f"--ranks {args.ranks!r}: expected comma-separated rank counts, e.g. 1,2,4") from None
     if not ranks or min(ranks) < 1 or max(ranks) > 1024:
         raise UsageError(f"--ranks {args.ranks!r}: rank counts must be between 1 and 1024")
+    for opt, v in (("--steps", args.steps), ("--global-batch", args.global_batch)):
+        if v < 1:                       # --steps 0 "measured" nothing and printed rates
+            raise UsageError(f"{opt} must be >= 1, got {v}")
+    if args.freeze_layers < 0:
+        raise UsageError(f"--freeze-layers must be >= 0, got {args.freeze_layers}")
+    from .train.workloads import WORKLOADS, load_attr
+    if args.workload not in WORKLOADS:  # here, not as a rank's traceback
+        if ":" not in args.workload:
+            raise UsageError(f"unknown workload {args.workload!r}: use {', '.join(WORKLOADS)}, "
+                             "'package.module:factory' or '/path/to/file.py:factory'")
+        load_attr(args.workload)
     levels = _freeze_levels(args.freeze_levels)
     layers = measure_layer_shares(args.workload, args.global_batch) if levels else None
     if layers and max(levels) >= layers[0]:
