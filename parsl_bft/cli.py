@@ -37,7 +37,7 @@ def load_selected(args, progress=None):
     raw = src.intervals
     # outages are a property of the whole machine: find them before slicing nodes or time
     masked = raw if args.no_mask else mask_outages(raw)
-    if args.nodes:
+    if args.nodes is not None:        # --nodes 0 is refused there, not taken for all nodes
         raw, masked = raw.first_nodes(args.nodes), masked.first_nodes(args.nodes)
     if args.window:
         a, b = parse_window(args.window, raw.t0)
@@ -123,6 +123,9 @@ def cmd_simulate(args) -> int:
     args.source = args.idle_intervals or args.swf
     check_output_path(args.json, "--json")
     check_output_path(args.plot, "--plot")
+    duration = parse_duration(args.duration) if args.duration else None
+    if duration is not None and not duration > 0:     # 0 replayed nothing and reported success
+        raise UsageError(f"--duration {args.duration!r}: must be > 0")
     topo = load_topology(args.topology) if args.topology else None
     network = NetworkCost(topo) if topo is not None else None
     planner = Planner(method=args.planner, solver=args.solver, objective=args.objective, t_fwd=args.tfwd,
@@ -150,7 +153,7 @@ def cmd_simulate(args) -> int:
                   TimeElapsedColumn(), console=console, transient=True) as bar:
         task = bar.add_task("replay", total=1.0)
         res = simulate(masked, jobset, planner, max_concurrent=args.max_concurrent,
-                       duration=parse_duration(args.duration) if args.duration else None,
+                       duration=duration,
                        progress=lambda f: bar.update(task, completed=f), config=config, network=network,
                        predict=args.predict, schedule=src.schedule, ceiling=not args.no_ceiling,
                        submits=args.submits, freeze=not args.no_freeze, until_done=bool(args.cluster))
