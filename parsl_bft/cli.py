@@ -133,8 +133,7 @@ def cmd_simulate(args) -> int:
                       placement=make_placement(args.placement, topo),
                       network=network if args.placement != "oblivious" else None)
     jobset = load_jobset(args.jobs, args.scaling, lenient=args.lenient)
-    if args.cluster is not None:   # a dedicated cluster (0 is refused there, not taken for no --cluster):
-        # free from the first submit until every job is done
+    if args.cluster is not None:    # a dedicated cluster: free from the first submit until every job is done
         from types import SimpleNamespace
 
         from .sim.philly import dedicated_cluster
