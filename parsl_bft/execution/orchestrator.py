@@ -32,6 +32,7 @@ from ..planner.problem import site_of
 from ..scaling import ScalingCurve
 from ..train.checkpoint import CheckpointStore
 from ..train.protocol import JobDir
+from ..train.workloads import WORKLOADS
 from .checkpoint_policy import CheckpointPolicy
 from .htex import FragmentHandle, SiteRunner
 from .jobstore import JobRow, JobStore, StateError, damaged_advice
@@ -62,15 +63,23 @@ class TrainingJob:
 
     def __post_init__(self) -> None:
         check_job_name(self.name)
-        if self.loop is not None:
-            mod, _, fn = str(self.loop).rpartition(":")
-            if not mod or not fn:
-                raise ValueError(f"job {self.name!r}: loop {self.loop!r}: write 'my_script.py:train' or "
-                                 "'package.module:train'")
-            if mod.endswith(".py"):       # ranks run in other directories: the file by its absolute path
-                if not Path(mod).is_file():
-                    raise ValueError(f"job {self.name!r}: loop {self.loop!r}: no such file {mod}")
-                self.loop = f"{Path(mod).resolve()}:{fn}"
+        if self.loop is not None:        # ranks run in other directories: its file by its absolute path
+            mod, fn = self._check_spec("loop", self.loop, "'my_script.py:train' or 'package.module:train'")
+            self.loop = f"{Path(mod).resolve()}:{fn}" if mod.endswith(".py") else self.loop
+
+    def check_workload(self) -> None:
+        """At submit (not when a restart reads the job back): a typo fails here, not later in a rank."""
+        if self.loop is None and self.workload not in WORKLOADS:
+            self._check_spec("workload", self.workload, f"{' or '.join(map(repr, WORKLOADS))}, "
+                             "'package.module:factory' or 'my_model.py:factory'")
+
+    def _check_spec(self, what: str, spec: str, forms: str) -> tuple[str, str]:
+        mod, _, name = str(spec).rpartition(":")
+        if not mod or not name:
+            raise ValueError(f"job {self.name!r}: {what} {spec!r}: write {forms}")
+        if mod.endswith(".py") and not Path(mod).is_file():
+            raise ValueError(f"job {self.name!r}: {what} {spec!r}: no such file {mod}")
+        return mod, name
 
     def spec(self) -> JobSpec:
         return JobSpec(self.name, self.name, self.min_nodes, self.max_nodes, self.t_up, self.t_down,
@@ -252,6 +261,7 @@ class Orchestrator:
                                  "old state aside")
             return self.futures[job.name]
         _check_json_args(job)
+        job.check_workload()
         job.spec()                          # validates sizes etc. with a clear message
         k = max(s.ranks_per_node for s in self.sites.values())
         if job.global_batch < job.max_nodes * k:
