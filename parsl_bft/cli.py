@@ -185,12 +185,8 @@ def cmd_profile(args) -> int:
             raise UsageError(f"{opt} must be >= 1, got {v}")
     if args.freeze_layers < 0:
         raise UsageError(f"--freeze-layers must be >= 0, got {args.freeze_layers}")
-    from .train.workloads import WORKLOADS, load_attr
-    if args.workload not in WORKLOADS:  # here, not as a rank's traceback
-        if ":" not in args.workload:
-            raise UsageError(f"unknown workload {args.workload!r}: use {', '.join(WORKLOADS)}, "
-                             "'package.module:factory' or '/path/to/file.py:factory'")
-        load_attr(args.workload)
+    from .train.workloads import workload_factory
+    workload_factory(args.workload)     # an unknown one: here, not as a rank's traceback
     levels = _freeze_levels(args.freeze_levels)
     layers = measure_layer_shares(args.workload, args.global_batch) if levels else None
     if layers and max(levels) >= layers[0]:

@@ -256,12 +256,17 @@ def load_attr(spec: str, what: str = "workload") -> object:
         raise ValueError(f"cannot load {what} {spec!r}: {e}") from None
 
 
-def make_workload(spec: str, **kwargs) -> Workload:
-    """'images' | 'lm' | 'package.module:factory' | '/path/to/file.py:factory' (a class or function returning a
-    Workload)."""
+def workload_factory(spec: str):
+    """'images' | 'lm' | 'package.module:factory' | '/path/to/file.py:factory': the class or function that
+    returns the Workload (loading it is the check that the spec names one)."""
     if spec in WORKLOADS:
-        return WORKLOADS[spec](**kwargs)
+        return WORKLOADS[spec]
     if ":" not in spec:
         raise ValueError(f"unknown workload {spec!r}: use {', '.join(WORKLOADS)}, 'package.module:factory' "
                          "or '/path/to/file.py:factory'")
-    return load_attr(spec)(**kwargs)
+    return load_attr(spec)
+
+
+def make_workload(spec: str, **kwargs) -> Workload:
+    """The Workload ``spec`` names (``workload_factory``), built with ``kwargs``."""
+    return workload_factory(spec)(**kwargs)
