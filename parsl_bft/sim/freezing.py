@@ -61,7 +61,8 @@ def synthetic_profile(job: JobSpec, n_layers: int = N_LAYERS, seed: int = 0) -> 
     """A job's profile, its pace drawn from its name (the same job always settles the same way)."""
     h = int.from_bytes(hashlib.sha256(f"{seed}:{job.name}".encode()).digest()[:8], "little")
     jitter = np.random.default_rng(h).uniform(0.6, 1.6)
-    q = np.array([synthetic_layers(job.model, n_layers).shares.get(k, (1.0, 1.0))[1] for k in range(n_layers + 1)])
+    shares = synthetic_layers(job.model, n_layers).shares
+    q = np.array([shares.get(k, (1.0, 1.0))[1] for k in range(n_layers + 1)])
     return FreezeProfile(tuple(float(s) for s in settle_schedule(n_layers) * jitter),
                          tuple(float(x) for x in np.maximum(np.diff(q), 1e-3)))
 
