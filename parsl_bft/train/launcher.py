@@ -21,6 +21,7 @@ import threading
 import time
 from dataclasses import asdict
 from datetime import timedelta
+from multiprocessing.connection import wait as wait_any
 from pathlib import Path
 
 import torch.distributed as dist
@@ -96,7 +97,8 @@ def run_fragment(cfg: FragmentConfig, *, env: dict | None = None, ranks: list[in
                 pending.clear()
             if any(p.poll() not in (None, 0) for p in procs):
                 break
-            time.sleep(0.05)
+            # woken by a rank's exit at once (not at the next poll), or after 50 ms for forwarded signals
+            wait_any([p.p.sentinel for p in procs if p.poll() is None], timeout=0.05)
         if any(p.poll() not in (None, 0) for p in procs):
             _fail(cfg, jd, procs, ranks, logs)
         if 0 not in ranks:
@@ -153,19 +155,29 @@ def run_gang_task(cfg: FragmentConfig, node_index: int, store: str) -> FragmentR
 
 
 _CTX = None
+MAIN_ENV = "PARSL_BFT_FORKSERVER_MAIN"     # the parent's main module, for the forkserver to preload (rank_preload)
 
 
 def _rank_context():
-    """A forkserver that has imported torch and this module once: ranks start in milliseconds instead of
-    paying Python + torch start-up (seconds) for every fragment. (A process forked - without exec - from one
-    that already started the forkserver cannot use it; Parsl's workers and launchers exec, so they can.)"""
+    """A forkserver that has imported torch, this module and the parent's main module once: ranks start in
+    milliseconds instead of paying Python + torch start-up (seconds) for every fragment. (A process forked -
+    without exec - from one that already started the forkserver cannot use it; Parsl's workers and launchers
+    exec, so they can.)"""
     global _CTX
     if _CTX is None:
         import multiprocessing as mp
-        _CTX = mp.get_context("forkserver")
-        # '__main__' too: otherwise every rank re-runs the parent's main script (for a Parsl worker that is
-        # process_worker_pool.py and all of Parsl) before it starts - about a second per rank here
-        _CTX.set_forkserver_preload(["__main__", "parsl_bft.train.rank_preload"])
+        from multiprocessing import forkserver, spawn
+        ctx = mp.get_context("forkserver")
+        # not '__main__': the forkserver's own preloading of it is dead code before Python 3.13 (rank_preload)
+        ctx.set_forkserver_preload(["parsl_bft.train.rank_preload"])
+        main = {k: v for k, v in spawn.get_preparation_data("rank").items()
+                if k in ("sys_path", "sys_argv", "init_main_from_name", "init_main_from_path")}
+        os.environ[MAIN_ENV] = json.dumps(main)         # the forkserver inherits this environment as it starts
+        try:
+            forkserver.ensure_running()
+        finally:
+            os.environ.pop(MAIN_ENV, None)
+        _CTX = ctx
     return _CTX
 
 

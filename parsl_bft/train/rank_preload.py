@@ -1,9 +1,39 @@
-"""Imported once by the forkserver that training ranks fork from (see fragment._rank_context), so every rank
-starts with this already done: torch, the fragment code and its launcher, and torch's lazy imports behind
-``use_deterministic_algorithms`` (about 800 modules, a second per rank otherwise)."""
-import importlib
+"""Imported once by the forkserver that training ranks fork from (see launcher._rank_context), so every rank
+starts with this already done: torch, the fragment code and its launcher, torch's lazy imports behind
+``use_deterministic_algorithms`` (about 800 modules, a second per rank otherwise), and the parent's main module.
+
+The main module: a rank is a multiprocessing child, and multiprocessing re-runs the parent's main script (as
+``__mp_main__``) in every child whose ``__main__`` is not that script already. ``set_forkserver_preload
+(["__main__"])`` was meant to do that once in the forkserver, but on Python 3.11 and 3.12 it never does (the
+forkserver looks for a ``main_path`` key that ``spawn.get_preparation_data`` stopped returning in 3.4; CPython
+gh-126631, fixed in later releases), so every rank re-ran a Parsl worker's ``process_worker_pool.py`` (all of
+Parsl), pytest's entry script, or a benchmark's imports (scikit-learn: ~1 s a rank on two loaded cores). The
+launcher passes what a child's ``spawn.prepare`` gets (sys.path, sys.argv, the main script's path or module
+name) in ``MAIN_ENV``; preparing it here once makes every forked rank find its ``__main__`` in place."""
+import json
+import os
+import sys
 
 import torch
 
-importlib.import_module("parsl_bft.train.launcher")
+from .launcher import MAIN_ENV
+
+
+def _prepare_main() -> None:
+    data = json.loads(os.environ.pop(MAIN_ENV, "{}"))
+    if not data:
+        return
+    from multiprocessing import process, spawn
+
+    process.current_process()._inheriting = True    # as in a child: a main that starts processes is refused
+    try:
+        spawn.prepare(data)
+    except (Exception, SystemExit) as e:        # the ranks then run it themselves, as they did: its error is theirs
+        print(f"parsl-bft rank forkserver: could not preload the main module ({e!r}); each rank runs it",
+              file=sys.stderr)
+    finally:
+        del process.current_process()._inheriting
+
+
+_prepare_main()
 torch.use_deterministic_algorithms(torch.are_deterministic_algorithms_enabled())
