@@ -263,3 +263,87 @@ def test_background_copy_from_a_gpu_goes_to_pinned_buffers(tmp_path):
     assert all(buf.is_pinned() for buf in bg._buffers.values())
     back = load_checkpoint(tmp_path / "c.h5")
     assert all(torch.equal(back.model[k], t.cpu()) for k, t in st.model.items())
+
+
+def flip_byte(path, dataset, at=0):
+    with h5py.File(path, "r") as f:
+        offset = f[dataset].id.get_offset()
+    with open(path, "r+b") as fh:
+        fh.seek(offset + at)
+        b = fh.read(1)
+        fh.seek(offset + at)
+        fh.write(bytes([b[0] ^ 0xFF]))
+
+
+def set_attr(path, dataset, name, value):
+    with h5py.File(path, "r+") as f:
+        f[dataset].attrs[name] = value
+
+
+def test_a_restore_into_the_live_model_reads_each_tensor_into_it(tmp_path):
+    """``into``: every tensor whose name, shape and dtype match is read straight into the live one (every dtype,
+    bfloat16 and float8 included) and returned as that very tensor, so load_state_dict copies nothing; a
+    mismatch loads into fresh memory and is named by load_state_dict, and a live tensor outside CPU memory's
+    dense layout is never written."""
+    st = sample_state()
+    path = save_checkpoint(tmp_path / "c.h5", st, fsync=False)
+    live = {k: torch.zeros_like(v) for k, v in st.model.items()}
+    back = load_checkpoint(path, into=live)
+    assert_same(back.model, st.model)
+    assert all(back.model[k] is live[k] for k in live if live[k].numel()), "read into fresh memory"
+    assert_same(back.optimizer, st.optimizer)
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2))
+    path = save_checkpoint(tmp_path / "m.h5", TrainingState(model=model.state_dict()), fsync=False)
+    other = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2))
+    back = load_checkpoint(path, into=other.state_dict())
+    assert back.model["0.weight"].data_ptr() == other[0].weight.data_ptr()
+    other.load_state_dict(back.model)
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), other.parameters()))
+
+    wider = torch.nn.Sequential(torch.nn.Linear(4, 5), torch.nn.Linear(5, 2))
+    live = {**wider.state_dict(), "1.bias": torch.zeros(4)[::2]}     # the right shape, not one dense block
+    back = load_checkpoint(path, into=live)
+    assert back.model["0.weight"].shape == (3, 4) and torch.equal(back.model["1.bias"], model[1].bias)
+    assert not live["1.bias"].any()
+    with pytest.raises(RuntimeError, match="size mismatch for 0.weight"):
+        wider.load_state_dict(back.model)
+
+
+def test_damage_is_found_before_the_live_model_is_written_or_it_is_reported_overwritten(tmp_path):
+    """Metadata, length and optimizer state verify before any live tensor is written; damage in the model's own
+    data shows only after: the error says so, the store restores the next good checkpoint into the same tensors,
+    and with none left it refuses rather than hand back a half-overwritten model as a fresh start."""
+    def live_model():
+        return {k: torch.zeros_like(v) for k, v in sample_state().model.items()}
+
+    store = CheckpointStore(tmp_path / "s", keep=3)
+    old = sample_state(step=1)
+    store.save(old, fsync=False)
+    newest = store.save(sample_state(step=2), fsync=False)
+    for damage in (lambda p: flip_byte(p, "optimizer/k0/k0/k1"),                 # AdamW's exp_avg of parameter 0
+                   lambda p: os.truncate(p, p.stat().st_size - 1),
+                   lambda p: set_attr(p, "model/k0", "xxh3", "0")):                  # metadata
+        path = save_checkpoint(tmp_path / "d.h5", sample_state(step=3), fsync=False)
+        damage(path)
+        live = live_model()
+        with pytest.raises(CheckpointError) as e:
+            load_checkpoint(path, into=live)
+        assert not e.value.overwritten and not any(t.view(torch.uint8).any() for t in live.values() if t.numel())
+
+    flip_byte(newest, "model/k0", at=5)
+    live = live_model()
+    with pytest.raises(CheckpointError, match="checksum mismatch") as e:
+        load_checkpoint(newest, into=live)
+    assert e.value.overwritten and e.value.dataset == "/model/k0"
+    got = store.latest(into=live)
+    assert got.step == 1 and got.model["w"] is live["w"] and len(store.skipped) == 1
+    assert_same(got.model, old.model)
+
+    flip_byte(store.paths()[0], "model/k0", at=5)                                  # the only one left
+    with pytest.raises(CheckpointError, match="build the model again"):
+        store.latest(into=live_model())
+    solo = CheckpointStore(tmp_path / "solo")
+    flip_byte(solo.save(sample_state(step=4), fsync=False), "optimizer/k0/k0/k1")
+    live = live_model()
+    assert solo.latest(into=live) is None and len(solo.skipped) == 1              # untouched: a fresh start

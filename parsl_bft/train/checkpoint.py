@@ -30,7 +30,7 @@ import threading
 import time
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import h5py
 import numpy as np
@@ -54,10 +54,11 @@ _BY_NAME = {str(d).removeprefix("torch."): d for d in _NUMPY_UNSUPPORTED}
 
 
 class CheckpointError(ParslBftError):
-    """A checkpoint file that cannot be used; ``dataset`` names the damaged part when known."""
+    """A checkpoint file that cannot be used; ``dataset`` names the damaged part when known. ``overwritten``: a
+    load ``into`` live tensors had begun writing them when the damage showed (they hold part of this file)."""
 
-    def __init__(self, path: str, problem: str, dataset: str | None = None):
-        self.path, self.problem, self.dataset = path, problem, dataset
+    def __init__(self, path: str, problem: str, dataset: str | None = None, *, overwritten: bool = False):
+        self.path, self.problem, self.dataset, self.overwritten = path, problem, dataset, overwritten
         where = f" (dataset {dataset})" if dataset else ""
         super().__init__(f"{path}: {problem}{where}")
 
@@ -219,31 +220,52 @@ def _write_array(g: h5py.Group, name: str, a: np.ndarray, attrs: dict, w: _Write
     w.manifest.append(d.name)
 
 
+@dataclass
+class _Pending:
+    """One dataset's data, read once the whole file's metadata has verified."""
+
+    name: str
+    offset: int | None           # None: compact or empty, already read (``got``) through HDF5
+    array: np.ndarray
+    digest: Any                  # the stored checksum (whatever the attribute holds)
+    got: str | None = None
+    live: bool = False           # ``array`` is a live tensor's memory (``load_checkpoint(into=...)``)
+
+
 class _Reader:
     """Reads one untrusted file (checkpoints are staged between sites: they are input). Hard links only; only
     numeric datasets stored contiguously (or compactly) inside the file itself - no external links, external raw
-    storage, virtual layouts or filters; every declared size is bounded by the file's own size before anything
-    is allocated. ``where`` names the part being read, for the error."""
+    storage, virtual layouts or filters; every declared size, and where the data ends, is bounded by the file's
+    own size before anything is allocated. ``where`` names the part being read, for the error.
 
-    def __init__(self, path: str, f: h5py.File, size: int, arrays: bool = True, fd: int | None = None):
-        self.path, self.f, self.size, self.arrays, self.fd = path, f, size, arrays, fd
+    Two passes: the tree (attributes, names, shapes: the metadata checksum) registers each dataset's data, and
+    ``fill`` reads it once all that has verified - into fresh memory first, into the live tensors of ``into``
+    last, so a file whose metadata, optimizer state or length is damaged never touches the live model."""
+
+    def __init__(self, path: str, f: h5py.File, size: int, arrays: bool = True, fd: int | None = None,
+                 into: Mapping[str, torch.Tensor] | None = None):
+        self.path, self.f, self.size, self.arrays, self.fd, self.into = path, f, size, arrays, fd, into
         self.where: str | None = None
         self.read: list[str] = []
         self.meta = _Meta()
+        self.pending: list[_Pending] = []
+        self.overwritten = False
 
     def fail(self, problem: str) -> CheckpointError:
-        return CheckpointError(self.path, problem, self.where)
+        return CheckpointError(self.path, problem, self.where, overwritten=self.overwritten)
 
-    def read_hashed(self, ds: h5py.Dataset, a: np.ndarray) -> str | None:
-        """Read a contiguous dataset straight from its offset into ``a`` (``_read_into``); compact ones (no
-        offset) through HDF5. Its digest, None when the file ends before the data does."""
-        offset = ds.id.get_offset()
-        if offset is None or self.fd is None:
-            ds.read_direct(a)
-            return _digest(a)
-        if offset + a.nbytes > self.size:
-            return None
-        return _read_into(self.fd, offset, a)
+    def fill(self) -> None:
+        """Read and verify every registered dataset, live tensors last (``sorted`` is stable)."""
+        for p in sorted(self.pending, key=lambda p: p.live):
+            self.where = p.name
+            if p.offset is not None:
+                self.overwritten |= p.live
+                p.got = _read_into(self.fd, p.offset, p.array)
+            if p.got is None:
+                raise self.fail("data past the end of the file")
+            if p.got != p.digest:
+                raise self.fail("checksum mismatch: the data is damaged")
+        self.where = None
 
     def attr(self, obj, name: str, default: Any = KeyError) -> Any:
         if name not in obj.attrs:
@@ -276,13 +298,14 @@ class _Reader:
             raise self.fail(f"{type(link).__name__} not allowed in a checkpoint (only hard links)")
         return g[name]
 
-    def tree(self, g: h5py.Group) -> Any:
+    def tree(self, g: h5py.Group, into: Mapping[str, torch.Tensor] | None = None) -> Any:
         kind = self.attr(g, "__kind__", None)
         if kind == "dict":
             keys = self.json(g, "__keys__")
             if not isinstance(keys, list):
                 raise self.fail("damaged key list")
-            return {(int(k) if t == "int" else k): self.item(g, f"k{i}") for i, (t, k) in enumerate(keys)}
+            keys = [int(k) if t == "int" else k for t, k in keys]
+            return {k: self.item(g, f"k{i}", into.get(k) if into is not None else None) for i, k in enumerate(keys)}
         if kind in ("list", "tuple"):
             n = int(self.attr(g, "__len__"))
             if n < 0 or n > self.size:
@@ -292,7 +315,7 @@ class _Reader:
         self.where = g.name
         raise self.fail(f"unknown group kind {kind!r}")
 
-    def item(self, g: h5py.Group, name: str) -> Any:
+    def item(self, g: h5py.Group, name: str, target: Any = None) -> Any:
         if f"json:{name}" in g.attrs:
             return self.json(g, f"json:{name}")
         obj = self.child(g, name)
@@ -301,9 +324,9 @@ class _Reader:
             return self.tree(obj)
         if not isinstance(obj, h5py.Dataset):
             raise self.fail(f"unexpected object {type(obj).__name__}")
-        return self.array(obj)
+        return self.array(obj, target)
 
-    def array(self, ds: h5py.Dataset) -> Any:
+    def array(self, ds: h5py.Dataset, target: Any = None) -> Any:
         self.where = ds.name
         dcpl = ds.id.get_create_plist()
         if dcpl.get_layout() not in (h5py.h5d.CONTIGUOUS, h5py.h5d.COMPACT):
@@ -321,24 +344,44 @@ class _Reader:
         if declared > self.size:
             raise self.fail(f"declares {declared:,} bytes, more than the whole file ({self.size:,} bytes)")
         self.meta.add(ds.name, "dataset", dt.str, tuple(ds.shape))
-        a = _empty(ds.shape, dt) if self.arrays else np.empty(0, dtype=dt)
-        got = self.read_hashed(ds, a) if a.size else _digest(a)
         numpy = self.attr(ds, "numpy", None) if "numpy" in ds.attrs else None
         dtn = self.attr(ds, "torch_dtype", "") if "torch_dtype" in ds.attrs else ""
         digest = self.attr(ds, "xxh3", None)
         self.read.append(ds.name)
+        offset = ds.id.get_offset() if declared and self.fd is not None else None
+        if offset is not None and offset + declared > self.size:
+            raise self.fail("data past the end of the file")
         if not self.arrays:
             return None
-        if got is None:
-            raise self.fail("data past the end of the file")
-        if got != digest:
-            raise self.fail("checksum mismatch: the data is damaged")
+        live = _live_view(target, ds.shape, dt, dtn) if offset is not None and numpy is None else None
+        a = _empty(ds.shape, dt) if live is None else live
+        got = None
+        if offset is None:                       # compact (HDF5 places it itself) or empty: small, read now
+            if a.size:
+                ds.read_direct(a)
+            got = _digest(a)
+        self.pending.append(_Pending(ds.name, offset, a, digest, got, live is not None))
+        if live is not None:
+            return target
         if numpy is not None:
             return a
         t = torch.from_numpy(a)
         if dtn in _BY_NAME:
             t = t.view(_BY_NAME[dtn])
         return t
+
+
+def _live_view(target: Any, shape: tuple, dt: np.dtype, dtn: str) -> np.ndarray | None:
+    """The memory of ``target`` as an array to read a dataset of this shape and type into, None when it cannot
+    take it as it is (another shape or dtype, not in CPU memory, not one dense block): that dataset is then
+    loaded into fresh memory, and ``load_state_dict`` copies it - or names the mismatch."""
+    if not isinstance(target, torch.Tensor) or target.device.type != "cpu" or target.layout != torch.strided \
+            or not target.is_contiguous() or target.is_conj() or target.is_neg() \
+            or tuple(target.shape) != tuple(shape) or str(target.dtype).removeprefix("torch.") != dtn:
+        return None
+    t = target.detach()
+    a = t.view(_NUMPY_UNSUPPORTED.get(t.dtype, t.dtype)).numpy()
+    return a if a.dtype == dt else None
 
 
 def _empty(shape: tuple, dt: np.dtype) -> np.ndarray:
@@ -434,14 +477,23 @@ def save_checkpoint(path: str | Path, state: TrainingState, *, fsync: bool = Tru
     return path
 
 
-def load_checkpoint(path: str | Path, *, arrays: bool = True) -> TrainingState:
+def load_checkpoint(path: str | Path, *, arrays: bool = True,
+                    into: Mapping[str, torch.Tensor] | None = None) -> TrainingState:
     """Read and verify one checkpoint. Whatever is wrong with the file - not there, not a regular file, not
     HDF5, damaged anywhere (HDF5's own errors included), crafted to read other files or to exhaust memory, from a
     newer format - raises CheckpointError naming the file and, when known, the dataset.
 
     ``arrays=False`` reads where the job stands and nothing more: attributes, names, dtypes and shapes, checked
     against the metadata checksum; every tensor is None and its data is neither read nor verified (kilobytes
-    instead of gigabytes: what the orchestrator needs; the fragment that resumes reads and verifies all)."""
+    instead of gigabytes: what the orchestrator needs; the fragment that resumes reads and verifies all).
+
+    ``into``: the live model's ``state_dict()``. Each model tensor whose name, shape and dtype match one of it
+    (in CPU memory) is read straight into that tensor, and ``state.model`` holds that very tensor: a restore
+    then neither sets up fresh pages for the model nor copies it again (``load_state_dict`` skips a copy onto
+    itself). The rest loads as without ``into``, so a mismatch is named by ``load_state_dict`` as usual. Live
+    tensors are written last, once the metadata, the file's length and every other dataset have verified; only
+    damage inside the model's own data is found after they were written: the error then says ``overwritten``
+    (the tensors hold part of this file) and the model must be loaded from another checkpoint or built again."""
     p = str(path)
     try:
         st = os.stat(p)
@@ -453,7 +505,7 @@ def load_checkpoint(path: str | Path, *, arrays: bool = True) -> TrainingState:
         f = h5py.File(p, "r")
     except Exception as e:  # noqa: BLE001 - h5py raises OSError, ValueError, RuntimeError ... on damaged files
         raise CheckpointError(p, f"not a readable HDF5 file ({type(e).__name__}: {e})") from None
-    r = _Reader(p, f, st.st_size, arrays, f.id.get_vfd_handle())    # HDF5's own descriptor: the same file
+    r = _Reader(p, f, st.st_size, arrays, f.id.get_vfd_handle(), into)    # HDF5's own descriptor: the same file
     try:
         with f:
             if r.attr(f, "format", None) != FORMAT:
@@ -472,7 +524,7 @@ def load_checkpoint(path: str | Path, *, arrays: bool = True) -> TrainingState:
                     r.meta.add("/", key, "group")
                     if not isinstance(g, h5py.Group):
                         raise r.fail("not a group")
-                    parts[key] = r.tree(g)
+                    parts[key] = r.tree(g, into if key == "model" else None)
             r.where = None
             manifest = r.json(f, "manifest")
             if version >= 2 and r.meta.hexdigest() != r.attr(f, "meta_xxh3", None):
@@ -490,11 +542,13 @@ def load_checkpoint(path: str | Path, *, arrays: bool = True) -> TrainingState:
             if not isinstance(state.model, dict) or not isinstance(state.job, dict) \
                     or not isinstance(state.metrics, list) or not isinstance(state.extra, dict):
                 raise CheckpointError(p, "damaged structure: unexpected types")
+            r.fill()
             return state
     except CheckpointError:
         raise
     except Exception as e:  # noqa: BLE001 - RuntimeError (HDF5), MemoryError, RecursionError (deep JSON), ...
-        raise CheckpointError(p, f"damaged structure ({type(e).__name__}: {str(e)[:200]})", r.where) from None
+        raise CheckpointError(p, f"damaged structure ({type(e).__name__}: {str(e)[:200]})", r.where,
+                              overwritten=r.overwritten) from None
 
 
 def _count(v: Any) -> int:
@@ -671,19 +725,27 @@ class CheckpointStore:
                 p.unlink(missing_ok=True)
         return path
 
-    def latest(self, *, arrays: bool = True) -> TrainingState | None:
+    def latest(self, *, arrays: bool = True, into: Mapping[str, torch.Tensor] | None = None) -> TrainingState | None:
         """The newest checkpoint that loads and verifies; damaged ones are recorded in ``skipped`` and set aside.
-        ``arrays=False``: only where it stands (see ``load_checkpoint``)."""
+        ``arrays=False``: only where it stands; ``into``: read into the live model (see ``load_checkpoint``: load
+        the result into it with ``load_state_dict``, which also rewrites what a damaged newer file overwrote).
+        When none verifies but one had already overwritten part of ``into``, that model is unusable and nothing
+        can restore it: CheckpointError (not None, which would train the half-overwritten model from scratch)."""
         self.skipped = []
         self.latest_path = None
+        overwritten = False
         for p in self.paths():
             try:
-                st = load_checkpoint(p, arrays=arrays)
+                st = load_checkpoint(p, arrays=arrays, into=into)
             except CheckpointError as e:
+                overwritten |= e.overwritten
                 self._set_aside(p, e)
                 continue
             self.latest_path = p
             return st
+        if overwritten:
+            raise CheckpointError(str(self.dir), "no checkpoint verifies, and a damaged one was read into the live "
+                                  "model before its damage showed: build the model again and start from scratch")
         return None
 
     def stage_to(self, directory: str | Path) -> Path | None:

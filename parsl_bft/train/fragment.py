@@ -343,7 +343,9 @@ def train_rank(cfg: FragmentConfig) -> FragmentResult | None:
     sched = wl.build_scheduler(opt, **{k: v for k, v in (("total_steps", total_steps),
                                                          ("steps_per_epoch", len(data) // cfg.global_batch))
                                        if k in takes})
-    state = store.latest()
+    # read straight into the built model's tensors (no fresh pages, no second copy; load_state_dict below then
+    # copies nothing): the restore reads and verifies the checkpoint and fills the model in one pass
+    state = store.latest(into=model.state_dict())
     step = epoch = samples_done = pos = 0
     metrics: list[dict] = []
     if state is not None:
