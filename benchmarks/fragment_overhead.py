@@ -33,9 +33,9 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-import digits_cnn  # noqa: E402,F401  (as in freezing.py: the main script imports scikit-learn)
+import digits_cnn  # noqa: E402  (as in freezing.py: the main script imports scikit-learn)
 
-WORKLOAD = f"{HERE / 'digits_cnn.py'}:DigitsCNN"
+WORKLOAD = f"{digits_cnn.__file__}:DigitsCNN"
 PHASES = ("launch", "restore", "rendezvous", "save", "exit")
 ARMS = ("baseline", "preload")
 
