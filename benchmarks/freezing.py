@@ -11,7 +11,8 @@
    training, checkpoint) until the held-out accuracy first reaches the unfrozen run's final accuracy minus
    --target-gap. The images are upsampled to --size 32 so that a fragment's training outweighs its fixed costs
    (~1-2 s here) as it does in a backfill hole (minutes of training): at 16x16 an epoch trains in ~1 s.
-3. Simulator: --jobs Philly jobs (a --freeze-share of them freezable) on a dedicated cluster of --cluster nodes,
+3. Simulator: --jobs Philly jobs (a --freeze-share of them freezable) on a dedicated cluster of --cluster nodes
+   at offered load --load (the draw from four days of Philly arrives at ~0.2: a cluster idle 80% of the time),
    and the same kind of jobs (one day of arrivals) on the Summit idle slice; freezing on vs off,
    same planner.
 
@@ -186,7 +187,7 @@ def simulation(args) -> dict:
     from parsl_bft.planner import Planner
     from parsl_bft.scaling import read_scaling_csv
     from parsl_bft.sim import simulate
-    from parsl_bft.sim.philly import dedicated_cluster, read_philly
+    from parsl_bft.sim.philly import dedicated_cluster, offered_load, read_philly
 
     data = Path(args.data)
     curves = read_scaling_csv(data / "jobs" / "imagenet_mix.scaling.csv")
@@ -194,7 +195,11 @@ def simulation(args) -> dict:
     planner = Planner(method="dp", objective=args.objective, t_fwd=args.tfwd)
     out = {}
     settings = [("cluster", read_philly(trace, curves, n_jobs=args.jobs, freeze_share=args.freeze_share,
-                                        accuracy_budget=args.budget, max_gpus=args.cluster), None)]
+                                        accuracy_budget=args.budget, max_gpus=args.cluster,
+                                        load=args.load or None), None)]
+    print(f"\ncluster: {args.jobs} Philly jobs on {args.cluster} GPUs at offered load "
+          f"{offered_load(settings[0][1], args.cluster):.2f} (their single-GPU work / the cluster's GPU-seconds "
+          "between the first and the last arrival)")
     if not args.no_summit:
         idle = read_idle_intervals(data / "eval" / "summit_256n_24h_idle_intervals.csv.gz")
         day = read_philly(trace, curves, n_jobs=args.jobs, days=1.0, freeze_share=args.freeze_share,
@@ -245,6 +250,8 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=500)
     ap.add_argument("--cluster", type=int, default=48)
     ap.add_argument("--freeze-share", type=float, default=0.5)
+    ap.add_argument("--load", type=float, default=0.8,
+                    help="offered load of the cluster: arrivals compressed to it (0: the trace's own pace, ~0.2)")
     ap.add_argument("--max-concurrent", type=int, default=64, help="jobs admitted at once on the cluster")
     ap.add_argument("--max-concurrent-idle", type=int, default=10, help="... on the idle slice (BFTrainer's 10)")
     ap.add_argument("--data", default=str(HERE.parents[1] / "shared" / "data"))

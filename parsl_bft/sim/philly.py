@@ -2,7 +2,9 @@
 published): IceFrog's setting, next to parsl-bft's own (idle supercomputer nodes)."""
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
+import math
 from pathlib import Path
 
 import numpy as np
@@ -27,17 +29,23 @@ def dedicated_cluster(n: int, t0: float, t1: float) -> IdleIntervals:
 
 
 def read_philly(path: str | Path, curves: dict[str, ScalingCurve], *, n_jobs: int = 500, start: str = "2017-10-02",
-                days: float = 4.0, max_gpus: int = 48, freeze_share: float = 0.6, accuracy_budget: float = 0.005,
-                max_duration: float = 12 * 3600, t_restart: float = 15.0, seed: int = 0) -> JobSet:
+                days: float = 4.0, max_gpus: int = 48, load: float | None = None, freeze_share: float = 0.6,
+                accuracy_budget: float = 0.005, max_duration: float = 12 * 3600, t_restart: float = 15.0,
+                seed: int = 0) -> JobSet:
     """``n_jobs`` jobs drawn at random (``seed``) from those arriving in ``days`` days from ``start`` (UTC) that ask
-    for at most ``max_gpus`` GPUs, as elastic jobs. The trace is the whole of Philly (thousands of GPUs): the
-    draw thins its arrivals to a load a ``max_gpus`` cluster can carry (the defaults: ~1.2x of 48 GPUs).
+    for at most ``max_gpus`` GPUs, as elastic jobs. The trace is the whole of Philly (thousands of GPUs): the draw
+    thins its arrivals, to an offered load of ~0.2 on 48 GPUs with the defaults (a cluster idle 80% of the time,
+    where no scheduler matters). ``load``: compress (or stretch) the arrival times, burstiness kept, so that the
+    jobs' GPU-seconds at their requested sizes are ``load`` x what ``max_gpus`` GPUs offer between the first and
+    the last arrival (``offered_load`` measures it).
 
     A job keeps its arrival (seconds after the first) and its work: what it did in ``duration`` seconds (capped
     at ``max_duration``) on its ``num_gpus`` GPUs, at the rate of a model drawn from ``curves``. It may run on
     1 .. 2 x num_gpus nodes (one node = one GPU here). A ``freeze_share`` of the jobs, drawn at random, allows
     freezing (``freeze="auto"`` within ``accuracy_budget``); each model gets ``synthetic_layers``.
     """
+    if load is not None and not 0 < load < math.inf:
+        raise ValueError(f"load must be > 0 (jobs' GPU-seconds / the cluster's over the arrival span), got {load}")
     p = str(path)
     bad = BadRows(False)
     rows = []
@@ -65,4 +73,16 @@ def read_philly(path: str | Path, curves: dict[str, ScalingCurve], *, n_jobs: in
         jobs.append(JobSpec(f"philly{i:04d}", model, 1, min(2 * g, max_gpus), t_restart, t_restart,
                             min(d, max_duration) * curves[model].rate(g), submit=t - t_first,
                             freeze="auto" if freeze else "off", accuracy_budget=accuracy_budget if freeze else 0.0))
-    return JobSet(jobs, dict(curves), {m: synthetic_layers(m) for m in models})
+    js = JobSet(jobs, dict(curves), {m: synthetic_layers(m) for m in models})
+    if load is None or n_jobs < 2:
+        return js
+    squeeze = offered_load(js, max_gpus) / load
+    return dataclasses.replace(js, jobs=[dataclasses.replace(j, submit=j.submit * squeeze) for j in jobs])
+
+
+def offered_load(jobs: JobSet, gpus: int) -> float:
+    """The jobs' work in single-GPU seconds (samples / the model's one-GPU rate, as e_idle counts it) / what
+    ``gpus`` GPUs offer between the first and the last submit."""
+    span = max(j.submit for j in jobs.jobs) - min(j.submit for j in jobs.jobs)
+    work = sum(j.samples / jobs.curves[j.model].rate(1) for j in jobs.jobs)
+    return work / (gpus * span) if span > 0 else math.inf
