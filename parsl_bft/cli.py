@@ -107,6 +107,24 @@ def cmd_demo(args) -> int:
     return 0
 
 
+def _refuse_unused_source_options(args) -> None:
+    """Options that the chosen source would ignore: a user who sets them expects an effect and would get none."""
+    swf_only = {"--schedule": args.schedule != "recorded", "--units": args.units != "auto",
+                "--swf-variant": args.swf_variant != "auto"}
+    unused = []
+    if args.cluster is not None:      # a dedicated cluster: no log to slice or mask, no node ever leaves
+        unused = [k for k, v in {**swf_only, "--window": bool(args.window), "--nodes": args.nodes is not None,
+                                 "--no-mask": args.no_mask,
+                                 "--horizon-aware": args.horizon_aware,
+                                 "--predict": args.predict != "history"}.items() if v]
+        why = "--cluster N replays a dedicated cluster (size it with N, the length with --duration)"
+    elif args.idle_intervals:
+        unused = [k for k, v in swf_only.items() if v]
+        why = "these apply to an SWF job log (--swf), not to an idle-interval CSV"
+    if unused:
+        raise UsageError(f"{', '.join(unused)}: not used here: {why}")
+
+
 def cmd_simulate(args) -> int:
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -121,6 +139,7 @@ def cmd_simulate(args) -> int:
 
     console = _console()
     args.source = args.idle_intervals or args.swf
+    _refuse_unused_source_options(args)
     check_output_path(args.json, "--json")
     check_output_path(args.plot, "--plot")
     duration = parse_duration(args.duration) if args.duration else None

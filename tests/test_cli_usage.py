@@ -41,3 +41,17 @@ def test_run_and_submit_without_a_workflow_name_only_the_workflow_as_missing(com
     assert exit_.value.code == 2
     assert err.getvalue().splitlines()[-1] == (f"parsl-bft {command}: error: the following arguments are required: "
                                                "workflow")
+
+
+@pytest.mark.parametrize("source, extra, named", [
+    (["--cluster", "4"], ["--window", "+1h/+2h", "--no-mask"], "--window, --no-mask"),
+    (["--cluster", "4"], ["--horizon-aware", "--predict", "clairvoyant"], "--horizon-aware, --predict"),
+    (["--cluster", "4"], ["--schedule", "easy"], "--schedule"),
+    (["--idle-intervals", "x.csv"], ["--units", "cores", "--swf-variant", "walltime6"], "--units, --swf-variant"),
+])
+def test_simulate_refuses_options_its_source_would_ignore(source, extra, named):
+    """They were accepted and did nothing (a --window on a dedicated cluster replayed the whole run)."""
+    err = io.StringIO()
+    with redirect_stderr(err):
+        assert main(["simulate", *source, "--jobs", "missing.jobs.csv", *extra]) == 2
+    assert err.getvalue().strip().startswith(f"parsl-bft simulate: error: {named}: not used here: ")
