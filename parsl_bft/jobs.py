@@ -72,13 +72,13 @@ class JobSpec:
                                                 "may ever be frozen"))
         if problems:
             field, msg = problems[0]
-            raise JobSpecError(field, f"job {self.name!r}: {msg}")
+            raise JobSpecError(field, f"job {self.name!r}: {msg}", msg)
 
 
 class JobSpecError(ValueError):
-    def __init__(self, field: str, msg: str):
+    def __init__(self, field: str, msg: str, problem: str = ""):
         super().__init__(msg)
-        self.field = field
+        self.field, self.problem = field, problem or msg
 
 
 @dataclass

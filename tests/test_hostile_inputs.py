@@ -332,6 +332,25 @@ def test_global_batch_below_max_nodes_is_refused_at_submit(tmp_path, monkeypatch
     orch.close()
 
 
+@pytest.mark.parametrize("kw, named", [
+    ({"rate_guess": 0}, "rate_guess must be a number > 0, got 0"),
+    ({"rate_guess": float("nan")}, "rate_guess must be a number > 0, got nan"),
+    ({"global_batch": 0.5}, "global_batch must be an integer > 0, got 0.5"),
+    ({"samples": 0}, "samples: must be > 0"),
+    ({"t_down": -1}, "t_down: must be >= 0"),
+    ({"max_nodes": 0}, "max_nodes: min_nodes 1 > max_nodes 0"),
+])
+def test_a_bad_number_in_a_training_job_is_refused_at_submit_naming_its_field(tmp_path, monkeypatch, kw, named):
+    """rate_guess=0 was refused deep in the planner as a bad scaling curve; samples=0 without naming the field."""
+    from parsl_bft.execution.orchestrator import TrainingJob
+    orch = inline_orchestrator(tmp_path / "s", monkeypatch)
+    with pytest.raises(ValueError) as err:
+        orch.submit(TrainingJob("j", **kw))
+    assert str(err.value).startswith(f"job 'j': {named}")
+    assert not orch.db.jobs()
+    orch.close()
+
+
 def test_a_tampered_job_row_is_refused_on_restart(tmp_path, monkeypatch):
     from parsl_bft.execution.jobstore import JobStore, StateError
     db = JobStore(tmp_path / "s" / "state.sqlite")

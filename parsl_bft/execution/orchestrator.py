@@ -27,7 +27,7 @@ from pathlib import Path
 
 from ..control import Controller, Timeline
 from ..errors import ParslBftError
-from ..jobs import JobSpec
+from ..jobs import JobSpec, JobSpecError
 from ..planner.problem import site_of
 from ..scaling import ScalingCurve
 from ..train.checkpoint import CheckpointStore
@@ -82,9 +82,17 @@ class TrainingJob:
         return mod, name
 
     def spec(self) -> JobSpec:
-        return JobSpec(self.name, self.name, self.min_nodes, self.max_nodes, self.t_up, self.t_down,
-                       float(self.samples), 0.0, self.weight, freeze=self.freeze,
-                       accuracy_budget=self.accuracy_budget)
+        for f, kind in (("rate_guess", (int, float)), ("global_batch", int)):
+            v = getattr(self, f)
+            if isinstance(v, bool) or not isinstance(v, kind) or not 0 < v < math.inf:
+                raise ValueError(f"job {self.name!r}: {f} must be {'an integer' if kind is int else 'a number'} "
+                                 f"> 0, got {v!r}")
+        try:
+            return JobSpec(self.name, self.name, self.min_nodes, self.max_nodes, self.t_up, self.t_down,
+                           float(self.samples), 0.0, self.weight, freeze=self.freeze,
+                           accuracy_budget=self.accuracy_budget)
+        except JobSpecError as e:       # JobSpec's field names are TrainingJob's: name the one to fix
+            raise JobSpecError(e.field, f"job {self.name!r}: {e.field}: {e.problem}", e.problem) from None
 
 
 _JOB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
