@@ -207,10 +207,12 @@ def cmd_profile(args) -> int:
     from .train.workloads import workload_factory
     workload_factory(args.workload)     # an unknown one: here, not as a rank's traceback
     levels = _freeze_levels(args.freeze_levels)
-    layers = measure_layer_shares(args.workload, args.global_batch) if levels else None
-    if layers and max(levels) >= layers[0]:
-        raise UsageError(f"--freeze-levels {args.freeze_levels!r}: {args.workload} has {layers[0]} layers; levels "
-                         f"go up to {layers[0] - 1} (one must train)")
+    layers = measure_layer_shares(args.workload, args.global_batch) if levels or args.freeze_layers else None
+    asked = (f"--freeze-levels {args.freeze_levels!r}", max(levels)) if levels else \
+        (f"--freeze-layers {args.freeze_layers}", args.freeze_layers)
+    if layers and asked[1] >= layers[0]:            # here, not as every rank's traceback after the launch
+        raise UsageError(f"{asked[0]}: {args.workload} has {layers[0]} layers; levels go up to {layers[0] - 1} "
+                         "(one must train)")
     with Progress(console=console, transient=True) as bar:
         task = bar.add_task(f"profiling {args.workload} on {args.ranks} ranks", total=len(ranks) * len(levels or [0]))
         pts = profile(args.workload, ranks, steps=args.steps, global_batch=args.global_batch,

@@ -537,6 +537,8 @@ CLI_CASES = {     # name: (argv with {d} for the folder of bad files, what the o
     "profile a missing workload file": (["profile", "{d}/nope.py:make"], "cannot load workload"),
     "profile --steps 0": (["profile", "images", "--steps", "0"], "--steps must be >= 1, got 0"),
     "profile --freeze-layers -1": (["profile", "images", "--freeze-layers", "-1"], "--freeze-layers must be >= 0"),
+    "profile --freeze-layers above the model": (["profile", "images", "--freeze-layers", "4", "--steps", "1"],
+                                                "--freeze-layers 4: images has 4 layers; levels go up to 3"),
     "simulate --nodes 0": (["simulate", "--idle-intervals", OK_CSV, "--jobs", "{d}/ok.jobs.csv", "--nodes", "0"],
                            "--nodes must be >= 1, got 0"),
     "simulate --duration 0": (["simulate", "--idle-intervals", OK_CSV, "--jobs", "{d}/ok.jobs.csv", "--duration",
