@@ -58,6 +58,33 @@ def our_processes(state) -> list[str]:
     return [line for line in out if str(state) in line and "ps -eo" not in line]
 
 
+class Beside:
+    """Reference runs (``orchestrate.<function>(*args)`` for each call, one after another) in a process of their
+    own, started together with the run they check: that run mostly waits (for idle nodes, restarts, pilots), so
+    they take a core it leaves free instead of adding their time after it. ``wait()`` before reading what they
+    wrote; leaving the ``with`` block ends them if they still run (a test failed before it waited)."""
+
+    def __init__(self, *calls: tuple):
+        calls_json = json.dumps([[c[0], *(str(a) if isinstance(a, Path) else a for a in c[1:])] for c in calls])
+        code = ("import json, sys; sys.path.insert(0, sys.argv[1]); import orchestrate\n"
+                "for f, *a in json.loads(sys.argv[2]): getattr(orchestrate, f)(*a)")
+        self.p = subprocess.Popen([sys.executable, "-c", code, str(HERE), calls_json])
+
+    def wait(self, timeout: float = 600) -> None:
+        assert self.p.wait(timeout=timeout) == 0, "a reference run failed (its output is in the captured stderr)"
+
+    def stop(self) -> None:
+        if self.p.poll() is None:
+            self.p.kill()
+            self.p.wait()
+
+    def __enter__(self) -> "Beside":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
 def check_chain(db, job: str, total_steps: int) -> None:
     """From the event log alone: every fragment resumed from the newest checkpoint there was, the committed
     steps form one unbroken run 0 -> total (no step skipped, none counted twice)."""

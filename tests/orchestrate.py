@@ -41,6 +41,11 @@ def reference_model(directory, job: str, img_steps: int = 600, world_size: int =
     return CheckpointStore(directory).latest().model
 
 
+def reference_fragment(cfg: dict) -> None:
+    """One fragment of ``cfg`` (FragmentConfig fields) run through, uninterrupted (a loop job's reference)."""
+    run_fragment(FragmentConfig(**cfg))
+
+
 def _run(orch, timeout_s, img_steps=600, img_max_nodes=2):
     futs = {j.name: orch.submit(j) for j in jobs(img_steps, img_max_nodes)}
     summary = orch.run(timeout_s=timeout_s)
@@ -61,7 +66,8 @@ def two_sites(state_dir: str, timeout_s: float, img_steps: int) -> None:
     def pool(start, end):
         return EmulatedPool(IdleIntervals.build(["node0", "node1"], [0, 1], [start] * 2, [end] * 2, 0.0, 600.0),
                             speedup=1.0, notice_s=2.0)
-    htex = [HighThroughputExecutor(label=f"site_{n}", address="127.0.0.1", max_workers_per_node=2,
+    # one worker each: one job, one fragment at a time (a second worker was one more rank forkserver to warm up)
+    htex = [HighThroughputExecutor(label=f"site_{n}", address="127.0.0.1", max_workers_per_node=1,
                                    cpu_affinity="none", provider=LocalProvider(init_blocks=1, max_blocks=1))
             for n in "ab"]
     sites = MultiPool({"a": SitePool(pool(0.0, 8.0), "site_a"), "b": SitePool(pool(4.0, 600.0), "site_b")})
@@ -79,7 +85,7 @@ def main(state_dir: str, timeout_s: float = 300.0, site: str | None = None, img_
         return two_sites(state_dir, timeout_s, img_steps)
     if site == "steady":
         pool = EmulatedPool.pattern(nodes=1, period_s=100_000.0, cycles=1, notice_s=2.0)
-        with parsl.load(local_config(workers=2, run_dir=f"{state_dir}/runinfo")):
+        with parsl.load(local_config(workers=1, run_dir=f"{state_dir}/runinfo")):    # one job: one fragment at a time
             orch = Orchestrator(state_dir, pool, Planner(method="dp", objective="throughput", t_fwd=20.0),
                                 checkpoint_policy=CheckpointPolicy(**FAST_SAVES))
             fut = orch.submit(jobs(img_steps, 1)[0])
@@ -93,9 +99,10 @@ def main(state_dir: str, timeout_s: float = 300.0, site: str | None = None, img_
             _run(orch, timeout_s, img_steps)
         return
     # two nodes, every 12 s: node0 idle for 4 s, node1 for 8 s; each leaves after a 2 s notice. img runs on one
-    # node (so its model must equal uninterrupted training bit for bit), long enough to be reclaimed several times
+    # node (so its model must equal uninterrupted training bit for bit), long enough to be reclaimed several times;
+    # two workers: two jobs run at most two fragments at once (each worker is a rank forkserver to warm up)
     pool = EmulatedPool.pattern(nodes=2, period_s=12.0, cycles=1000, notice_s=2.0)
-    with parsl.load(local_config(workers=3, run_dir=f"{state_dir}/runinfo")):
+    with parsl.load(local_config(workers=2, run_dir=f"{state_dir}/runinfo")):
         _run(Orchestrator(state_dir, pool, Planner(method="dp", objective="proportional", t_fwd=20.0),
                           checkpoint_policy=CheckpointPolicy(**FAST_SAVES)), timeout_s, EMULATED_IMG_STEPS,
              img_max_nodes=1)

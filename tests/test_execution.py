@@ -18,9 +18,9 @@ from parsl_bft.train.protocol import JobDir
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from harness import (assert_same_training, break_next_checkpoint_write, check_chain, finish,  # noqa: E402
+from harness import (Beside, assert_same_training, break_next_checkpoint_write, check_chain, finish,  # noqa: E402
                      kill_a_rank, live_ranks, our_processes, start_orchestrator, wait_for)
-from orchestrate import EMULATED_IMG_STEPS, reference_model  # noqa: E402
+from orchestrate import EMULATED_IMG_STEPS  # noqa: E402
 
 
 def test_emulated_pool_notice_before_leave_and_repeat():
@@ -59,25 +59,27 @@ def test_chaos_embedded_default_kills_ranks_the_orchestrator_and_checkpoint_writ
     schedule = ["rank"] * 3 + ["orchestrator"] + ["checkpoint write"] * 2
     rng.shuffle(schedule)
     p = start_orchestrator(state, timeout=900, env=env)      # the timeout only stops a hung run
-    for kind in schedule:
-        # a random moment while something trains (the schedule is seeded; the wait is for a condition)
-        try:
-            wait_for(lambda: live_ranks(state) or p.poll() is not None, timeout=300)
-        except AssertionError:
-            break
-        if p.poll() is not None:
-            break                                    # everything finished before the schedule did
-        time.sleep(rng.uniform(0.5, 4.0))
-        if kind == "rank":
-            faults["rank"] += kill_a_rank(state, rng)
-        elif kind == "checkpoint write":
-            break_next_checkpoint_write(chaos_log, p)
-        elif kind == "orchestrator" and p.poll() is None:
-            os.killpg(p.pid, signal.SIGKILL)
-            p.wait()
-            faults["orchestrator"] += 1
-            p = start_orchestrator(state, timeout=900, env=env)
-    finish(p, timeout=1000)
+    with Beside(*[("reference_model", tmp_path / f"ref-{n}", n, EMULATED_IMG_STEPS) for n in ("img", "lm")]) as refs:
+        for kind in schedule:
+            # a random moment while something trains (the schedule is seeded; the wait is for a condition)
+            try:
+                wait_for(lambda: live_ranks(state) or p.poll() is not None, timeout=300)
+            except AssertionError:
+                break
+            if p.poll() is not None:
+                break                                    # everything finished before the schedule did
+            time.sleep(rng.uniform(0.5, 4.0))
+            if kind == "rank":
+                faults["rank"] += kill_a_rank(state, rng)
+            elif kind == "checkpoint write":
+                break_next_checkpoint_write(chaos_log, p)
+            elif kind == "orchestrator" and p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+                faults["orchestrator"] += 1
+                p = start_orchestrator(state, timeout=900, env=env)
+        finish(p, timeout=1000)
+        refs.wait()
     faults["checkpoint write"] = len(list(chaos_log.glob("save_optimizer.fired-*")))
     print(f"faults injected: {faults}")
     assert faults["rank"] >= 2 and faults["orchestrator"] == 1 and faults["checkpoint write"] >= 1, faults
@@ -92,12 +94,12 @@ def test_chaos_embedded_default_kills_ranks_the_orchestrator_and_checkpoint_writ
     for name, steps in (("img", EMULATED_IMG_STEPS), ("lm", 200)):
         check_chain(db, name, steps)
         final = CheckpointStore(state / "jobs" / name).latest()
-        ref = reference_model(tmp_path / f"ref-{name}", name, EMULATED_IMG_STEPS)
+        ref = CheckpointStore(tmp_path / f"ref-{name}").latest()
         assert final.step == steps
         if name == "img":        # always 1 rank: bit for bit
-            assert all(torch.equal(final.model[k], ref[k]) for k in ref)
+            assert all(torch.equal(final.model[k], ref.model[k]) for k in ref.model)
         else:                    # lm's world size changed between fragments (AdamW)
-            assert_same_training(final, CheckpointStore(tmp_path / "ref-lm").latest(), steps)
+            assert_same_training(final, ref, steps)
     wait_for(lambda: not live_ranks(state) and not our_processes(state), timeout=120)
 
 
@@ -107,7 +109,7 @@ def test_a_rank_killed_without_notice_loses_at_most_one_checkpoint_interval(tmp_
     is SIGKILLed (no notice). The event log shows the loss, the work at risk was at most one checkpoint
     interval (plus one progress report), and the next fragment resumed from that periodic save."""
     state = tmp_path / "state"
-    p = start_orchestrator(state, timeout=600, mode="steady", img_steps=5_000)
+    p = start_orchestrator(state, timeout=600, mode="steady", img_steps=3_000)
     try:
         def periodic_save():           # the running fragment has saved on its own: its ranks, or None
             if not (state / "state.sqlite").exists():
@@ -133,16 +135,18 @@ def test_a_rank_killed_without_notice_loses_at_most_one_checkpoint_interval(tmp_
     assert lost["lost_s"] <= lost["checkpoint_every_s"] + 1.0, lost
     launches = [d for _, _, d in db.events("launch")]
     assert launches[1]["resume_step"] == lost["saved_step"]    # and the next fragment resumed from it
-    check_chain(db, "img", 5_000)
+    check_chain(db, "img", 3_000)
 
 
 @pytest.mark.timeout(600)
 def test_a_job_reclaimed_at_one_site_finishes_at_the_other_from_its_checkpoint(tmp_path):
     """Two sites, one executor each; site a is reclaimed for good; the job's checkpoint is staged to site b."""
     state = tmp_path / "state"
-    p = subprocess.run([sys.executable, str(HERE / "orchestrate.py"), str(state), "600", "two-sites", "2000"],
-                       capture_output=True, text=True, timeout=650)
-    assert p.returncode == 0, p.stderr[-3000:]
+    with Beside(("reference_model", tmp_path / "ref", "img", 2000, 2)) as ref:
+        p = subprocess.run([sys.executable, str(HERE / "orchestrate.py"), str(state), "600", "two-sites", "2000"],
+                           capture_output=True, text=True, timeout=650)
+        assert p.returncode == 0, p.stderr[-3000:]
+        ref.wait()
     out = json.loads(p.stdout.strip().splitlines()[-1])
     db = JobStore(state / "state.sqlite")
     assert db.jobs()["img"].status == "done"
@@ -157,7 +161,7 @@ def test_a_job_reclaimed_at_one_site_finishes_at_the_other_from_its_checkpoint(t
     assert Path(out["results"]["img"]).parent == moved[0].parent and final.step == 2000
     # every fragment ran on 2 ranks (both sites have 2 nodes): then resuming is exact, bit for bit
     assert {m["world"] for m in final.metrics} == {2}
-    ref = reference_model(tmp_path / "ref", "img", 2000, world_size=2)
+    ref = CheckpointStore(tmp_path / "ref").latest().model
     assert all(torch.equal(final.model[k], ref[k]) for k in ref)
 
 
@@ -315,8 +319,6 @@ def test_a_users_own_training_loop_trains_on_idle_nodes_like_one_uninterrupted_r
     from parsl.executors import ThreadPoolExecutor
 
     from parsl_bft.execution import TrainingJob, training_session
-    from parsl_bft.train.fragment import FragmentConfig
-    from parsl_bft.train.launcher import run_fragment
     loop = str(HERE.parent / "workflows" / "digits_loop.py") + ":train"
     steps = 1200
     trace = tmp_path / "idle.csv"
@@ -329,23 +331,24 @@ def test_a_users_own_training_loop_trains_on_idle_nodes_like_one_uninterrupted_r
         from parsl_bft.train.checkpoint import load_checkpoint
         return load_checkpoint(checkpoint).step
 
-    with parsl.load(Config(executors=[ThreadPoolExecutor(label="mine")], run_dir=str(tmp_path / "runinfo"))) as dfk:
-        with training_session(tmp_path / "state", str(site)) as trainer:
-            assert {"mine", "bft_steady"} <= set(dfk.executors)
-            fut = trainer.submit(TrainingJob("mine", loop=loop, samples=64 * steps, global_batch=64, max_nodes=2,
-                                             rate_guess=20_000.0, t_up=1.0, t_down=1.0))
-            jd = JobDir(trainer.job_dir("mine"))
-            wait_for(lambda: fut.done() or ((p := jd.progress()) is not None and p.step >= 100))
-            jd.request_stop()                                      # as a reclaim notice does
-            assert steps_of(fut).result(timeout=500) == steps
-            final = load_checkpoint(fut.result())                  # the future: the final checkpoint's path
-        assert steps_of(fut.result()).result(timeout=60) == steps  # the user's DataFlowKernel lives on
-        with pytest.raises(ValueError, match=r"already loaded has executor\(s\) \[.bft_steady.\]"):
-            with training_session(tmp_path / "state2", str(site)):
-                pass
     ref = tmp_path / "ref"
-    run_fragment(FragmentConfig(job="mine", workload="unused", loop=loop, checkpoint_dir=str(ref), global_batch=64,
-                                total_samples=64 * steps, fsync=False))
+    with Beside(("reference_fragment", dict(job="mine", workload="unused", loop=loop, checkpoint_dir=str(ref),
+                                            global_batch=64, total_samples=64 * steps, fsync=False))) as reference:
+        with parsl.load(Config(executors=[ThreadPoolExecutor(label="mine")], run_dir=str(tmp_path / "runinfo"))) as dfk:
+            with training_session(tmp_path / "state", str(site)) as trainer:
+                assert {"mine", "bft_steady"} <= set(dfk.executors)
+                fut = trainer.submit(TrainingJob("mine", loop=loop, samples=64 * steps, global_batch=64, max_nodes=2,
+                                                 rate_guess=20_000.0, t_up=1.0, t_down=1.0))
+                jd = JobDir(trainer.job_dir("mine"))
+                wait_for(lambda: fut.done() or ((p := jd.progress()) is not None and p.step >= 100))
+                jd.request_stop()                                      # as a reclaim notice does
+                assert steps_of(fut).result(timeout=500) == steps
+                final = load_checkpoint(fut.result())                  # the future: the final checkpoint's path
+            assert steps_of(fut.result()).result(timeout=60) == steps  # the user's DataFlowKernel lives on
+            with pytest.raises(ValueError, match=r"already loaded has executor\(s\) \[.bft_steady.\]"):
+                with training_session(tmp_path / "state2", str(site)):
+                    pass
+        reference.wait()
     want = CheckpointStore(ref).latest()
     assert final.step == want.step == steps
     diff = max(float((final.model["model"][k] - want.model["model"][k]).abs().max()) for k in want.model["model"])
