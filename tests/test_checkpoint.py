@@ -8,6 +8,7 @@ import h5py
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings, strategies
 
 from parsl_bft.train.checkpoint import (BackgroundSave, CheckpointError, CheckpointStore, TrainingState,
                                         capture_rng, load_checkpoint, restore_rng, save_checkpoint)
@@ -302,10 +303,11 @@ def test_a_restore_into_the_live_model_reads_each_tensor_into_it(tmp_path):
     assert all(torch.equal(a, b) for a, b in zip(model.parameters(), other.parameters()))
 
     wider = torch.nn.Sequential(torch.nn.Linear(4, 5), torch.nn.Linear(5, 2))
-    live = {**wider.state_dict(), "1.bias": torch.zeros(4)[::2]}     # the right shape, not one dense block
+    live = {**wider.state_dict(), "1.bias": torch.zeros(4)[::2],      # the right shape, not one dense block
+            "1.weight": torch.empty(2, 3, device="meta")}               # not in CPU memory (as on a GPU)
     back = load_checkpoint(path, into=live)
     assert back.model["0.weight"].shape == (3, 4) and torch.equal(back.model["1.bias"], model[1].bias)
-    assert not live["1.bias"].any()
+    assert torch.equal(back.model["1.weight"], model[1].weight) and not live["1.bias"].any()
     with pytest.raises(RuntimeError, match="size mismatch for 0.weight"):
         wider.load_state_dict(back.model)
 
@@ -347,3 +349,38 @@ def test_damage_is_found_before_the_live_model_is_written_or_it_is_reported_over
     flip_byte(solo.save(sample_state(step=4), fsync=False), "optimizer/k0/k0/k1")
     live = live_model()
     assert solo.latest(into=live) is None and len(solo.skipped) == 1              # untouched: a fresh start
+
+
+def test_a_restore_into_the_live_model_touches_it_only_when_the_error_says_so(tmp_path):
+    """Single byte flips anywhere in a real checkpoint, loaded into live tensors: each loads exactly into them,
+    or raises CheckpointError naming the file and leaving them as they were - unless it says ``overwritten``,
+    which only damage inside the model's own data may cause."""
+    saved = sample_state()
+    data = save_checkpoint(tmp_path / "c.h5", saved, fsync=False).read_bytes()
+    target = tmp_path / "flipped.h5"
+    outcome = {"loaded": 0, "untouched": 0, "overwritten": 0}
+
+    @settings(deadline=None, derandomize=True, max_examples=300)
+    @given(pos=strategies.integers(0, len(data) - 1), xor=strategies.integers(1, 255))
+    def flip(pos, xor):
+        b = bytearray(data)
+        b[pos] ^= xor
+        target.write_bytes(b)
+        live = {k: torch.zeros_like(v) for k, v in saved.model.items()}
+        try:
+            got = load_checkpoint(target, into=live)
+        except CheckpointError as e:
+            assert str(target) in str(e)
+            if e.overwritten:
+                assert e.dataset.startswith("/model/"), e
+                outcome["overwritten"] += 1
+            else:
+                assert not any(t.view(torch.uint8).any() for t in live.values() if t.numel()), e
+                outcome["untouched"] += 1
+            return
+        assert_same(got.model, saved.model)
+        assert all(got.model[k] is live[k] for k in live if live[k].numel())
+        outcome["loaded"] += 1
+
+    flip()
+    assert outcome["untouched"] and outcome["loaded"]

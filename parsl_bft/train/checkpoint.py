@@ -240,12 +240,11 @@ class _Reader:
     own size before anything is allocated. ``where`` names the part being read, for the error.
 
     Two passes: the tree (attributes, names, shapes: the metadata checksum) registers each dataset's data, and
-    ``fill`` reads it once all that has verified - into fresh memory first, into the live tensors of ``into``
+    ``fill`` reads it once all that has verified - into fresh memory first, into the live tensors (``into``)
     last, so a file whose metadata, optimizer state or length is damaged never touches the live model."""
 
-    def __init__(self, path: str, f: h5py.File, size: int, arrays: bool = True, fd: int | None = None,
-                 into: Mapping[str, torch.Tensor] | None = None):
-        self.path, self.f, self.size, self.arrays, self.fd, self.into = path, f, size, arrays, fd, into
+    def __init__(self, path: str, f: h5py.File, size: int, arrays: bool = True, fd: int | None = None):
+        self.path, self.f, self.size, self.arrays, self.fd = path, f, size, arrays, fd
         self.where: str | None = None
         self.read: list[str] = []
         self.meta = _Meta()
@@ -506,7 +505,7 @@ def load_checkpoint(path: str | Path, *, arrays: bool = True,
         f = h5py.File(p, "r")
     except Exception as e:  # noqa: BLE001 - h5py raises OSError, ValueError, RuntimeError ... on damaged files
         raise CheckpointError(p, f"not a readable HDF5 file ({type(e).__name__}: {e})") from None
-    r = _Reader(p, f, st.st_size, arrays, f.id.get_vfd_handle(), into)    # HDF5's own descriptor: the same file
+    r = _Reader(p, f, st.st_size, arrays, f.id.get_vfd_handle())    # HDF5's own descriptor: the same file
     try:
         with f:
             if r.attr(f, "format", None) != FORMAT:
