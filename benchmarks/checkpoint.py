@@ -97,10 +97,11 @@ def bench(width: int, layers: int, d: Path) -> dict:
 def restore(width: int, layers: int, obj: dict, st: TrainingState, d: Path) -> dict:
     """What a fragment's restore does: the checkpoint into a model built beforehand (its memory set up and
     initialised, as a workload's build_model leaves it) and into a new AdamW (no state before its first step:
-    a fresh fragment's). Both arms end with the same live model and optimizer; the optimizer is made new,
+    a fresh fragment's). Every arm ends with the same live model and optimizer; the optimizer is made new,
     untimed, before each run. Then the optimizer state's part alone, the same way."""
     target = torch.nn.Sequential(*[torch.nn.Linear(width, width) for _ in range(layers)])
     box: dict = {}
+    pt, h5 = d / "c.pt", d / "c.h5"
 
     def new_optimizer(_arm: str) -> None:
         box.clear()                              # the last run's optimizer state goes before the next is loaded
@@ -125,7 +126,6 @@ def restore(width: int, layers: int, obj: dict, st: TrainingState, d: Path) -> d
             target.load_state_dict(got.model)
         box["opt"].load_state_dict(got.optimizer)
 
-    pt, h5 = d / "c.pt", d / "c.h5"
     full = interleaved({"torch_restore_s": lambda: torch_restore(pt), "hdf5_restore_s": lambda: hdf5_restore(h5),
                         "torch_assign_s": torch_assign}, before=new_optimizer)
     opt_pt, opt_h5 = d / "o.pt", d / "o.h5"

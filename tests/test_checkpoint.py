@@ -281,6 +281,10 @@ def set_attr(path, dataset, name, value):
         f[dataset].attrs[name] = value
 
 
+def untouched(live):
+    return not any(t.view(torch.uint8).any() for t in live.values() if t.numel())
+
+
 def test_a_restore_into_the_live_model_reads_each_tensor_into_it(tmp_path):
     """``into``: every tensor whose name, shape and dtype match is read straight into the live one (every dtype,
     bfloat16 and float8 included) and returned as that very tensor, so load_state_dict copies nothing; a
@@ -331,7 +335,7 @@ def test_damage_is_found_before_the_live_model_is_written_or_it_is_reported_over
         live = live_model()
         with pytest.raises(CheckpointError) as e:
             load_checkpoint(path, into=live)
-        assert not e.value.overwritten and not any(t.view(torch.uint8).any() for t in live.values() if t.numel())
+        assert not e.value.overwritten and untouched(live)
 
     flip_byte(newest, "model/k0", at=5)
     live = live_model()
@@ -348,7 +352,7 @@ def test_damage_is_found_before_the_live_model_is_written_or_it_is_reported_over
     solo = CheckpointStore(tmp_path / "solo")
     flip_byte(solo.save(sample_state(step=4), fsync=False), "optimizer/k0/k0/k1")
     live = live_model()
-    assert solo.latest(into=live) is None and len(solo.skipped) == 1              # untouched: a fresh start
+    assert solo.latest(into=live) is None and len(solo.skipped) == 1 and untouched(live)   # a fresh start
 
 
 def test_a_restore_into_the_live_model_touches_it_only_when_the_error_says_so(tmp_path):
@@ -375,7 +379,7 @@ def test_a_restore_into_the_live_model_touches_it_only_when_the_error_says_so(tm
                 assert e.dataset.startswith("/model/"), e
                 outcome["overwritten"] += 1
             else:
-                assert not any(t.view(torch.uint8).any() for t in live.values() if t.numel()), e
+                assert untouched(live), e
                 outcome["untouched"] += 1
             return
         assert_same(got.model, saved.model)
