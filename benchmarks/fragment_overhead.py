@@ -10,19 +10,22 @@ see the same load on the shared cores:
             multiprocessing's own preloading of '__main__' is dead code): every rank re-runs it, here this
             script and what it imports (scikit-learn, as freezing.py does; on a Parsl worker it is
             process_worker_pool.py and all of Parsl).
-Both arms use the same launcher otherwise (its wait for the ranks' exit included).
+Both arms use the same code otherwise. With --baseline-tree DIR the baseline arm is instead the parsl_bft of
+another checkout as it is (e.g. `git worktree add /tmp/before <commit>`): every change since, measured at once.
 
 Phases (FragmentResult's own timers; launch = call -> training minus restore and rendezvous): launch (processes
 from the forkserver, the main script where it is re-run, signals, the store handshake), restore (workload, data
 set, model, checkpoint), rendezvous (gloo group, DDP), save (the final checkpoint and the closing barrier), exit
 (the ranks' exit until run_fragment returns). Fixed = wall - training. Medians over the fragments after each
 arm's first (the first restores nothing).
-Usage: python benchmarks/fragment_overhead.py [--fragments 8] [--steps 5]. LAST line: one JSON object.
+Usage: python benchmarks/fragment_overhead.py [--fragments 8] [--steps 5] [--baseline-tree DIR]
+LAST line: one JSON object.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import statistics
 import subprocess
@@ -45,7 +48,7 @@ def driver(arm: str, steps: int) -> None:
     from parsl_bft.train import launcher
     from parsl_bft.train.fragment import FragmentConfig
 
-    if arm == "baseline":
+    if arm == "baseline" and hasattr(launcher, "MAIN_ENV"):      # not where the baseline is an older checkout
         launcher.MAIN_ENV += "-not-read"       # the forkserver's rank_preload finds no main module to prepare
     launcher.start_rank_server()
     job = Path(tempfile.mkdtemp(prefix="parsl-bft-overhead-"))
@@ -72,15 +75,23 @@ def main() -> None:
     ap.add_argument("--fragments", type=int, default=8, help="fragments per arm")
     ap.add_argument("--steps", type=int, default=5, help="training steps per fragment (fixed costs do not "
                     "depend on it)")
+    ap.add_argument("--baseline-tree", type=Path, help="the baseline arm runs the parsl_bft of this checkout")
     ap.add_argument("--driver", choices=ARMS, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.fragments < 2 or args.steps < 1:
         ap.error("--fragments must be >= 2 (the first restores nothing) and --steps >= 1")
+    if args.baseline_tree and not (args.baseline_tree / "parsl_bft" / "__init__.py").is_file():
+        ap.error(f"--baseline-tree {args.baseline_tree}: no parsl_bft package there")
     if args.driver:
         driver(args.driver, args.steps)
         return
+    env = {arm: dict(os.environ) for arm in ARMS}
+    if args.baseline_tree:
+        env["baseline"]["PYTHONPATH"] = os.pathsep.join(
+            [str(args.baseline_tree.resolve()), *filter(None, [os.environ.get("PYTHONPATH")])])
     procs = {arm: subprocess.Popen([sys.executable, __file__, "--driver", arm, "--steps", str(args.steps)],
-                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) for arm in ARMS}
+                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env[arm])
+             for arm in ARMS}
     rows: dict[str, list[dict]] = {arm: [] for arm in ARMS}
     try:
         for arm, p in procs.items():
