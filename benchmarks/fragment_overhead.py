@@ -85,13 +85,14 @@ def main() -> None:
     if args.driver:
         driver(args.driver, args.steps)
         return
-    env = {arm: dict(os.environ) for arm in ARMS}
+    env, cwd = {arm: dict(os.environ) for arm in ARMS}, {arm: None for arm in ARMS}
     if args.baseline_tree:
-        env["baseline"]["PYTHONPATH"] = os.pathsep.join(
-            [str(args.baseline_tree.resolve()), *filter(None, [os.environ.get("PYTHONPATH")])])
+        tree = args.baseline_tree.resolve()
+        env["baseline"]["PYTHONPATH"] = os.pathsep.join([str(tree), *filter(None, [os.environ.get("PYTHONPATH")])])
+        cwd["baseline"] = tree      # the forkserver (python -c) finds packages in its working directory first
     procs = {arm: subprocess.Popen([sys.executable, __file__, "--driver", arm, "--steps", str(args.steps)],
-                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env[arm])
-             for arm in ARMS}
+                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env[arm],
+                                   cwd=cwd[arm]) for arm in ARMS}
     rows: dict[str, list[dict]] = {arm: [] for arm in ARMS}
     try:
         for arm, p in procs.items():
