@@ -1,10 +1,10 @@
 """Starting a fragment's ranks: on this machine, or a node's share of a gang spread over nodes.
 
-Ranks fork from a per-process forkserver that has imported torch and the fragment code once (milliseconds
-instead of seconds per rank). They meet through a torch TCPStore: the one the caller names (an orchestrator
-serves one for all its fragments, reachable from every node), or one this launcher serves on 127.0.0.1. The
-store also carries what the launcher needs back: which ranks are ready for signals, the result, and (gangs)
-which node each share landed on.
+Ranks fork from a per-process forkserver that has imported torch, the fragment code and the parent's main
+script once (milliseconds instead of seconds per rank). They meet through a torch TCPStore: the one the caller
+names (an orchestrator serves one for all its fragments, reachable from every node), or one this launcher serves
+on 127.0.0.1. The store also carries what the launcher needs back: which ranks are ready for signals, the
+result, and (gangs) which node each share landed on.
 
 A failed rank writes an error record (``protocol.JobDir.record_error``); the launcher reports the rank that
 failed first, with its traceback, and kills its own remaining ranks. No checkpoint is written by a failed
@@ -98,7 +98,7 @@ def run_fragment(cfg: FragmentConfig, *, env: dict | None = None, ranks: list[in
             if any(p.poll() not in (None, 0) for p in procs):
                 break
             # woken by a rank's exit at once (not at the next poll), or after 50 ms for forwarded signals
-            wait_any([p.p.sentinel for p in procs if p.poll() is None], timeout=0.05)
+            wait_any([p.sentinel for p in procs if p.poll() is None], timeout=0.05)
         if any(p.poll() not in (None, 0) for p in procs):
             _fail(cfg, jd, procs, ranks, logs)
         if 0 not in ranks:
@@ -168,7 +168,7 @@ def _rank_context():
         import multiprocessing as mp
         from multiprocessing import forkserver, spawn
         ctx = mp.get_context("forkserver")
-        # not '__main__': the forkserver's own preloading of it is dead code before Python 3.13 (rank_preload)
+        # not '__main__': the forkserver's own preloading of it is dead code on Python 3.11 and 3.12 (rank_preload)
         ctx.set_forkserver_preload(["parsl_bft.train.rank_preload"])
         main = {k: v for k, v in spawn.get_preparation_data("rank").items()
                 if k in ("sys_path", "sys_argv", "init_main_from_name", "init_main_from_path")}
@@ -216,6 +216,7 @@ class _Rank:
                                          daemon=False)
         self.p.start()
         self.pid = self.p.pid
+        self.sentinel = self.p.sentinel       # readable once the process has ended
 
     def poll(self):
         return self.p.exitcode
