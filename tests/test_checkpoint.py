@@ -388,3 +388,43 @@ def test_a_restore_into_the_live_model_touches_it_only_when_the_error_says_so(tm
 
     flip()
     assert outcome["untouched"] and outcome["loaded"]
+
+
+def test_the_store_refuses_a_good_checkpoint_that_cannot_rewrite_what_a_damaged_one_overwrote(tmp_path):
+    """A damaged newest checkpoint overwrote a live tensor that the next good one does not hold: load_state_dict
+    would leave it as it is without a word (BatchNorm takes a missing num_batches_tracked), so the store raises
+    instead of handing back a model with a tensor of the damaged file; the good file is kept for a model built
+    again."""
+    def bn_model():
+        return torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4))
+
+    store = CheckpointStore(tmp_path / "s")
+    older = {k: v for k, v in bn_model().state_dict().items() if not k.endswith("num_batches_tracked")}
+    good = store.save(TrainingState(model=older, step=1), fsync=False)
+    newest = store.save(TrainingState(model=bn_model().state_dict(), step=2), fsync=False)
+    flip_byte(newest, "model/k6")                                      # 1.num_batches_tracked, the last tensor
+    model = bn_model()
+    with pytest.raises(CheckpointError, match="does not hold 1 of the tensors it overwrote .*num_batches_tracked"):
+        store.latest(into=model.state_dict())
+    assert store.skipped[0].written == tuple(model.state_dict()) and store.paths() == [good]
+    fresh = bn_model()
+    fresh.load_state_dict(store.latest(into=fresh.state_dict()).model)
+    assert int(fresh[1].num_batches_tracked) == 0
+
+
+def test_a_format_1_checkpoint_is_never_read_into_the_live_model(tmp_path):
+    """Format 1 has no metadata checksum: a damaged attribute could only show after the live tensors were written,
+    so such a file loads into fresh memory (load_state_dict then copies it)."""
+    saved = sample_state()
+    path = save_checkpoint(tmp_path / "c.h5", saved, fsync=False)
+    with h5py.File(path, "r+") as f:
+        f.attrs["version"] = 1
+        del f.attrs["meta_xxh3"]
+    live = {k: torch.zeros_like(v) for k, v in saved.model.items()}
+    back = load_checkpoint(path, into=live)
+    assert_same(back.model, saved.model)
+    assert back.model["w"] is not live["w"] and untouched(live)
+    set_attr(path, "model/k0", "xxh3", "0")
+    with pytest.raises(CheckpointError, match="checksum mismatch") as e:
+        load_checkpoint(path, into=live)
+    assert not e.value.overwritten and untouched(live)

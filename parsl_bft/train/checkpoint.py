@@ -55,10 +55,12 @@ _BY_NAME = {str(d).removeprefix("torch."): d for d in _NUMPY_UNSUPPORTED}
 
 class CheckpointError(ParslBftError):
     """A checkpoint file that cannot be used; ``dataset`` names the damaged part when known. ``overwritten``: a
-    load ``into`` live tensors had begun writing them when the damage showed (they hold part of this file)."""
+    load ``into`` live tensors had begun writing them when the damage showed (they hold part of this file);
+    ``written`` names them (their keys in ``into``)."""
 
-    def __init__(self, path: str, problem: str, dataset: str | None = None, *, overwritten: bool = False):
-        self.path, self.problem, self.dataset, self.overwritten = path, problem, dataset, overwritten
+    def __init__(self, path: str, problem: str, dataset: str | None = None, *, written: tuple = ()):
+        self.path, self.problem, self.dataset, self.written = path, problem, dataset, tuple(written)
+        self.overwritten = bool(self.written)
         where = f" (dataset {dataset})" if dataset else ""
         super().__init__(f"{path}: {problem}{where}")
 
@@ -231,6 +233,7 @@ class _Pending:
     digest: Any                  # the stored checksum (whatever the attribute holds)
     got: str | None = None
     live: bool = False           # ``array`` is a live tensor's memory (``load_checkpoint(into=...)``)
+    key: Any = None              # its key in ``into``
 
 
 class _Reader:
@@ -249,17 +252,18 @@ class _Reader:
         self.read: list[str] = []
         self.meta = _Meta()
         self.pending: list[_Pending] = []
-        self.overwritten = False
+        self.written: list = []      # keys of the live tensors written so far
 
     def fail(self, problem: str) -> CheckpointError:
-        return CheckpointError(self.path, problem, self.where, overwritten=self.overwritten)
+        return CheckpointError(self.path, problem, self.where, written=self.written)
 
     def fill(self) -> None:
         """Read and verify every registered dataset, live tensors last (``sorted`` is stable)."""
         for p in sorted(self.pending, key=lambda p: p.live):
             self.where = p.name
             if p.offset is not None:
-                self.overwritten |= p.live
+                if p.live:
+                    self.written.append(p.key)
                 p.got = _read_into(self.fd, p.offset, p.array)
             if p.got is None:
                 raise self.fail("data past the end of the file")
@@ -305,7 +309,7 @@ class _Reader:
             if not isinstance(keys, list):
                 raise self.fail("damaged key list")
             keys = [int(k) if t == "int" else k for t, k in keys]
-            return {k: self.item(g, f"k{i}", into.get(k) if into is not None else None) for i, k in enumerate(keys)}
+            return {k: self.item(g, f"k{i}", into.get(k) if into is not None else None, k) for i, k in enumerate(keys)}
         if kind in ("list", "tuple"):
             n = int(self.attr(g, "__len__"))
             if n < 0 or n > self.size:
@@ -315,7 +319,7 @@ class _Reader:
         self.where = g.name
         raise self.fail(f"unknown group kind {kind!r}")
 
-    def item(self, g: h5py.Group, name: str, target: Any = None) -> Any:
+    def item(self, g: h5py.Group, name: str, target: Any = None, key: Any = None) -> Any:
         if f"json:{name}" in g.attrs:
             return self.json(g, f"json:{name}")
         obj = self.child(g, name)
@@ -324,9 +328,9 @@ class _Reader:
             return self.tree(obj)
         if not isinstance(obj, h5py.Dataset):
             raise self.fail(f"unexpected object {type(obj).__name__}")
-        return self.array(obj, target)
+        return self.array(obj, target, key)
 
-    def array(self, ds: h5py.Dataset, target: Any = None) -> Any:
+    def array(self, ds: h5py.Dataset, target: Any = None, key: Any = None) -> Any:
         self.where = ds.name
         dcpl = ds.id.get_create_plist()
         if dcpl.get_layout() not in (h5py.h5d.CONTIGUOUS, h5py.h5d.COMPACT):
@@ -360,7 +364,7 @@ class _Reader:
             if a.size:
                 ds.read_direct(a)
             got = _digest(a)
-        self.pending.append(_Pending(ds.name, offset, a, digest, got, live is not None))
+        self.pending.append(_Pending(ds.name, offset, a, digest, got, live is not None, key))
         if live is not None:
             return target
         if numpy is not None:
@@ -524,7 +528,8 @@ def load_checkpoint(path: str | Path, *, arrays: bool = True,
                     r.meta.add("/", key, "group")
                     if not isinstance(g, h5py.Group):
                         raise r.fail("not a group")
-                    parts[key] = r.tree(g, into if key == "model" else None)
+                    # format 1 has no metadata checksum to pass before live tensors are written: fresh memory
+                    parts[key] = r.tree(g, into if key == "model" and version >= 2 else None)
             r.where = None
             manifest = r.json(f, "manifest")
             if version >= 2 and r.meta.hexdigest() != r.attr(f, "meta_xxh3", None):
@@ -548,7 +553,7 @@ def load_checkpoint(path: str | Path, *, arrays: bool = True,
         raise
     except Exception as e:  # noqa: BLE001 - RuntimeError (HDF5), MemoryError, RecursionError (deep JSON), ...
         raise CheckpointError(p, f"damaged structure ({type(e).__name__}: {str(e)[:200]})", r.where,
-                              overwritten=r.overwritten) from None
+                              written=r.written) from None
 
 
 def _count(v: Any) -> int:
@@ -730,20 +735,28 @@ class CheckpointStore:
         ``arrays=False``: only where it stands; ``into``: read into the live model (see ``load_checkpoint``: load
         the result into it with ``load_state_dict``, which also rewrites what a damaged newer file overwrote).
         When none verifies but one had already overwritten part of ``into``, that model is unusable and nothing
-        can restore it: CheckpointError (not None, which would train the half-overwritten model from scratch)."""
+        can restore it: CheckpointError (not None, which would train the half-overwritten model from scratch);
+        so too when the one that verifies lacks a tensor a damaged one overwrote (load_state_dict would leave it
+        as it is without a word where a key may be missing, e.g. BatchNorm's num_batches_tracked): that file is
+        kept, and restores into a model built again."""
         self.skipped = []
         self.latest_path = None
-        overwritten = False
+        written: set = set()
         for p in self.paths():
             try:
                 st = load_checkpoint(p, arrays=arrays, into=into)
             except CheckpointError as e:
-                overwritten |= e.overwritten
+                written.update(e.written)
                 self._set_aside(p, e)
                 continue
+            lost = written - set(st.model)
+            if lost:
+                raise CheckpointError(str(p), f"a damaged newer checkpoint was read into the live model, and this "
+                                      f"one does not hold {len(lost)} of the tensors it overwrote (e.g. "
+                                      f"{sorted(map(str, lost))[0]!r}): build the model again and restore")
             self.latest_path = p
             return st
-        if overwritten:
+        if written:
             raise CheckpointError(str(self.dir), "no checkpoint verifies, and a damaged one was read into the live "
                                   "model before its damage showed: build the model again and start from scratch")
         return None
