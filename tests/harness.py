@@ -61,12 +61,13 @@ def our_processes(state) -> list[str]:
 class Beside:
     """Reference runs (``orchestrate.<function>(*args)`` for each call, one after another) in a process of their
     own, started together with the run they check: that run mostly waits (for idle nodes, restarts, pilots), so
-    they take a core it leaves free instead of adding their time after it. ``wait()`` before reading what they
-    wrote; leaving the ``with`` block ends them if they still run (a test failed before it waited)."""
+    they use the CPU it leaves idle instead of adding their time after it. At the lowest priority (nice 19): they
+    must not slow the run they check, whose progress between reclaims depends on the CPU it gets. ``wait()``
+    before reading what they wrote; leaving the ``with`` block ends them if they still run (a test failed first)."""
 
     def __init__(self, *calls: tuple):
         calls_json = json.dumps([[c[0], *(str(a) if isinstance(a, Path) else a for a in c[1:])] for c in calls])
-        code = ("import json, sys; sys.path.insert(0, sys.argv[1]); import orchestrate\n"
+        code = ("import json, os, sys; os.nice(19); sys.path.insert(0, sys.argv[1]); import orchestrate\n"
                 "for f, *a in json.loads(sys.argv[2]): getattr(orchestrate, f)(*a)")
         self.p = subprocess.Popen([sys.executable, "-c", code, str(HERE), calls_json])
 

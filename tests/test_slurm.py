@@ -19,6 +19,7 @@ from parsl_bft.execution.slurm import SlurmCommands, SlurmPilotProvider
 from parsl_bft.execution.jobstore import JobStore
 from parsl_bft.topology import Topology, slurm_topology
 from parsl_bft.train.checkpoint import CheckpointStore
+from parsl_bft.train.protocol import JobDir
 from parsl_bft.execution.slurm.commands import (parse_job_limit, parse_reservations, parse_sacct, parse_sbatch,
                                                 parse_sinfo_nodes, parse_squeue, parse_test_only)
 
@@ -185,7 +186,9 @@ checkpoint_dir: {state}/checkpoints
 holes: {{poll_seconds: 1, max_pending_seconds: 20, notice_seconds: 20, max_pilots: 4}}
 objective: {{name: proportional, t_fwd_seconds: 20}}
 """
-IMG_STEPS = 8_000
+# img must still train when the fault schedule ends (then the next save fails half-way); it was at step 312
+# and 1,188 (of 8,000, on a loaded 2-core machine) when it did, and the test prints where it was
+IMG_STEPS = 6_000
 
 
 def started(slurm, job_id):
@@ -212,16 +215,14 @@ def test_chaos_on_real_slurm_pilots(slurm, tmp_path):
     the orchestrator (then restarted) and a checkpoint write half-way. Both jobs still finish with the model an
     uninterrupted run gives, the event log shows one unbroken chain of steps, no facility job waited for a
     pilot, and no pilot or process is left."""
-    from harness import break_next_checkpoint_write, kill_a_rank, live_ranks, our_processes, start_orchestrator
+    from harness import Beside, break_next_checkpoint_write, kill_a_rank, live_ranks, our_processes, start_orchestrator
     rng = random.Random(CHAOS_SEED)
     state, chaos_log = tmp_path / "state", tmp_path / "chaos"
     chaos_log.mkdir()
     env = {"PARSL_BFT_CHAOS_ARM": str(chaos_log)}        # pilots inherit the orchestrator's environment
     site = tmp_path / "site.yaml"
     site.write_text(SITE.format(conf=os.environ["SLURM_CONF"], state=state))
-    ref = subprocess.Popen([sys.executable, "-c", f"import sys; sys.path.insert(0, {str(ROOT / 'tests')!r});"
-                            "from orchestrate import reference_model as r; "
-                            f"r({str(tmp_path / 'ref-img')!r}, 'img', {IMG_STEPS})"])   # meanwhile, on the side
+    ref = Beside(*[("reference_model", tmp_path / f"ref-{n}", n, IMG_STEPS) for n in ("lm", "img")])
 
     def sbatch(*args):
         return subprocess.run(["sbatch", "--parsable", "-p", "debug", "-o", "/dev/null", *args],
@@ -262,16 +263,17 @@ def test_chaos_on_real_slurm_pilots(slurm, tmp_path):
                 orch.wait()
                 faults["orchestrator"] += 1
                 orch = start_orchestrator(state, timeout=900, mode=str(site), env=env, img_steps=IMG_STEPS)
+        img_then = JobDir(state / "checkpoints" / "img").progress()
         out, err = orch.communicate(timeout=950)
     finally:
         if orch.poll() is None:          # never leave an orchestrator submitting pilots behind a failed test
             os.killpg(orch.pid, signal.SIGKILL)
             orch.wait()
-            ref.kill()
+            ref.stop()
             subprocess.run(["scancel", "--user", "root"], capture_output=True)
     assert orch.returncode == 0, err[-3000:]
     faults["checkpoint write"] = len(list(chaos_log.glob("save_optimizer.fired-*")))
-    print(f"faults injected: {faults}")
+    print(f"faults injected: {faults}; img at step {img_then.step if img_then else 0} of {IMG_STEPS} after them")
     assert faults["pilot"] >= 1 and faults["rank"] == 1 and faults["orchestrator"] == 1, faults
     _check_outcome(slurm, state, tmp_path, ref, int(head), killed)
     wait_for(lambda: not live_ranks(state) and not our_processes(state), 120)
@@ -297,7 +299,7 @@ def _pilot_under_a_rank(state):
 
 def _check_outcome(slurm, state, tmp_path, ref, after_id, killed):
     from harness import assert_same_training, check_chain
-    from orchestrate import LM_STEPS, reference_model
+    from orchestrate import LM_STEPS
     db = JobStore(state / "state.sqlite")
     rows = db.jobs()
     assert {n: r.status for n, r in rows.items()} == {"img": "done", "lm": "done"}
@@ -321,14 +323,13 @@ def _check_outcome(slurm, state, tmp_path, ref, after_id, killed):
     assert walltime, "no pilot reached the end of its time"       # noticed, then given back (or timed out)
     assert wait_for(lambda: not [j for j in ends if state_of(slurm, j) in ("RUNNING", "PENDING")], 60)
     # the models: exact step counts; equal to uninterrupted training up to float summation order (1e-3)
-    assert ref.wait(timeout=300) == 0
+    ref.wait(timeout=300)
     final = CheckpointStore(state / "checkpoints" / "img").latest()
     assert final.step == IMG_STEPS
     want = CheckpointStore(tmp_path / "ref-img").latest().model
     diff = max(float((final.model[k] - want[k]).abs().max()) for k in want)
     assert diff < 1e-3, f"img: max parameter difference {diff}"
     # lm (AdamW) ran at world sizes 2 and 4 (2 ranks a node)
-    reference_model(tmp_path / "ref-lm", "lm")
     assert_same_training(CheckpointStore(state / "checkpoints" / "lm").latest(),
                          CheckpointStore(tmp_path / "ref-lm").latest(), LM_STEPS)
 
