@@ -428,3 +428,18 @@ def test_a_format_1_checkpoint_is_never_read_into_the_live_model(tmp_path):
     with pytest.raises(CheckpointError, match="checksum mismatch") as e:
         load_checkpoint(path, into=live)
     assert not e.value.overwritten and untouched(live)
+
+
+def test_a_model_with_lazy_parameters_restores_instead_of_setting_its_checkpoint_aside(tmp_path):
+    """A lazy module's parameters have no memory before their first use: the checkpoint loads into fresh memory
+    and load_state_dict materialises them (asking their shape raised, and the good file was set aside as damaged:
+    the job would have started over)."""
+    trained = torch.nn.Sequential(torch.nn.LazyLinear(3))
+    trained(torch.randn(2, 5))
+    store = CheckpointStore(tmp_path)
+    store.save(TrainingState(model=trained.state_dict(), step=7), fsync=False)
+    model = torch.nn.Sequential(torch.nn.LazyLinear(3))
+    st = store.latest(into=model.state_dict())
+    assert st.step == 7 and not store.skipped
+    model.load_state_dict(st.model)
+    assert torch.equal(model[0].weight, trained[0].weight)

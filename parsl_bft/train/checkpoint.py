@@ -378,8 +378,11 @@ class _Reader:
 def _live_view(target: Any, shape: tuple, dt: np.dtype, dtn: str) -> np.ndarray | None:
     """The memory of ``target`` as an array to read a dataset of this shape and type into, None when it cannot
     take it as it is (another shape or dtype, not in CPU memory, not one dense block): that dataset is then
-    loaded into fresh memory, and ``load_state_dict`` copies it - or names the mismatch."""
-    if not isinstance(target, torch.Tensor) or target.device.type != "cpu" or target.layout != torch.strided \
+    loaded into fresh memory, and ``load_state_dict`` copies it - or names the mismatch. Plain tensors only: a
+    subclass's memory need not be its values (a lazy module's uninitialised parameter has none and raises when
+    asked its shape: blamed on the file, that set a good checkpoint aside as damaged)."""
+    if type(target) not in (torch.Tensor, torch.nn.Parameter) or target.device.type != "cpu" \
+            or target.layout != torch.strided \
             or not target.is_contiguous() or target.is_conj() or target.is_neg() \
             or tuple(target.shape) != tuple(shape) or str(target.dtype).removeprefix("torch.") != dtn:
         return None
