@@ -443,3 +443,23 @@ def test_a_model_with_lazy_parameters_restores_instead_of_setting_its_checkpoint
     assert st.step == 7 and not store.skipped
     model.load_state_dict(st.model)
     assert torch.equal(model[0].weight, trained[0].weight)
+
+
+def test_a_checkpoint_replaced_between_the_stat_and_the_open_is_bounded_by_its_own_size(tmp_path, monkeypatch):
+    """Another save of the same step lands after load_checkpoint's stat and before HDF5 opens the path: the sizes
+    are bounded by the file opened, not the one the stat saw (that declared the good file damaged, set it aside
+    and made latest() a fresh start)."""
+    store = CheckpointStore(tmp_path / "s")
+    path = store.save(TrainingState(model={"w": torch.zeros(10)}, step=5), fsync=False)
+    bigger = save_checkpoint(tmp_path / "b.h5", TrainingState(model={"w": torch.ones(100_000)}, step=5), fsync=False)
+    opened = h5py.File
+
+    def replaced_first(name, *args, **kwargs):
+        if bigger.exists():
+            os.replace(bigger, name)
+        return opened(name, *args, **kwargs)
+
+    monkeypatch.setattr(h5py, "File", replaced_first)
+    st = store.latest()
+    assert st.step == 5 and torch.equal(st.model["w"], torch.ones(100_000)) and not store.skipped
+    assert store.paths() == [path]

@@ -512,7 +512,9 @@ def load_checkpoint(path: str | Path, *, arrays: bool = True,
         f = h5py.File(p, "r")
     except Exception as e:  # noqa: BLE001 - h5py raises OSError, ValueError, RuntimeError ... on damaged files
         raise CheckpointError(p, f"not a readable HDF5 file ({type(e).__name__}: {e})") from None
-    r = _Reader(p, f, st.st_size, arrays, f.id.get_vfd_handle())    # HDF5's own descriptor: the same file
+    # HDF5's own descriptor, and that file's size: a save may have replaced the file at this path since the stat
+    fd = f.id.get_vfd_handle()
+    r = _Reader(p, f, os.fstat(fd).st_size if fd is not None else st.st_size, arrays, fd)
     try:
         with f:
             if r.attr(f, "format", None) != FORMAT:
