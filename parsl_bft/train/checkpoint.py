@@ -500,7 +500,8 @@ def load_checkpoint(path: str | Path, *, arrays: bool = True,
     itself). The rest loads as without ``into``, so a mismatch is named by ``load_state_dict`` as usual. Live
     tensors are written last, once the metadata, the file's length and every other dataset have verified; only
     damage inside the model's own data is found after they were written: the error then says ``overwritten``
-    (the tensors hold part of this file) and the model must be loaded from another checkpoint or built again."""
+    (the tensors hold part of this file; ``written`` names them) and the model must be loaded from another
+    checkpoint or built again. A format-1 file (no metadata checksum) loads as without ``into``."""
     p = str(path)
     try:
         st = os.stat(p)
