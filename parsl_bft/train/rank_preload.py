@@ -9,7 +9,12 @@ forkserver looks for a ``main_path`` key that ``spawn.get_preparation_data`` sto
 gh-126631, fixed in later releases), so every rank re-ran a Parsl worker's ``process_worker_pool.py`` (all of
 Parsl), pytest's entry script, or a benchmark's imports (scikit-learn: ~1 s a rank on two loaded cores). The
 launcher passes what a child's ``spawn.prepare`` gets (sys.path, sys.argv, the main script's path or module
-name) in ``MAIN_ENV``; preparing it here once makes every forked rank find its ``__main__`` in place."""
+name) in ``MAIN_ENV``; preparing it here once makes every forked rank find its ``__main__`` in place.
+
+Not on a node with GPUs: a main script that asks CUDA anything at import (``torch.cuda.is_available()`` at module
+level is common) would initialise the driver here, and ranks forked from here could not use it; there every rank
+runs the main script itself, as before."""
+import glob
 import json
 import os
 import sys
@@ -19,9 +24,14 @@ import torch
 from .launcher import MAIN_ENV
 
 
+def _gpu_node() -> bool:
+    """NVIDIA or AMD GPUs here (their device files: asking CUDA itself would initialise it)."""
+    return bool(glob.glob("/dev/nvidia[0-9]*")) or os.path.exists("/dev/kfd")
+
+
 def _prepare_main() -> None:
     data = json.loads(os.environ.pop(MAIN_ENV, "{}"))
-    if not data:
+    if not data or _gpu_node():
         return
     from multiprocessing import process, spawn
 
