@@ -8,6 +8,7 @@ import sys
 import h5py
 
 from parsl_bft.train.checkpoint import TrainingState, capture_rng, load_checkpoint, restore_rng, save_checkpoint
+from parsl_bft.train.rank_preload import _gpu_node
 
 MAIN = '''
 import os
@@ -36,8 +37,9 @@ def test_ranks_find_the_main_script_run_once_in_their_forkserver(tmp_path):
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["1", "2"]            # both fragments trained, the second from the first's save
     names = [line.split()[0] for line in runs.read_text().splitlines()]
-    # the script itself, then its one re-run as __mp_main__ in the forkserver; four ranks ran it before
-    assert names == ["__main__", "__mp_main__"]
+    # the script itself, then its one re-run as __mp_main__ in the forkserver (four ranks ran it before); on a
+    # GPU node each rank still runs it itself (rank_preload: CUDA must not be initialised in the forkserver)
+    assert names == ["__main__"] + ["__mp_main__"] * (4 if _gpu_node() else 1)
 
 
 def test_the_python_rng_state_is_one_array_and_older_checkpoints_still_restore(tmp_path):
