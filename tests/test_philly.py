@@ -35,3 +35,10 @@ def test_load_compresses_arrivals_and_keeps_their_order_and_work(trace):
 def test_a_load_that_is_not_positive_is_refused(trace, load):
     with pytest.raises(ValueError, match="load must be > 0"):
         read_philly(trace, CURVES, n_jobs=10, days=1, load=load)
+
+
+def test_arrivals_at_one_moment_are_left_there(tmp_path):
+    p = tmp_path / "burst.csv"
+    p.write_text("timestamp,duration,num_gpus\n" + "2017-10-02 01:00:00,600,2\n" * 3)
+    js = read_philly(p, CURVES, n_jobs=3, days=1, load=0.8)
+    assert [j.submit for j in js.jobs] == [0.0, 0.0, 0.0]

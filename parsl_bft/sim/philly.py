@@ -36,8 +36,8 @@ def read_philly(path: str | Path, curves: dict[str, ScalingCurve], *, n_jobs: in
     for at most ``max_gpus`` GPUs, as elastic jobs. The trace is the whole of Philly (thousands of GPUs): the draw
     thins its arrivals, to an offered load of ~0.2 on 48 GPUs with the defaults (a cluster idle 80% of the time,
     where no scheduler matters). ``load``: compress (or stretch) the arrival times, burstiness kept, so that the
-    jobs' GPU-seconds at their requested sizes are ``load`` x what ``max_gpus`` GPUs offer between the first and
-    the last arrival (``offered_load`` measures it).
+    jobs' work in single-GPU seconds is ``load`` x what ``max_gpus`` GPUs offer between the first and the last
+    arrival (``offered_load`` measures it; arrivals all at one moment are left as they are).
 
     A job keeps its arrival (seconds after the first) and its work: what it did in ``duration`` seconds (capped
     at ``max_duration``) on its ``num_gpus`` GPUs, at the rate of a model drawn from ``curves``. It may run on
@@ -45,7 +45,8 @@ def read_philly(path: str | Path, curves: dict[str, ScalingCurve], *, n_jobs: in
     freezing (``freeze="auto"`` within ``accuracy_budget``); each model gets ``synthetic_layers``.
     """
     if load is not None and not 0 < load < math.inf:
-        raise ValueError(f"load must be > 0 (jobs' GPU-seconds / the cluster's over the arrival span), got {load}")
+        raise ValueError(f"load must be > 0 (the jobs' single-GPU seconds / the cluster's GPU-seconds over the "
+                         f"arrival span), got {load}")
     p = str(path)
     bad = BadRows(False)
     rows = []
@@ -74,9 +75,10 @@ def read_philly(path: str | Path, curves: dict[str, ScalingCurve], *, n_jobs: in
                             min(d, max_duration) * curves[model].rate(g), submit=t - t_first,
                             freeze="auto" if freeze else "off", accuracy_budget=accuracy_budget if freeze else 0.0))
     js = JobSet(jobs, dict(curves), {m: synthetic_layers(m) for m in models})
-    if load is None or n_jobs < 2:
+    offered = offered_load(js, max_gpus)
+    if load is None or offered == math.inf:
         return js
-    squeeze = offered_load(js, max_gpus) / load
+    squeeze = offered / load
     return dataclasses.replace(js, jobs=[dataclasses.replace(j, submit=j.submit * squeeze) for j in jobs])
 
 
