@@ -187,8 +187,9 @@ holes: {{poll_seconds: 1, max_pending_seconds: 20, notice_seconds: 20, max_pilot
 objective: {{name: proportional, t_fwd_seconds: 20}}
 """
 # img must still train when the fault schedule ends: the schedule may wait up to 2 min for a pilot it may kill
-# (no notice, > 90 s left) while img trains on; 6,000 steps were once done first (step 5,966 with 3 faults to go)
-IMG_STEPS = 8_000
+# (no notice, > 90 s left) while img trains on; 6,000 steps were once done first (step 5,966 with 3 faults to go),
+# and a quiet run at 8,000 was at step 5,525 when the last fault fired
+IMG_STEPS = 10_000
 
 
 def started(slurm, job_id):
