@@ -241,15 +241,16 @@ def load_topology(spec: str, **kw) -> Topology:
     if not path.is_file():
         raise TopologyError(f"topology {spec!r}: not a file and not one of {', '.join(HOSTNAME_RULES)}, "
                             "hostname:REGEX or slurm")
-    from .csvio import read_small_text
-    from .jobs import load_yaml
-    text = read_small_text(path)        # bad bytes, bad YAML: an error naming the file, not a traceback
-    if path.suffix == ".json":
-        return _override(parse_pbsnodes_topology(text, source=str(path)), kw)
+    # bad bytes, bad YAML: an error naming the file, not a traceback
     if path.suffix in (".yaml", ".yml"):
+        from .jobs import load_yaml
         doc = load_yaml(path) or {}
         return _override(topology_from_dict(doc.get("topology", doc) if isinstance(doc, dict) else doc,
                                             source=str(path)), kw)
+    from .csvio import read_small_text
+    text = read_small_text(path)
+    if path.suffix == ".json":
+        return _override(parse_pbsnodes_topology(text, source=str(path)), kw)
     return _override(parse_slurm_topology(text, source=str(path)), kw)
 
 
