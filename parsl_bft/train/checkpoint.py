@@ -60,9 +60,12 @@ class CheckpointError(ParslBftError):
 
     def __init__(self, path: str, problem: str, dataset: str | None = None, *, written: tuple = ()):
         self.path, self.problem, self.dataset, self.written = path, problem, dataset, tuple(written)
-        self.overwritten = bool(self.written)
         where = f" (dataset {dataset})" if dataset else ""
         super().__init__(f"{path}: {problem}{where}")
+
+    @property
+    def overwritten(self) -> bool:
+        return bool(self.written)
 
 
 @dataclass
