@@ -54,8 +54,17 @@ def live_ranks(state) -> list[int]:
 
 def our_processes(state) -> list[str]:
     """Processes whose command line names the state directory (Parsl interchange and worker pools)."""
-    out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout.splitlines()
+    out = subprocess.run(["ps", "-eo", "pid,ppid,etimes,args"], capture_output=True, text=True).stdout.splitlines()
     return [line for line in out if str(state) in line and "ps -eo" not in line]
+
+
+def assert_nothing_left(state, timeout=120):
+    """No rank and no Parsl process of the run under ``state`` outlives it; a failure names what is left."""
+    if wait_for(lambda: not live_ranks(state) and not our_processes(state), timeout, or_none=True):
+        return
+    ranks = [subprocess.run(["ps", "-o", "pid,ppid,etimes,args", "-p", str(p)], capture_output=True,
+                            text=True).stdout.splitlines()[-1] for p in live_ranks(state)]
+    raise AssertionError(f"left {timeout} s after the run: ranks {ranks}, processes {our_processes(state)}")
 
 
 class Beside:

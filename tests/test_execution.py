@@ -18,8 +18,8 @@ from parsl_bft.train.protocol import JobDir
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from harness import (Beside, assert_same_training, break_next_checkpoint_write, check_chain, finish,  # noqa: E402
-                     kill_a_rank, live_ranks, our_processes, start_orchestrator, wait_for)
+from harness import (Beside, assert_nothing_left, assert_same_training, break_next_checkpoint_write,  # noqa: E402
+                     check_chain, finish, kill_a_rank, live_ranks, start_orchestrator, wait_for)
 from orchestrate import EMULATED_IMG_STEPS  # noqa: E402
 
 
@@ -100,7 +100,7 @@ def test_chaos_embedded_default_kills_ranks_the_orchestrator_and_checkpoint_writ
             assert all(torch.equal(final.model[k], ref.model[k]) for k in ref.model)
         else:                    # lm's world size changed between fragments (AdamW)
             assert_same_training(final, ref, steps)
-    wait_for(lambda: not live_ranks(state) and not our_processes(state), timeout=120)
+    assert_nothing_left(state, 120)
 
 
 @pytest.mark.timeout(600)
@@ -286,7 +286,7 @@ def test_one_signal_to_parsl_bft_run_checkpoints_and_leaves_nothing_behind(tmp_p
     assert newest > t_signal                                   # the shutdown checkpoint
     stop = JobStore(state / "state.sqlite").events("stop")[-1][2]
     assert stop["why"] in ("interrupted", "stopped"), stop
-    wait_for(lambda: not live_ranks(state) and not our_processes(state), timeout=60)
+    assert_nothing_left(state, 60)
 
 
 @pytest.mark.timeout(600)

@@ -124,6 +124,50 @@ def test_pilot_states_never_failed_for_reclaims(tmp_path):
     assert any(c[0] == "scancel" and "12" in c for c in run.calls)
 
 
+def test_a_pilot_being_signalled_still_runs(tmp_path, caplog):
+    """squeue shows a set flag instead of the base state: a pilot being sent its --signal notice is SIGNALING.
+    It still holds its node: taking it for gone killed its ranks and left it running, unused, holding a node a
+    facility job then waited for. A state this provider does not know counts as running where it holds nodes."""
+    queue = ("11|SIGNALING|1|2|(null)|n7|None\n12|STOPPED|1|2|(null)|n8|None\n13|RESIZING|1|2|(null)|n6|None\n"
+             "14|FROBNICATING|1|2|(null)|n5|None\n15|PENDING|N/A|N/A|n4||Resources\n"
+             "16|LAUNCH_FAILED|1|2|(null)|n3|None\n")
+    prov = SlurmPilotProvider("debug", commands=SlurmCommands(Canned({"squeue -h -t all": (0, queue, "")})),
+                              script_dir=str(tmp_path))
+    prov.submitted.update({j: time.time() for j in "11 12 13 14 15 16".split()})
+    assert set(prov.where("11 12 13 14 15 16".split())) == {"11", "13", "14"}
+    assert "'FROBNICATING', unknown to SlurmPilotProvider: taken as running on n5" in caplog.text
+    assert [s.state for s in prov.status(["11", "12", "16"])] == [JobState.RUNNING, JobState.HELD, JobState.FAILED]
+
+
+def test_a_pilot_whose_worker_pool_is_lost_is_cancelled_not_left_holding_its_node():
+    clock = {"t": 1000.0}
+    fake = FakePilots()
+    pool = PilotPool(fake, max_nodes=1, probe_s=60.0, poll_s=0.0, release_s=3.0, clock=lambda: clock["t"])
+    pool.start()
+    fake.holes_n = 1
+    pool.poll()
+    fake.running["100"], fake.managers = ("n7", math.inf), {"0"}
+    clock["t"] += 1
+    assert [e.kind for e in pool.poll()] == ["join"]
+    fake.managers.clear()                               # its worker pool died; the scheduler still runs the job
+    fake.busy_cancel = True                             # ... and scancel fails once: tried again
+    clock["t"] += 1
+    assert [(e.kind, e.nodes) for e in pool.poll()] == [("leave", ("n7",))] and fake.cancelled == []
+    clock["t"] += 1
+    pool.poll()
+    assert fake.cancelled == ["100"] and "100" not in fake.running
+    # claims are read from every poll's survey, not only at the (here 60 s) probe for new pilots
+    fake.running["101"], fake.managers = ("n8", math.inf), {"1"}
+    fake.blocks_to_job_id["1"] = "101"
+    clock["t"] += 1
+    assert [e.kind for e in pool.poll()] == ["join"]
+    fake.claims = {"n8"}
+    clock["t"] += 1
+    assert [(e.kind, e.why) for e in pool.poll()] == [("notice", "a facility job is planned onto it")]
+    clock["t"] += 3
+    assert [e.kind for e in pool.poll()] == ["leave"] and fake.cancelled == ["100", "101"]
+
+
 def test_bad_provider_config():
     with pytest.raises(ValueError, match="walltime bounds"):
         SlurmPilotProvider(walltime_min_min=5, walltime_max_min=2)
@@ -216,7 +260,8 @@ def test_chaos_on_real_slurm_pilots(slurm, tmp_path):
     the orchestrator (then restarted) and a checkpoint write half-way. Both jobs still finish with the model an
     uninterrupted run gives, the event log shows one unbroken chain of steps, no facility job waited for a
     pilot, and no pilot or process is left."""
-    from harness import Beside, break_next_checkpoint_write, kill_a_rank, live_ranks, our_processes, start_orchestrator
+    from harness import (Beside, assert_nothing_left, break_next_checkpoint_write, kill_a_rank, live_ranks,
+                         start_orchestrator)
     rng = random.Random(CHAOS_SEED)
     state, chaos_log = tmp_path / "state", tmp_path / "chaos"
     chaos_log.mkdir()
@@ -277,7 +322,7 @@ def test_chaos_on_real_slurm_pilots(slurm, tmp_path):
     print(f"faults injected: {faults}; img at step {img_then.step if img_then else 0} of {IMG_STEPS} after them")
     assert faults["pilot"] >= 1 and faults["rank"] == 1 and faults["orchestrator"] == 1, faults
     _check_outcome(slurm, state, tmp_path, ref, int(head), killed)
-    wait_for(lambda: not live_ranks(state) and not our_processes(state), 120)
+    assert_nothing_left(state, 120)
 
 
 def _pilot_under_a_rank(state):
@@ -342,7 +387,7 @@ class FakePilots:
         self.notice_s, self.holes_n, self.running, self.claims, self.marks = 20, 0, {}, set(), set()
         self.blocks_to_job_id, self.managers, self.cancelled, self.held = {}, set(), [], []
         self.provider, self.busy, self.surveys, self.slots = self, False, 0, None
-        self.sizes, self.multi_node, self.pilot_nodes = {}, False, 1
+        self.sizes, self.multi_node, self.pilot_nodes, self.busy_cancel = {}, False, 1, False
 
     # provider
     def holes(self):
@@ -356,7 +401,8 @@ class FakePilots:
         return {j: ((self.running[j][0],), self.running[j][1]) for j in ids if j in self.running}
 
     def status(self, ids):
-        return [JobStatus(JobState.RUNNING if j in self.running else JobState.PENDING) for j in ids]
+        return [JobStatus(JobState.RUNNING if j in self.running else JobState.SCALED_IN if j in self.cancelled
+                          else JobState.PENDING) for j in ids]
 
     def claimed(self, within_s, now=None):
         return self.claims
@@ -371,6 +417,9 @@ class FakePilots:
         return jid in self.marks
 
     def cancel(self, ids):
+        if self.busy_cancel:
+            self.busy_cancel = False
+            raise RuntimeError("scancel: Socket timed out")
         self.cancelled += ids
         for j in ids:
             self.running.pop(j, None)

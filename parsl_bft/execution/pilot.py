@@ -115,6 +115,7 @@ class PilotProvider(ExecutionProvider):
         self._ended: dict[str, tuple[str, str]] = {}    # final states: asked of the scheduler once per pilot
         self.submitted: dict[str, float] = {}
         self.withdrawn: set[str] = set()
+        self._unknown_states: set[str] = set()
         # what Parsl's block bookkeeping reads
         self.resources: dict = {}
         self.cores_per_node: int | None = None
@@ -191,10 +192,23 @@ class PilotProvider(ExecutionProvider):
         return self.snapshot().waiting()
 
     def where(self, job_ids: list[str]) -> dict[str, tuple[tuple[str, ...], float | None]]:
-        """job id -> (its nodes, unix time its walltime ends) for the pilots that run now."""
+        """job id -> (its nodes, unix time its walltime ends) for the pilots that run now. A state this provider
+        does not know (a newer scheduler's) counts as running where the job holds nodes: taking a live pilot
+        for gone would kill its ranks."""
         jobs = self.snapshot().jobs
-        return {j: (jobs[j].nodes, jobs[j].end) for j in job_ids
-                if j in jobs and jobs[j].nodes and self.STATES.get(jobs[j].state) == JobState.RUNNING}
+        out = {}
+        for j in job_ids:
+            job = jobs.get(j)
+            if job is None or not job.nodes:
+                continue
+            state = self.STATES.get(job.state)
+            if state is None and job.state not in self._unknown_states:
+                self._unknown_states.add(job.state)
+                logger.warning("pilot %s is in state %r, unknown to %s: taken as running on %s", j, job.state,
+                               type(self).__name__, ",".join(job.nodes))
+            if state in (None, JobState.RUNNING):
+                out[j] = (job.nodes, job.end)
+        return out
 
     def _states(self, job_ids: list[str]) -> dict[str, tuple[str, str]]:
         snap = self.snapshot()

@@ -161,6 +161,7 @@ class PilotPool:
         self._release: dict[str, float] = {}   # job id -> when we cancel it (a facility job wants its node)
         self._gone: set[str] = set()           # pilots that ended: never looked at again
         self._looked: set[str] = set()         # pilots whose worker pool's connection made us survey at once
+        self._unused: set[str] = set()         # pilots that left us, to cancel if the scheduler still runs them
 
     def start(self) -> None:
         self._t0 = self.clock()
@@ -186,14 +187,14 @@ class PilotPool:
         self._last_poll = now
         pilots = self._pilots()
         probe = now - self._last_probe >= self.probe_s
-        claimed: set[str] = set()
         if probe:
             self._last_probe = now
+        claimed: set[str] = set()
+        if pilots:        # every poll (the survey is taken anyway): a facility job that wants a node gets it soon
             try:
                 claimed = self.provider.claimed(self.probe_s + self.release_s)
             except Exception as e:
                 logger.warning("claim check skipped: %s", e)
-                claimed = set()
             for jid, nodes in self._nodes.items():
                 if claimed & set(nodes) and jid not in self._release:
                     self._release[jid] = now + self.release_s
@@ -256,8 +257,10 @@ class PilotPool:
             gone = tuple(n for j in left for n in self._nodes.pop(j))
             events.append(PoolEvent("leave", gone, w))
             self._gone.update(left)
+            self._unused.update(j for j in left if self._release.get(j) != math.inf)    # not cancelled already
             for n in gone:
                 self._lane_of.pop(n, None)
+        self._give_back_unused()
         if joined:
             self._nodes.update((j, nodes) for j, nodes, _ in joined)
             self._lane_of.update((n, pilots[j][0]) for j, nodes, _ in joined for n in nodes)
@@ -270,6 +273,22 @@ class PilotPool:
             except Exception as e:
                 logger.warning("pilot submission skipped: %s", e)
         return events
+
+    def _give_back_unused(self) -> None:
+        """Pilots that left us (their worker pool is gone: lost, or never to be trusted again) while the scheduler
+        may still run them: cancel those it still lists, so they hold no node - a facility job may be waiting for
+        it - and no allocation hours to their time limits. Tried again at the next poll when the scheduler is busy."""
+        if not self._unused:
+            return
+        ids = sorted(self._unused)
+        try:
+            live = [j for j, st in zip(ids, self.provider.status(ids)) if not st.terminal]
+            if live:
+                logger.info("cancelling pilots %s: their worker pools are gone", ", ".join(live))
+                self.provider.cancel(live)
+            self._unused.clear()
+        except Exception as e:
+            logger.warning("cancel of pilots that left skipped: %s", e)
 
     def _hold(self, lane_block: tuple[str, str]) -> None:
         """HTEX only learns that a worker pool died when its heartbeats stop; until then it would still send
@@ -343,6 +362,7 @@ class PilotPool:
         if ids:
             self.provider.cancel(ids)
         self._gone.update(ids)
+        self._give_back_unused()
 
 
 @dataclass

@@ -16,12 +16,19 @@ class SlurmPilotProvider(PilotProvider):
     --time-min started with that minimum as their limit even with nothing waiting, and spent most of it on notice),
     ``--signal=B:USR1@notice_s`` for the reclaim notice, the site's preemptable QOS when it has one."""
 
+    # squeue shows a job's flag instead of its base state when one is set (Slurm's job_state_codes): a running
+    # pilot being sent its --signal notice is SIGNALING, not RUNNING. Every documented name is here.
     STATES = {
         "PENDING": JobState.PENDING, "CONFIGURING": JobState.PENDING, "REQUEUED": JobState.PENDING,
-        "RUNNING": JobState.RUNNING, "COMPLETING": JobState.RUNNING, "SUSPENDED": JobState.HELD,
+        "REQUEUE_FED": JobState.PENDING, "POWER_UP_NODE": JobState.PENDING, "EXPEDITING": JobState.PENDING,
+        "RUNNING": JobState.RUNNING, "COMPLETING": JobState.RUNNING, "SIGNALING": JobState.RUNNING,
+        "RESIZING": JobState.RUNNING, "STAGE_OUT": JobState.RUNNING, "UPDATE_DB": JobState.RUNNING,
+        "SUSPENDED": JobState.HELD, "STOPPED": JobState.HELD, "REQUEUE_HOLD": JobState.HELD,
+        "SPECIAL_EXIT": JobState.HELD, "RESV_DEL_HOLD": JobState.HELD,
         "COMPLETED": JobState.COMPLETED, "TIMEOUT": JobState.TIMEOUT, "DEADLINE": JobState.TIMEOUT,
         "CANCELLED": JobState.SCALED_IN, "PREEMPTED": JobState.SCALED_IN, "NODE_FAIL": JobState.SCALED_IN,
-        "BOOT_FAIL": JobState.SCALED_IN, "FAILED": JobState.FAILED, "OUT_OF_MEMORY": JobState.FAILED,
+        "BOOT_FAIL": JobState.SCALED_IN, "REVOKED": JobState.SCALED_IN, "FAILED": JobState.FAILED,
+        "OUT_OF_MEMORY": JobState.FAILED, "LAUNCH_FAILED": JobState.FAILED, "RECONFIG_FAIL": JobState.FAILED,
     }
 
     def __init__(self, partition: str = "debug", *, qos: str | None = None, account: str | None = None,
