@@ -368,3 +368,30 @@ def test_a_workloads_evaluate_and_log_hooks_run_on_rank_0_and_their_metrics_are_
     log = next((d / "logs").glob("*-rank0.log")).read_text()
     assert log.count("metrics {") == 4 and "'accuracy'" in log
     assert "metrics" not in next((d / "logs").glob("*-rank1.log")).read_text()
+
+
+def test_ranks_die_with_the_worker_that_launched_them(tmp_path):
+    """A pilot's worker pool that exits (its interchange gone) or is SIGKILLed takes its ranks along: the
+    forkserver exits with the worker and the kernel kills what it forked (no orphan trains on, unseen)."""
+    import subprocess
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from harness import live_ranks, wait_for
+    d = tmp_path / "d"
+    code = ("import sys; from parsl_bft.train.fragment import FragmentConfig; "
+            "from parsl_bft.train.launcher import run_fragment; "
+            f"run_fragment(FragmentConfig(job='a', workload='images', checkpoint_dir={str(d)!r}, global_batch=32, "
+            "workload_args={'n': 512}, fsync=False, steps=10_000_000, world_size=2, timeout_s=20))")
+    worker = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        ranks = wait_for(lambda: len(live_ranks(tmp_path)) == 2 and JobDir(d).progress() and live_ranks(tmp_path),
+                         120, what="two ranks training")
+        worker.kill()
+        worker.wait()
+        assert wait_for(lambda: not live_ranks(tmp_path), 60, or_none=True) is not None, \
+            f"ranks {ranks} outlived their worker"
+    finally:
+        worker.kill()
+        for p in live_ranks(tmp_path):
+            os.kill(p, signal.SIGKILL)

@@ -192,7 +192,36 @@ def start_rank_server() -> None:
     p.join()
 
 
+def _die_with_forkserver() -> None:
+    """A rank must not outlive the worker that launched it: when a pilot's worker pool exits (its interchange is
+    gone, it is killed), the forkserver exits with its worker and the kernel SIGKILLs the ranks it forked.
+    Orphans would otherwise train on, unseen, or hang in a collective - and escape a batch job's process
+    tracking where that follows the process tree (proctrack/linuxproc). Linux only; elsewhere a no-op."""
+    from multiprocessing import forkserver
+
+    # every forkserver child gets a copy of the write end of the pipe whose EOF tells the forkserver that its
+    # worker is gone (CPython's forkserver passes it on for nested use): while a rank holds it, the forkserver
+    # never sees its worker die. A rank that starts processes of its own makes its own forkserver.
+    fs = getattr(forkserver, "_forkserver", None)
+    if getattr(fs, "_forkserver_alive_fd", None) is not None:
+        try:
+            os.close(fs._forkserver_alive_fd)
+        except OSError:
+            pass
+        fs._forkserver_alive_fd = None
+    parent = os.getppid()
+    try:
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, int(signal.SIGKILL), 0, 0, 0)       # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:                            # the forkserver died before the line above
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
 def _rank_entry(cfg_file: str, env: dict, log_path: str, job_dir: str, fragment: str, rank: int) -> None:
+    _die_with_forkserver()
     os.environ.clear()
     os.environ.update(env)
     fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
