@@ -303,6 +303,55 @@ def test_orchestrator_given_a_damaged_newest_checkpoint_finishes_from_the_previo
     orch.close()
 
 
+class StuckFirstRunner(InlineRunner):
+    """The first fragment is a gang whose two node shares wait for a worker that never comes (their lane's
+    pilots were reclaimed); later ones run inline."""
+
+    def __init__(self, name, site, store):
+        super().__init__(name, site, store)
+        self.store, self.stuck = store, None
+
+    def launch(self, cfg: dict, nodes):
+        from parsl_bft.execution.htex import FragmentHandle
+        if self.stuck is None:
+            self.stuck = FragmentHandle([Future(), Future()], self.store, cfg["fragment_id"])
+            return self.stuck
+        return super().launch(cfg, nodes)
+
+
+def test_a_fragment_still_waiting_for_a_worker_when_its_nodes_are_reclaimed_is_given_up(tmp_path, monkeypatch):
+    """It used to wait in its lane for a new pilot of that group (a minute or more of no training). Given up at
+    the notice, it never starts even if a worker picks it up later; the job trains on elsewhere and finishes."""
+    from parsl_bft.execution import orchestrator as orch_mod
+    from parsl_bft.execution.orchestrator import TrainingJob
+    from parsl_bft.execution.pool import EmulatedPool
+    from parsl_bft.idle.intervals import IdleIntervals
+    from parsl_bft.planner import Planner
+    from parsl_bft.train.launcher import run_gang_task
+    from parsl_bft.train.fragment import FragmentConfig
+    monkeypatch.setattr(orch_mod, "SiteRunner", StuckFirstRunner)
+    idle = IdleIntervals.build(["a", "b"], [0, 1], [0.0, 3.0], [2.0, 10_000.0], 0.0, 10_000.0)   # a, then b
+    orch = orch_mod.Orchestrator(tmp_path / "s", EmulatedPool(idle, speedup=1.0, notice_s=1.0),
+                                 Planner(method="dp", objective="throughput", t_fwd=20.0), warm_up=False,
+                                 settle_s=0.0, poll_s=0.01)
+    fut = orch.submit(TrainingJob("img", **{**IMG_JOB, "samples": 64}))
+    orch.run(timeout_s=60)
+    assert orch.db.events("stop")[-1][2]["why"] == "done"
+    assert load_checkpoint(Path(fut.result(timeout=0))).samples_done == 64
+    stuck = orch._runners[""].stuck
+    (launch, *_), (gave_up,) = orch.db.events("launch"), orch.db.events("abandon")
+    assert launch[2]["nodes"] == ["a"] and gave_up[2] == {"job": "img", "fragment": stuck.fragment, "shares": 2}
+    (failed,) = [d for _, _, d in orch.db.events("fragment-failed")]
+    assert failed["reclaimed"] and "never started" in failed["error"] and orch.failures.get("img", 0) == 0
+    # a worker that picks a given-up share up later returns at once: no rank starts, nothing is written
+    before = sorted(p.name for p in (tmp_path / "s" / "jobs" / "img").iterdir())
+    cfg = FragmentConfig(job="img", workload="images", checkpoint_dir=str(tmp_path / "s" / "jobs" / "img"),
+                         global_batch=32, world_size=2, fragment_id=stuck.fragment, timeout_s=5, steps=1)
+    assert run_gang_task(cfg, 1, f"127.0.0.1:{orch._store.port}") is None
+    assert sorted(p.name for p in (tmp_path / "s" / "jobs" / "img").iterdir()) == before
+    orch.close()
+
+
 # --- the state directory -----------------------------------------------------------------------------
 def test_a_second_orchestrator_on_a_state_directory_is_refused(tmp_path, monkeypatch):
     from parsl_bft.execution.orchestrator import StateLocked

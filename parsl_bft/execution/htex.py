@@ -11,20 +11,46 @@ from pathlib import Path
 from .pool import SitePool
 
 
+class FragmentAbandoned(RuntimeError):
+    """Shares of a gang given up before they started (their nodes were reclaimed while they waited for a worker)."""
+
+
 class FragmentHandle:
     """A launched fragment: one Parsl future per node share (or one for all ranks). Done only when EVERY
-    share has ended - a failed share's peers may still be saving or holding the rendezvous."""
+    share has ended or was given up - a failed share's peers may still be saving or holding the rendezvous.
 
-    def __init__(self, futures: list[Future]):
-        self.futures = futures
+    A gang's share waits in its lane's interchange until a worker of that group is free. If the group's pilots
+    are reclaimed first, it would wait for a new pilot there (a minute or more) while the job trains nowhere:
+    ``abandon`` gives such shares up. Each share claims its start in the rendezvous store before it runs
+    (``launcher.run_gang_task``) and one given up never runs, even if a worker picks its task up later - it would
+    train beside the job's next fragment."""
+
+    def __init__(self, futures: list[Future], store=None, fragment: str = ""):
+        self.futures, self.store, self.fragment = futures, store, fragment
+        self.abandoned: set[int] = set()
+
+    def abandon(self, all_or_none: bool = False) -> int:
+        """Give up the shares that have not started; ``all_or_none``: only if none has. Returns how many."""
+        if self.store is None:
+            return 0
+        keys = {i: f"{self.fragment}/share/{i}" for i, f in enumerate(self.futures)
+                if i not in self.abandoned and not f.done()}
+        if all_or_none and (len(keys) < len(self.futures) or any(self.store.check([k]) for k in keys.values())):
+            return 0
+        given_up = {i for i, k in keys.items() if self.store.compare_set(k, "", "abandoned") == b"abandoned"}
+        self.abandoned |= given_up
+        return len(given_up)
 
     def done(self) -> bool:
-        return all(f.done() for f in self.futures)
+        return all(f.done() or i in self.abandoned for i, f in enumerate(self.futures))
 
     def result(self) -> dict:
-        for f in self.futures:
-            if f.exception() is not None:
+        for i, f in enumerate(self.futures):
+            if i not in self.abandoned and f.exception() is not None:
                 raise f.exception()
+        if self.abandoned:
+            raise FragmentAbandoned(f"fragment {self.fragment}: node shares {sorted(self.abandoned)} never started "
+                                    "(their nodes were reclaimed while they waited for a worker)")
         return self.futures[0].result()
 
 
@@ -57,7 +83,7 @@ class SiteRunner:
         if self.gang:
             from .apps import fragment_node_task
             return FragmentHandle([self._app_on(fragment_node_task, n)(cfg, i, self.addr)
-                                   for i, n in enumerate(nodes)])
+                                   for i, n in enumerate(nodes)], self.store, cfg["fragment_id"])
         return FragmentHandle([self._app(cfg, self.addr)])
 
     def prime(self, nodes: list[str]) -> None:

@@ -468,6 +468,7 @@ class Orchestrator:
                     if r is not None and set(ev.nodes) & set(a.state.nodes):
                         r.doomed.update(set(ev.nodes) & set(a.state.nodes))
                         self._request_stop(a.name, f"reclaim {ev.kind}")
+                        self._abandon_waiting(a.name, all_or_none=ev.kind == "notice")
                 if ev.kind == "leave":
                     for name, r in self.running.items():
                         if r.doomed & set(ev.nodes):
@@ -500,6 +501,7 @@ class Orchestrator:
     def _shutdown(self, ctl: Controller, why: str) -> None:
         for name in list(self.running):
             self._request_stop(name, "shutdown")
+            self._abandon_waiting(name, all_or_none=True)      # nothing to save: no waiting for a worker
         deadline = time.monotonic() + 60
         try:
             while self.running and time.monotonic() < deadline:
@@ -553,6 +555,17 @@ class Orchestrator:
             r.stop_requested = True
             JobDir(self.job_dir(name)).request_stop()
             self.db.event("stop-request", job=name, why=why)
+
+    def _abandon_waiting(self, name: str, all_or_none: bool) -> None:
+        """Shares of a gang still waiting for a worker when their nodes are reclaimed: give them up instead of
+        waiting for a new pilot in their group (FragmentHandle.abandon). On notice only if no share has started
+        (a started share would wait for its given-up peers until its rendezvous times out); once nodes are
+        gone, every share that has not started."""
+        r = self.running[name]
+        n = r.handle.abandon(all_or_none)
+        if n:
+            r.killed = True        # not the job's own failure
+            self.db.event("abandon", job=name, fragment=r.fragment, shares=n)
 
     def _kill(self, name: str) -> None:
         """The node is gone: whatever did not stop in the notice period dies now (ranks on other hosts end

@@ -148,9 +148,13 @@ def _fail(cfg: FragmentConfig, jd: JobDir, procs: list, ranks: list[int], logs: 
 def run_gang_task(cfg: FragmentConfig, node_index: int, store: str) -> FragmentResult | None:
     """One node's share of a fragment whose nodes were chosen by the executor: ranks
     ``node_index * ranks_per_node ...`` on this node, bound to its accelerators by local rank. Says which node
-    it landed on (the orchestrator's books follow the executor's placement)."""
+    it landed on (the orchestrator's books follow the executor's placement). A share the orchestrator gave up
+    before it started returns None at once."""
     k = cfg.ranks_per_node
-    store_client(store, cfg.fragment_id, cfg.timeout_s).set(f"node/{node_index}", node_name())
+    kv = store_client(store, cfg.fragment_id, cfg.timeout_s)
+    if kv.compare_set(f"share/{node_index}", "", "started") != b"started":
+        return None            # given up while it waited for a worker (FragmentHandle.abandon): never start
+    kv.set(f"node/{node_index}", node_name())
     return run_fragment(cfg, ranks=list(range(node_index * k, (node_index + 1) * k)), store=store)
 
 
