@@ -52,6 +52,22 @@ def live_ranks(state) -> list[int]:
     return out
 
 
+def wait_training(state, reports: int, timeout: float = 120) -> bool:
+    """Until the ranks under ``state`` have reported progress ``reports`` more times (rank 0 of each running
+    fragment reports every 0.5 s of training): a moment for a fault picked by how far training got, not by a
+    sleep. False when nothing trained for ``timeout`` s (the caller strikes anyway: faults meet any state)."""
+    seen: dict[Path, set[float]] = {}
+
+    def progressed():
+        for f in state.glob("**/progress.json"):
+            try:
+                seen.setdefault(f, set()).add(json.loads(f.read_text())["t"])
+            except (FileNotFoundError, ValueError, KeyError):
+                continue
+        return sum(len(ts) - 1 for ts in seen.values()) >= reports
+    return bool(wait_for(progressed, timeout, 0.05, or_none=True))
+
+
 def our_processes(state) -> list[str]:
     """Processes whose command line names the state directory (Parsl interchange and worker pools)."""
     out = subprocess.run(["ps", "-eo", "pid,ppid,etimes,args"], capture_output=True, text=True).stdout.splitlines()

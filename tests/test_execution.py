@@ -19,7 +19,8 @@ from parsl_bft.train.protocol import JobDir
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from harness import (Beside, assert_nothing_left, assert_same_training, break_next_checkpoint_write,  # noqa: E402
-                     check_chain, finish, kill_a_rank, live_ranks, start_orchestrator, wait_for)
+                     check_chain, finish, kill_a_rank, live_ranks, start_orchestrator, wait_for,
+                     wait_training)
 from orchestrate import EMULATED_IMG_STEPS  # noqa: E402
 
 
@@ -61,14 +62,14 @@ def test_chaos_embedded_default_kills_ranks_the_orchestrator_and_checkpoint_writ
     p = start_orchestrator(state, timeout=900, env=env)      # the timeout only stops a hung run
     with Beside(*[("reference_model", tmp_path / f"ref-{n}", n, EMULATED_IMG_STEPS) for n in ("img", "lm")]) as refs:
         for kind in schedule:
-            # a random moment while something trains (the schedule is seeded; the wait is for a condition)
+            # a random moment while something trains (seeded: after 1-8 progress reports)
             try:
                 wait_for(lambda: live_ranks(state) or p.poll() is not None, timeout=300)
             except AssertionError:
                 break
             if p.poll() is not None:
                 break                                    # everything finished before the schedule did
-            time.sleep(rng.uniform(0.5, 4.0))
+            wait_training(state, rng.randint(1, 8))
             if kind == "rank":
                 faults["rank"] += kill_a_rank(state, rng)
             elif kind == "checkpoint write":
