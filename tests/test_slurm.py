@@ -279,6 +279,7 @@ def test_chaos_on_real_slurm_pilots(slurm, tmp_path):
     orch = start_orchestrator(state, timeout=900, mode=str(site), env=env, img_steps=IMG_STEPS)
     faults = {"pilot": 0, "rank": 0, "orchestrator": 0}
     killed: set[str] = set()                             # pilots we killed, or whose orchestrator we killed
+    orphans_queued: set[str] = set()                     # of those, the ones still queued
     try:
         # the big job ends early: the head job may start at once; the pilots on n7, n8 must give way within the
         # grace time the facility grants (GraceTime=10 on the backfill partition): none may end PREEMPTED
@@ -304,8 +305,10 @@ def test_chaos_on_real_slurm_pilots(slurm, tmp_path):
             elif kind == "checkpoint write":
                 break_next_checkpoint_write(chaos_log, orch)
             elif kind == "orchestrator":       # its pilots lose their interchange: their worker pools exit
-                killed.update(subprocess.run(["squeue", "-h", "-p", "backfill", "-o", "%i"], capture_output=True,
-                                             text=True).stdout.split())
+                queue = dict(line.split("|") for line in subprocess.run(
+                    ["squeue", "-h", "-p", "backfill", "-o", "%i|%T"], capture_output=True, text=True).stdout.split())
+                killed.update(queue)
+                orphans_queued = {j for j, st in queue.items() if st == "PENDING"}
                 os.killpg(orch.pid, signal.SIGKILL)
                 orch.wait()
                 faults["orchestrator"] += 1
@@ -323,6 +326,10 @@ def test_chaos_on_real_slurm_pilots(slurm, tmp_path):
     print(f"faults injected: {faults}; img at step {img_then.step if img_then else 0} of {IMG_STEPS} after them")
     assert faults["pilot"] >= 1 and faults["rank"] == 1 and faults["orchestrator"] == 1, faults
     _check_outcome(slurm, state, tmp_path, ref, int(head), killed)
+    # the restarted orchestrator cancelled its predecessor's queued pilots: none started later for nobody
+    ends = {line.split()[0]: line.split()[6] for line in subprocess.run(["sacct", "-c"], capture_output=True,
+            text=True).stdout.splitlines() if line.split()[:1] and line.split()[0] in orphans_queued}
+    assert set(ends.values()) <= {"CANCELLED"}, ends
     assert_nothing_left(state, 120)
 
 
@@ -591,6 +598,41 @@ def test_scheduler_commands_per_minute_do_not_grow_with_the_number_of_pilots(tmp
     assert per_minute[1] == per_minute[8], per_minute
     budget = 2 * 60 / 5 + 1
     assert sum(per_minute[8].values()) <= budget, per_minute[8]
+
+
+def test_a_restarted_orchestrator_cancels_the_pilots_its_dead_predecessor_left(tmp_path):
+    """Each run records its pilots beside their scripts (runinfo/<run>/submit_scripts/pilots-<executor>). An
+    orchestrator killed outright gives nothing back: the next run of the state directory cancels what the
+    scheduler still queues or runs of those (a queued one would start on a hole for nobody), once."""
+    clock = {"t": 1_800_000_000.0}
+    cluster = CannedCluster(lambda: clock["t"])
+
+    def pool_of_run(run):
+        prov = SlurmPilotProvider("debug", commands=SlurmCommands(cluster),
+                                  script_dir=str(tmp_path / "runinfo" / run / "submit_scripts"))
+        prov.clock = lambda: clock["t"]
+        pool = PilotPool(CannedExecutor(prov, cluster), max_nodes=3, probe_s=1.0, poll_s=1.0, clock=lambda: clock["t"])
+        pool.start()
+        return pool
+
+    dead = pool_of_run("000")
+    for _ in range(3):
+        clock["t"] += 1.0
+        dead.poll()
+    ours = sorted(dead.executor.blocks_to_job_id.values())
+    assert len(ours) == 3
+    cluster.jobs[ours[0]]["state"] = "PENDING"                   # still queued when its orchestrator died
+    cluster.jobs[ours[1]]["state"] = "COMPLETED"                 # ended on its own
+    cluster.jobs["99"] = {"state": "RUNNING", "node": "n16", "nodes": ["n16"], "start": clock["t"]}  # a user's
+    before = len([c for _, c in cluster.log if c == "scancel"])
+    clock["t"] += 60.0
+    pool_of_run("001")                                           # the restarted orchestrator's pool
+    assert {j: cluster.jobs[j]["state"] for j in ours} == {ours[0]: "CANCELLED", ours[1]: "COMPLETED",
+                                                           ours[2]: "CANCELLED"}
+    assert cluster.jobs["99"]["state"] == "RUNNING"
+    assert (tmp_path / "runinfo" / "000" / "submit_scripts" / "pilots-canned.done").exists()
+    pool_of_run("002")                                           # once: the ledger is done
+    assert len([c for _, c in cluster.log if c == "scancel"]) == before + 1
 
 
 def capped_pool(tmp_path, job_limit: int):

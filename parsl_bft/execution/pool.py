@@ -162,9 +162,51 @@ class PilotPool:
         self._gone: set[str] = set()           # pilots that ended: never looked at again
         self._looked: set[str] = set()         # pilots whose worker pool's connection made us survey at once
         self._unused: set[str] = set()         # pilots that left us, to cancel if the scheduler still runs them
+        self._recorded: set[str] = set()       # pilots written to this run's ledger
 
     def start(self) -> None:
         self._t0 = self.clock()
+        self._cancel_orphans()
+
+    # --- the pilot ledger: a file per run and site, beside the run's pilot scripts ---------------------------
+    def _scripts(self) -> Path | None:
+        """Parsl's <run_dir>/submit_scripts (runs of one state directory are its siblings), else None."""
+        d = getattr(self.provider, "script_dir", None)
+        return Path(d) if d and Path(d).name == "submit_scripts" else None
+
+    def _record(self, pilots) -> None:
+        """Every pilot's job id, as it is submitted: what a later run of this state directory cancels if this
+        orchestrator dies before it gives its pilots back."""
+        new = [j for j in pilots if j not in self._recorded]
+        scripts = self._scripts()
+        if new and scripts is not None:
+            self._recorded.update(new)
+            scripts.mkdir(parents=True, exist_ok=True)
+            with open(scripts / f"pilots-{self.executor.label}", "a") as f:
+                f.write("".join(f"{j}\n" for j in new))
+
+    def _cancel_orphans(self) -> None:
+        """Pilots of this site from earlier runs in the same state directory (runinfo/*): their orchestrator is
+        dead - this one holds the directory's lock. Still queued, one would start on a hole for nobody; still
+        running, it holds its node until its worker pool gives up on the dead interchange. Cancel them (one
+        survey, one scancel/qdel) and mark their ledger done."""
+        scripts = self._scripts()
+        if scripts is None:
+            return
+        ledgers = [f for f in scripts.parent.parent.glob(f"*/submit_scripts/pilots-{self.executor.label}")
+                   if f.parent != scripts]
+        ids = sorted({j for f in ledgers for j in f.read_text().split()})
+        try:
+            live = [j for j, st in zip(ids, self.provider.status(ids)) if not st.terminal] if ids else []
+            if live:
+                logger.warning("cancelling %d pilots of an earlier run of this state directory: %s", len(live),
+                               ", ".join(live))
+                self.provider.cancel(live)
+        except Exception as e:        # the scheduler is busy: they end by themselves (their interchange is gone)
+            logger.warning("pilots of an earlier run not cancelled: %s", e)
+            return
+        for f in ledgers:
+            f.rename(f.with_name(f.name + ".done"))
 
     def _executors(self) -> dict[str, object]:
         return {"": self.executor} if self.lanes is None else dict(self.lanes.executors)
@@ -272,6 +314,7 @@ class PilotPool:
                 self._soak({j: b for j, b in pilots.items() if j not in self._gone})
             except Exception as e:
                 logger.warning("pilot submission skipped: %s", e)
+            self._record(self._pilots())
         return events
 
     def _give_back_unused(self) -> None:
