@@ -390,3 +390,15 @@ def test_ranks_die_with_the_worker_that_launched_them(tmp_path):
         worker.kill()
         for p in live_ranks(tmp_path):
             os.kill(p, signal.SIGKILL)
+
+
+def test_a_fragment_given_up_for_lost_may_not_save_once_the_job_runs_as_another(tmp_path):
+    """The orchestrator names the fragment that runs the job (JobDir.run_fragment) before it launches it: an
+    older one of the same orchestrator life - given up for lost while a rank of it still ran - saves nothing."""
+    d = tmp_path / "d"
+    run_fragment(cfg(d, steps=2, world_size=1, generation="g1", fragment_id="a-old"))
+    JobDir(d).run_fragment("a-new")
+    with pytest.raises(FragmentFailed, match="fragment a-old of a is stale \\(the job runs as a-new now\\)"):
+        run_fragment(cfg(d, steps=2, world_size=1, generation="g1", fragment_id="a-old"))
+    assert [p.name for p in CheckpointStore(d).paths()] == ["ckpt-000000002.h5"]
+    assert run_fragment(cfg(d, steps=2, world_size=1, generation="g1", fragment_id="a-new")).end_step == 4

@@ -352,6 +352,57 @@ def test_a_fragment_still_waiting_for_a_worker_when_its_nodes_are_reclaimed_is_g
     orch.close()
 
 
+class HungGangRunner(InlineRunner):
+    """The first fragment is a one-node gang whose share started on its node and then hangs: its pilot is gone,
+    and the executor has not noticed (HTEX notices a heartbeat threshold later). Later ones run inline."""
+
+    def __init__(self, name, site, store):
+        super().__init__(name, site, store)
+        self.gang, self.store, self.hung = True, store, None
+
+    def launch(self, cfg: dict, nodes):
+        from parsl_bft.execution.htex import FragmentHandle
+        if self.hung is None:
+            self.store.set(f"{cfg['fragment_id']}/share/0", "started")
+            self.store.set(f"{cfg['fragment_id']}/node/0", nodes[0])
+            self.hung = FragmentHandle([Future()], self.store, cfg["fragment_id"])
+            return self.hung
+        return super().launch(cfg, nodes)
+
+    def placed(self, fragment, nodes):  # noqa: ARG002
+        key = f"{fragment}/node/0"
+        return {0: self.store.get(key).decode()} if self.store.check([key]) else {}
+
+
+def test_a_gang_whose_nodes_all_left_is_collected_without_waiting_for_the_executor(tmp_path, monkeypatch):
+    """Once every node a gang's started shares run on has left, it is collected at once (its ranks are dead, or
+    fenced off: only the job's newer fragment may save), and the job goes on elsewhere."""
+    from parsl_bft.execution import orchestrator as orch_mod
+    from parsl_bft.execution.orchestrator import TrainingJob
+    from parsl_bft.execution.pool import EmulatedPool
+    from parsl_bft.idle.intervals import IdleIntervals
+    from parsl_bft.planner import Planner
+    from parsl_bft.train.protocol import JobDir
+    monkeypatch.setattr(orch_mod, "SiteRunner", HungGangRunner)
+    idle = IdleIntervals.build(["a", "b"], [0, 1], [0.0, 3.0], [2.0, 10_000.0], 0.0, 10_000.0)   # a, then b
+    orch = orch_mod.Orchestrator(tmp_path / "s", EmulatedPool(idle, speedup=1.0, notice_s=1.0),
+                                 Planner(method="dp", objective="throughput", t_fwd=20.0), warm_up=False,
+                                 settle_s=0.0, poll_s=0.01)
+    fut = orch.submit(TrainingJob("img", **{**IMG_JOB, "samples": 64}))
+    orch.run(timeout_s=60)
+    assert orch.db.events("stop")[-1][2]["why"] == "done"
+    assert load_checkpoint(Path(fut.result(timeout=0))).samples_done == 64
+    hung = orch._runners[""].hung
+    assert not hung.done()                              # the executor never answered for it
+    (failed,) = [d for _, _, d in orch.db.events("fragment-failed")]
+    assert failed["fragment"] == hung.fragment and failed["reclaimed"] and "every node it ran on has left (a)" in \
+        failed["error"] and orch.failures.get("img", 0) == 0
+    launches = [d for _, _, d in orch.db.events("launch")]
+    assert launches[-1]["nodes"] == ["b"] and JobDir(tmp_path / "s" / "jobs" / "img").current_fragment() == \
+        launches[-1]["fragment"]
+    orch.close()
+
+
 # --- the state directory -----------------------------------------------------------------------------
 def test_a_second_orchestrator_on_a_state_directory_is_refused(tmp_path, monkeypatch):
     from parsl_bft.execution.orchestrator import StateLocked

@@ -15,6 +15,10 @@ class FragmentAbandoned(RuntimeError):
     """Shares of a gang given up before they started (their nodes were reclaimed while they waited for a worker)."""
 
 
+class FragmentLost(RuntimeError):
+    """A gang collected before its executor noticed: every node its shares ran on has left."""
+
+
 class FragmentHandle:
     """A launched fragment: one Parsl future per node share (or one for all ranks). Done only when EVERY
     share has ended or was given up - a failed share's peers may still be saving or holding the rendezvous.

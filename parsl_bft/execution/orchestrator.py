@@ -34,7 +34,7 @@ from ..train.checkpoint import CheckpointStore
 from ..train.protocol import JobDir
 from ..train.workloads import WORKLOADS
 from .checkpoint_policy import CheckpointPolicy
-from .htex import FragmentHandle, SiteRunner
+from .htex import FragmentHandle, FragmentLost, SiteRunner
 from .jobstore import JobRow, JobStore, StateError, damaged_advice
 from .layers import fragment_reported, job_layers
 from .pool import MultiPool, SitePool
@@ -155,6 +155,7 @@ class _Running:
     killed: bool = False           # we killed it (its node was reclaimed): a normal event, not a failure
     placed: set[str] = field(default_factory=set)
     doomed: set[str] = field(default_factory=set)    # its nodes the facility is taking back
+    gone: set[str] = field(default_factory=set)      # nodes that left while it ran (and did not come back)
     freeze: int = 0                # layers it has frozen
 
 
@@ -456,6 +457,8 @@ class Orchestrator:
                 a.node_seconds += a.state.size * dt
             for ev in self.pool.poll():
                 if ev.kind == "join":     # nodes arrive one by one: plan once they have settled
+                    for r in self.running.values():
+                        r.gone.difference_update(ev.nodes)     # a new pilot there: a share may start on it
                     ctl.nodes_joined(ev.nodes, [t_start + u for u in ev.until] if ev.until else ())
                     for site in {site_of(n) for n in ev.nodes}:
                         self._runners[site].prime([_local(n) for n in ev.nodes if site_of(n) == site])
@@ -471,6 +474,7 @@ class Orchestrator:
                         self._abandon_waiting(a.name, all_or_none=ev.kind == "notice")
                 if ev.kind == "leave":
                     for name, r in self.running.items():
+                        r.gone.update(ev.nodes)
                         if r.doomed & set(ev.nodes):
                             self._kill(name)
                     self._noticed.difference_update(ev.nodes)
@@ -533,10 +537,11 @@ class Orchestrator:
         jd = JobDir(self.job_dir(name))
         jd.clear_stop()
         self.db.set_meta(f"dir:{name}", str(jd.path))      # where `parsl-bft status` finds its live progress
+        fragment = f"{name}-{uuid.uuid4().hex[:10]}"
+        jd.run_fragment(fragment)          # from now on only this fragment may save the job
         k = self.sites[site].ranks_per_node
         hole_left = min((ctl.pool.get(n, math.inf) for n in nodes), default=math.inf) - time.monotonic()
         interval = self.policy.interval(len(nodes), hole_left)
-        fragment = f"{name}-{uuid.uuid4().hex[:10]}"
         cfg = dict(job=name, workload=job.workload, checkpoint_dir=str(jd.path), world_size=len(nodes) * k,
                    global_batch=job.global_batch, total_samples=job.samples, workload_args=job.workload_args,
                    generation=self.generation, timeout_s=30.0, checkpoint_every_s=interval, fragment_id=fragment,
@@ -589,10 +594,18 @@ class Orchestrator:
             if len(r.placed) == r.nodes:     # where its ranks run (the plan's nodes, or swapped within a group)
                 self.db.event("placed", job=name, fragment=r.fragment, nodes=sorted(r.placed))
 
+    def _lost(self, r: _Running) -> bool:
+        """A gang whose every started share ran on nodes that have left (their pilots ended or their worker pools
+        are gone), the others given up: its ranks are dead or fenced off (``JobDir.run_fragment``), so it is
+        collected now instead of when the executor notices (HTEX: a heartbeat threshold later)."""
+        return (self._runners[r.site].gang and bool(r.placed) and r.placed <= r.gone
+                and len(r.placed) + len(r.handle.abandoned) >= r.nodes)
+
     def _collect(self, ctl: Controller) -> bool:
         changed = False
         for name, r in list(self.running.items()):
-            if not r.handle.done():
+            lost = not r.handle.done() and self._lost(r)
+            if not (r.handle.done() or lost):
                 continue
             del self.running[name]
             changed = True
@@ -602,6 +615,9 @@ class Orchestrator:
             held_s = max(time.time() - r.launched, 0.0) * r.nodes
             finished = False       # the user's training function returned on its own: the job is done
             try:
+                if lost:
+                    raise FragmentLost(f"fragment {r.fragment}: every node it ran on has left "
+                                       f"({', '.join(sorted(r.placed))}); its ranks are gone or fenced off")
                 res = r.handle.result()
                 done, ckpt = int(res["samples_done"]), res["checkpoint"]
                 finished = res["stopped_by"] == "finished"

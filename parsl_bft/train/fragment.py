@@ -207,6 +207,10 @@ class _Saver:
         if owner is not None and owner != self.cfg.generation:
             raise FragmentFailed(f"fragment of {self.cfg.job} is stale (generation {self.cfg.generation}, the job is "
                                  f"now at {owner}): not saving")
+        current = self.jd.current_fragment() if self.cfg.generation is not None else None
+        if current is not None and current != self.cfg.fragment_id:
+            raise FragmentFailed(f"fragment {self.cfg.fragment_id} of {self.cfg.job} is stale (the job runs as "
+                                 f"{current} now): not saving")
         bad = finite_weights(state.model)
         if bad is not None:
             raise FragmentFailed(f"job {self.cfg.job}: weight {bad} is not finite at step {state.step}: not saving "

@@ -5,6 +5,7 @@ site) holds, besides the checkpoints:
 
 ``STOP``            the orchestrator's "checkpoint and stop" request (a reclaim notice, a rescale, shutdown)
 ``GENERATION``      the orchestrator life that owns the job; a fragment of an older life must not save
+``FRAGMENT``        the fragment that runs the job now; an older one (given up for lost) must not save
 ``progress.json``   rank 0's live progress: step, samples, the last periodic save (work at risk)
 ``.ranks-<host>-<frag>-<pid>.pid``  the rank processes of a fragment on one host, with their start times, so a
                     restarted orchestrator kills its predecessor's ranks and never a recycled pid
@@ -98,6 +99,20 @@ class JobDir:
     def owner(self) -> str | None:
         try:
             return (self.path / "GENERATION").read_text().strip()
+        except FileNotFoundError:
+            return None
+
+    def run_fragment(self, fragment: str) -> None:
+        """The fragment the orchestrator runs the job as from now on: an older one of the same life (one given
+        up for lost while a rank of it still ran) may no longer save."""
+        self.ensure()
+        tmp = self.path / f".FRAGMENT.{hostname()}.{os.getpid()}"
+        tmp.write_text(fragment)
+        os.replace(tmp, self.path / "FRAGMENT")
+
+    def current_fragment(self) -> str | None:
+        try:
+            return (self.path / "FRAGMENT").read_text().strip()
         except FileNotFoundError:
             return None
 
