@@ -403,6 +403,50 @@ def test_a_gang_whose_nodes_all_left_is_collected_without_waiting_for_the_execut
     orch.close()
 
 
+class FailingRunner(InlineRunner):
+    """Fragments whose rank is SIGKILLed from outside: the first ``killed`` ones after saving a step of progress
+    (``progress``) or before training at all; later ones run inline."""
+
+    killed, progress = 0, False
+
+    def launch(self, cfg: dict, nodes):
+        from parsl_bft.execution.htex import FragmentHandle
+        from parsl_bft.train.fragment import FragmentConfig, FragmentFailed
+        if FailingRunner.killed <= 0:
+            return super().launch(cfg, nodes)
+        FailingRunner.killed -= 1
+        if FailingRunner.progress:
+            super().launch({**cfg, "steps": 1, "total_samples": None}, nodes)      # saves one step more
+        fut: Future = Future()
+        fut.set_exception(FragmentFailed(f"fragment of {FragmentConfig(**cfg).job}: rank 0 exited with -9"))
+        return FragmentHandle([fut])
+
+
+@pytest.mark.parametrize("progress", [False, True], ids=["a crash loop", "killed after saving progress"])
+def test_a_job_gives_up_on_a_crash_loop_not_on_failures_that_saved_progress(tmp_path, monkeypatch, progress):
+    """max_failures (3) fragments failing in a row without a newer checkpoint is a crash loop: the job fails,
+    its future says why. A fragment that saved progress before it died (a rank killed from outside, 3 times
+    here) starts a new row: the job goes on and finishes."""
+    from parsl_bft.execution import orchestrator as orch_mod
+    from parsl_bft.execution.orchestrator import JobFailed, TrainingJob
+    monkeypatch.setattr(FailingRunner, "killed", 3 if progress else 100)
+    monkeypatch.setattr(FailingRunner, "progress", progress)
+    orch = inline_orchestrator(tmp_path / "s", monkeypatch)
+    monkeypatch.setattr(orch_mod, "SiteRunner", FailingRunner)
+    fut = orch.submit(TrainingJob("img", **{**IMG_JOB, "samples": 32 * 6}))
+    orch.run(timeout_s=60)
+    failed = [d for _, _, d in orch.db.events("fragment-failed")]
+    if progress:
+        assert len(failed) == 3 and all(d["saved_step"] == d["resume_step"] + 1 for d in failed)
+        assert load_checkpoint(Path(fut.result(timeout=0))).step == 6
+    else:
+        assert len(failed) == 3 and orch.db.jobs()["img"].status == "failed"
+        with pytest.raises(JobFailed, match="job img: 3 fragments failed in a row without progress; last: "
+                                            "fragment of img: rank 0 exited with -9"):
+            fut.result(timeout=0)
+    orch.close()
+
+
 # --- the state directory -----------------------------------------------------------------------------
 def test_a_second_orchestrator_on_a_state_directory_is_refused(tmp_path, monkeypatch):
     from parsl_bft.execution.orchestrator import StateLocked

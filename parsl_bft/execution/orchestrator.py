@@ -160,7 +160,7 @@ class _Running:
 
 
 class JobFailed(ParslBftError):
-    """A job whose own fragments failed ``max_failures`` times in a row (not reclaims)."""
+    """A job whose own fragments failed ``max_failures`` times in a row (not reclaims) without saving progress."""
 
 
 class RunStopped(ParslBftError):
@@ -661,8 +661,9 @@ class Orchestrator:
                               saved_step=st.step if st else 0, checkpoint_every_s=round(r.interval_s, 2), **lost)
                 self.policy.observe_training(held_s, lost_without_notice=without_notice)
                 self.db.update(name, fragments=row.fragments + 1)
-                if not r.killed:
-                    self.failures[name] = self.failures.get(name, 0) + 1
+                if not r.killed:       # in a row without progress: one that saved before it failed starts a new row
+                    progressed = st is not None and st.step > r.resume_step      # (a rank killed from outside)
+                    self.failures[name] = 1 if progressed else self.failures.get(name, 0) + 1
                     if self.failures[name] >= self.max_failures:
                         self._give_up(ctl, name, err)
                         continue
@@ -687,15 +688,16 @@ class Orchestrator:
         return changed
 
     def _give_up(self, ctl: Controller, name: str, err: str) -> None:
-        """A job whose fragments fail on their own (not by reclaims) max_failures times in a row stops; its
-        checkpoints stay, the error reaches the scientist through the future."""
+        """A job whose fragments fail on their own (not by reclaims) max_failures times in a row, none saving a
+        newer checkpoint than it started from (a crash loop), stops; its checkpoints stay, the error reaches the
+        scientist through the future."""
         if name in ctl.active:
             ctl.job_finished(name, time.monotonic())
         self.db.update(name, status="failed", size=0)
         self.db.event("failed", job=name, error=err[-20_000:])
         if not self.futures[name].done():
             self.futures[name].set_exception(JobFailed(
-                f"job {name}: {self.max_failures} fragments failed in a row; last: {err} "
+                f"job {name}: {self.max_failures} fragments failed in a row without progress; last: {err} "
                 f"(checkpoints kept in {self.job_dir(name)})"))
 
     def _reconcile(self, ctl: Controller) -> None:
