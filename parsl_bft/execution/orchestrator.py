@@ -604,8 +604,8 @@ class Orchestrator:
     def _collect(self, ctl: Controller) -> bool:
         changed = False
         for name, r in list(self.running.items()):
-            lost = not r.handle.done() and self._lost(r)
-            if not (r.handle.done() or lost):
+            nodes_gone = not r.handle.done() and self._lost(r)
+            if not (r.handle.done() or nodes_gone):
                 continue
             del self.running[name]
             changed = True
@@ -615,7 +615,8 @@ class Orchestrator:
             held_s = max(time.time() - r.launched, 0.0) * r.nodes
             finished = False       # the user's training function returned on its own: the job is done
             try:
-                if lost:
+                if nodes_gone:
+                    r.killed = True         # reclaimed: not the job's own failure
                     raise FragmentLost(f"fragment {r.fragment}: every node it ran on has left "
                                        f"({', '.join(sorted(r.placed))}); its ranks are gone or fenced off")
                 res = r.handle.result()
