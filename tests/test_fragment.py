@@ -402,3 +402,17 @@ def test_a_fragment_given_up_for_lost_may_not_save_once_the_job_runs_as_another(
         run_fragment(cfg(d, steps=2, world_size=1, generation="g1", fragment_id="a-old"))
     assert [p.name for p in CheckpointStore(d).paths()] == ["ckpt-000000002.h5"]
     assert run_fragment(cfg(d, steps=2, world_size=1, generation="g1", fragment_id="a-new")).end_step == 4
+
+
+def test_a_fenced_off_fragment_stops_training_at_its_next_progress_report(tmp_path):
+    """Given up for lost while its ranks still ran (a network split from its worker pool), a fragment learns at
+    its next progress report that the job runs as another one, and stops instead of training on for nobody."""
+    d = tmp_path / "d"
+    JobDir(d).ensure().run_fragment("a-old")
+
+    def give_up():
+        wait_for(lambda: (q := JobDir(d).progress()) and q.step >= 5, 120, what="5 steps trained")
+        JobDir(d).run_fragment("a-new")
+    threading.Thread(target=give_up, daemon=True).start()
+    with pytest.raises(FragmentFailed, match="fragment a-old of a is stale \\(the job runs as a-new now\\): stopping"):
+        run_fragment(cfg(d, steps=10_000_000, world_size=2, generation="g1", fragment_id="a-old", timeout_s=20))

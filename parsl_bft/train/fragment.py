@@ -181,8 +181,25 @@ class _Saver:
         self._lock = threading.Lock()                    # progress is written by the loop and by the writer
         self._progress: Progress | None = None
 
+    def _fenced(self) -> str | None:
+        """Why this fragment may no longer write the job's files, or None: a newer orchestrator life owns the job
+        (GENERATION), or it runs as a newer fragment (FRAGMENT: this one was given up for lost)."""
+        if self.cfg.generation is None:
+            return None
+        owner = self.jd.owner()
+        if owner is not None and owner != self.cfg.generation:
+            return f"fragment of {self.cfg.job} is stale (generation {self.cfg.generation}, the job is now at {owner})"
+        current = self.jd.current_fragment()
+        if current is not None and current != self.cfg.fragment_id:
+            return f"fragment {self.cfg.fragment_id} of {self.cfg.job} is stale (the job runs as {current} now)"
+        return None
+
     def report(self, p: Progress) -> None:
-        """Live progress; its saved step is the newest save on disk (a background write reports when it lands)."""
+        """Live progress; its saved step is the newest save on disk (a background write reports when it lands).
+        A fenced-off fragment stops here (within a report interval) instead of training on for nobody."""
+        stale = self._fenced()
+        if stale:
+            raise FragmentFailed(f"{stale}: stopping")
         with self._lock:
             if self.durable is not None:
                 p = replace(p, saved_step=self.durable[0], saved_at=self.durable[1])
@@ -203,14 +220,9 @@ class _Saver:
         return self._write(state)
 
     def _write(self, state: TrainingState) -> Path:
-        owner = self.jd.owner() if self.cfg.generation is not None else None
-        if owner is not None and owner != self.cfg.generation:
-            raise FragmentFailed(f"fragment of {self.cfg.job} is stale (generation {self.cfg.generation}, the job is "
-                                 f"now at {owner}): not saving")
-        current = self.jd.current_fragment() if self.cfg.generation is not None else None
-        if current is not None and current != self.cfg.fragment_id:
-            raise FragmentFailed(f"fragment {self.cfg.fragment_id} of {self.cfg.job} is stale (the job runs as "
-                                 f"{current} now): not saving")
+        stale = self._fenced()
+        if stale:
+            raise FragmentFailed(f"{stale}: not saving")
         bad = finite_weights(state.model)
         if bad is not None:
             raise FragmentFailed(f"job {self.cfg.job}: weight {bad} is not finite at step {state.step}: not saving "
