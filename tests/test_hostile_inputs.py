@@ -303,6 +303,24 @@ def test_orchestrator_given_a_damaged_newest_checkpoint_finishes_from_the_previo
     orch.close()
 
 
+def node_a_then_b(tmp_path, monkeypatch, runner):
+    """An orchestrator whose fragments go through ``runner``, on node a (reclaimed at 2 s, notice 1 s ahead) and
+    then node b (from 3 s on), run on a 64-sample img job: (orchestrator, the job's future)."""
+    from parsl_bft.execution import orchestrator as orch_mod
+    from parsl_bft.execution.orchestrator import TrainingJob
+    from parsl_bft.execution.pool import EmulatedPool
+    from parsl_bft.idle.intervals import IdleIntervals
+    from parsl_bft.planner import Planner
+    monkeypatch.setattr(orch_mod, "SiteRunner", runner)
+    idle = IdleIntervals.build(["a", "b"], [0, 1], [0.0, 3.0], [2.0, 10_000.0], 0.0, 10_000.0)
+    orch = orch_mod.Orchestrator(tmp_path / "s", EmulatedPool(idle, speedup=1.0, notice_s=1.0),
+                                 Planner(method="dp", objective="throughput", t_fwd=20.0), warm_up=False,
+                                 settle_s=0.0, poll_s=0.01)
+    fut = orch.submit(TrainingJob("img", **{**IMG_JOB, "samples": 64}))
+    orch.run(timeout_s=60)
+    return orch, fut
+
+
 class StuckFirstRunner(InlineRunner):
     """The first fragment is a gang whose two node shares wait for a worker that never comes (their lane's
     pilots were reclaimed); later ones run inline."""
@@ -322,20 +340,9 @@ class StuckFirstRunner(InlineRunner):
 def test_a_fragment_still_waiting_for_a_worker_when_its_nodes_are_reclaimed_is_given_up(tmp_path, monkeypatch):
     """It used to wait in its lane for a new pilot of that group (a minute or more of no training). Given up at
     the notice, it never starts even if a worker picks it up later; the job trains on elsewhere and finishes."""
-    from parsl_bft.execution import orchestrator as orch_mod
-    from parsl_bft.execution.orchestrator import TrainingJob
-    from parsl_bft.execution.pool import EmulatedPool
-    from parsl_bft.idle.intervals import IdleIntervals
-    from parsl_bft.planner import Planner
-    from parsl_bft.train.launcher import run_gang_task
     from parsl_bft.train.fragment import FragmentConfig
-    monkeypatch.setattr(orch_mod, "SiteRunner", StuckFirstRunner)
-    idle = IdleIntervals.build(["a", "b"], [0, 1], [0.0, 3.0], [2.0, 10_000.0], 0.0, 10_000.0)   # a, then b
-    orch = orch_mod.Orchestrator(tmp_path / "s", EmulatedPool(idle, speedup=1.0, notice_s=1.0),
-                                 Planner(method="dp", objective="throughput", t_fwd=20.0), warm_up=False,
-                                 settle_s=0.0, poll_s=0.01)
-    fut = orch.submit(TrainingJob("img", **{**IMG_JOB, "samples": 64}))
-    orch.run(timeout_s=60)
+    from parsl_bft.train.launcher import run_gang_task
+    orch, fut = node_a_then_b(tmp_path, monkeypatch, StuckFirstRunner)
     assert orch.db.events("stop")[-1][2]["why"] == "done"
     assert load_checkpoint(Path(fut.result(timeout=0))).samples_done == 64
     stuck = orch._runners[""].stuck
@@ -377,19 +384,8 @@ class HungGangRunner(InlineRunner):
 def test_a_gang_whose_nodes_all_left_is_collected_without_waiting_for_the_executor(tmp_path, monkeypatch):
     """Once every node a gang's started shares run on has left, it is collected at once (its ranks are dead, or
     fenced off: only the job's newer fragment may save), and the job goes on elsewhere."""
-    from parsl_bft.execution import orchestrator as orch_mod
-    from parsl_bft.execution.orchestrator import TrainingJob
-    from parsl_bft.execution.pool import EmulatedPool
-    from parsl_bft.idle.intervals import IdleIntervals
-    from parsl_bft.planner import Planner
     from parsl_bft.train.protocol import JobDir
-    monkeypatch.setattr(orch_mod, "SiteRunner", HungGangRunner)
-    idle = IdleIntervals.build(["a", "b"], [0, 1], [0.0, 3.0], [2.0, 10_000.0], 0.0, 10_000.0)   # a, then b
-    orch = orch_mod.Orchestrator(tmp_path / "s", EmulatedPool(idle, speedup=1.0, notice_s=1.0),
-                                 Planner(method="dp", objective="throughput", t_fwd=20.0), warm_up=False,
-                                 settle_s=0.0, poll_s=0.01)
-    fut = orch.submit(TrainingJob("img", **{**IMG_JOB, "samples": 64}))
-    orch.run(timeout_s=60)
+    orch, fut = node_a_then_b(tmp_path, monkeypatch, HungGangRunner)
     assert orch.db.events("stop")[-1][2]["why"] == "done"
     assert load_checkpoint(Path(fut.result(timeout=0))).samples_done == 64
     hung = orch._runners[""].hung

@@ -89,32 +89,32 @@ class JobDir:
         self.stop_file.unlink(missing_ok=True)
 
     # --- fencing -------------------------------------------------------------------------------------
-    def own(self, generation: str) -> None:
-        """This orchestrator life owns the job from now on: older fragments may no longer save."""
+    def _mark(self, name: str, value: str) -> None:
         self.ensure()
-        tmp = self.path / f".GENERATION.{hostname()}.{os.getpid()}"
-        tmp.write_text(generation)
-        os.replace(tmp, self.path / "GENERATION")
+        tmp = self.path / f".{name}.{hostname()}.{os.getpid()}"
+        tmp.write_text(value)
+        os.replace(tmp, self.path / name)          # never half-written for a reader
 
-    def owner(self) -> str | None:
+    def _marked(self, name: str) -> str | None:
         try:
-            return (self.path / "GENERATION").read_text().strip()
+            return (self.path / name).read_text().strip()
         except FileNotFoundError:
             return None
+
+    def own(self, generation: str) -> None:
+        """This orchestrator life owns the job from now on: older fragments may no longer save."""
+        self._mark("GENERATION", generation)
+
+    def owner(self) -> str | None:
+        return self._marked("GENERATION")
 
     def run_fragment(self, fragment: str) -> None:
         """The fragment the orchestrator runs the job as from now on: an older one of the same life (one given
         up for lost while a rank of it still ran) may no longer save."""
-        self.ensure()
-        tmp = self.path / f".FRAGMENT.{hostname()}.{os.getpid()}"
-        tmp.write_text(fragment)
-        os.replace(tmp, self.path / "FRAGMENT")
+        self._mark("FRAGMENT", fragment)
 
     def current_fragment(self) -> str | None:
-        try:
-            return (self.path / "FRAGMENT").read_text().strip()
-        except FileNotFoundError:
-            return None
+        return self._marked("FRAGMENT")
 
     # --- progress ------------------------------------------------------------------------------------
     def write_progress(self, p: Progress) -> None:
