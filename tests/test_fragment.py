@@ -367,6 +367,7 @@ def test_a_workloads_evaluate_and_log_hooks_run_on_rank_0_and_their_metrics_are_
     assert "metrics" not in next((d / "logs").glob("*-rank1.log")).read_text()
 
 
+@pytest.mark.timeout(300)
 def test_ranks_die_with_the_worker_that_launched_them(tmp_path):
     """A pilot's worker pool that exits (its interchange gone) or is SIGKILLed takes its ranks along: the
     forkserver exits with the worker and the kernel kills what it forked (no orphan trains on, unseen)."""
@@ -404,6 +405,7 @@ def test_a_fragment_given_up_for_lost_may_not_save_once_the_job_runs_as_another(
     assert run_fragment(cfg(d, steps=2, world_size=1, generation="g1", fragment_id="a-new")).end_step == 4
 
 
+@pytest.mark.timeout(300)      # a fence that fails would train 10,000,000 steps
 def test_a_fenced_off_fragment_stops_training_at_its_next_progress_report(tmp_path):
     """Given up for lost while its ranks still ran (a network split from its worker pool), a fragment learns at
     its next progress report that the job runs as another one, and stops instead of training on for nobody."""

@@ -304,15 +304,16 @@ def test_orchestrator_given_a_damaged_newest_checkpoint_finishes_from_the_previo
 
 
 def node_a_then_b(tmp_path, monkeypatch, runner):
-    """An orchestrator whose fragments go through ``runner``, on node a (reclaimed at 2 s, notice 1 s ahead) and
-    then node b (from 3 s on), run on a 64-sample img job: (orchestrator, the job's future)."""
+    """An orchestrator whose fragments go through ``runner``, on node a (reclaimed at 5 s, notice 1 s ahead: time
+    for a loaded machine to launch there first) and then node b (from 6 s on), run on a 64-sample img job:
+    (orchestrator, the job's future)."""
     from parsl_bft.execution import orchestrator as orch_mod
     from parsl_bft.execution.orchestrator import TrainingJob
     from parsl_bft.execution.pool import EmulatedPool
     from parsl_bft.idle.intervals import IdleIntervals
     from parsl_bft.planner import Planner
     monkeypatch.setattr(orch_mod, "SiteRunner", runner)
-    idle = IdleIntervals.build(["a", "b"], [0, 1], [0.0, 3.0], [2.0, 10_000.0], 0.0, 10_000.0)
+    idle = IdleIntervals.build(["a", "b"], [0, 1], [0.0, 6.0], [5.0, 10_000.0], 0.0, 10_000.0)
     orch = orch_mod.Orchestrator(tmp_path / "s", EmulatedPool(idle, speedup=1.0, notice_s=1.0),
                                  Planner(method="dp", objective="throughput", t_fwd=20.0), warm_up=False,
                                  settle_s=0.0, poll_s=0.01)
