@@ -196,14 +196,8 @@ class PilotPool:
         ledgers = [f for f in scripts.parent.parent.glob(f"*/submit_scripts/pilots-{self.executor.label}")
                    if f.parent != scripts]
         ids = sorted({j for f in ledgers for j in f.read_text().split()})
-        try:
-            live = [j for j, st in zip(ids, self.provider.status(ids)) if not st.terminal] if ids else []
-            if live:
-                logger.warning("cancelling %d pilots of an earlier run of this state directory: %s", len(live),
-                               ", ".join(live))
-                self.provider.cancel(live)
-        except Exception as e:        # the scheduler is busy: they end by themselves (their interchange is gone)
-            logger.warning("pilots of an earlier run not cancelled: %s", e)
+        # the scheduler busy: they end by themselves (their interchange is gone); the ledgers stay for next time
+        if not self._cancel_listed(ids, "of an earlier run of this state directory"):
             return
         for f in ledgers:
             f.rename(f.with_name(f.name + ".done"))
@@ -321,17 +315,21 @@ class PilotPool:
         """Pilots that left us (their worker pool is gone: lost, or never to be trusted again) while the scheduler
         may still run them: cancel those it still lists, so they hold no node - a facility job may be waiting for
         it - and no allocation hours to their time limits. Tried again at the next poll when the scheduler is busy."""
-        if not self._unused:
-            return
-        ids = sorted(self._unused)
-        try:
-            live = [j for j, st in zip(ids, self.provider.status(ids)) if not st.terminal]
-            if live:
-                logger.info("cancelling pilots %s: their worker pools are gone", ", ".join(live))
-                self.provider.cancel(live)
+        if self._unused and self._cancel_listed(sorted(self._unused), "whose worker pools are gone"):
             self._unused.clear()
+
+    def _cancel_listed(self, ids: list[str], which: str) -> bool:
+        """Cancel those of ``ids`` the scheduler still queues or runs (one survey, one scancel/qdel); False when
+        the scheduler did not answer."""
+        try:
+            live = [j for j, st in zip(ids, self.provider.status(ids)) if not st.terminal] if ids else []
+            if live:
+                logger.warning("cancelling %d pilots %s: %s", len(live), which, ", ".join(live))
+                self.provider.cancel(live)
+            return True
         except Exception as e:
-            logger.warning("cancel of pilots that left skipped: %s", e)
+            logger.warning("pilots %s not cancelled: %s", which, e)
+            return False
 
     def _hold(self, lane_block: tuple[str, str]) -> None:
         """HTEX only learns that a worker pool died when its heartbeats stop; until then it would still send
