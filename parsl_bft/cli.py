@@ -294,42 +294,27 @@ def cmd_status(args) -> int:
     if wants_remote(args):              # a run id submitted through Globus Compute (parsl-bft submit)
         return cmd_remote_status(args)
     from rich.table import Table
-
-    import sqlite3
-
-    from .execution.jobstore import JobStore, StateError, damaged_advice
-    from .train.protocol import JobDir
     from rich.text import Text
 
-    db_path = Path(args.state) / "state.sqlite"
-    if not db_path.is_file():
-        # workflows keep their state one level down (bft-state/<workflow>): name those rather than only fail
-        inside = sorted(str(p.parent) for p in Path(args.state).glob("*/state.sqlite"))
-        hint = f"; state directories in it: {', '.join(inside)}" if inside else ""
-        raise UsageError(f"no orchestrator state at {db_path}{hint}")
-    db = JobStore(db_path, readonly=True)     # a read-only command: nothing is created or changed
+    from .execution.report import read_state
+
+    try:
+        jobs, last = read_state(args.state, last_events=5)     # a read-only command: nothing is created or changed
+    except FileNotFoundError as e:
+        raise UsageError(str(e)) from None
     t = Table(title=f"parsl-bft jobs in {args.state}")
     for c in ("job", "status", "progress", "nodes now", "fragments", "rescales", "node-s held", "training share"):
         t.add_column(c, justify="right")
-    failed = {}
-    try:
-        for name, r in db.jobs().items():
-            total = r.spec.get("samples") or 0
-            share = r.train_node_s / r.node_s if r.node_s else 0.0
-            done, loss = r.samples_done, ""
-            live = JobDir(db.meta(f"dir:{name}") or Path(args.state) / "jobs" / name).progress()
-            if live is not None:            # a running fragment's own report: newer than the database
-                done, loss = max(done, live.samples_done), f", loss {live.loss:.4g}"
-            t.add_row(name, r.status, f"{min(done, total) / total:.1%} of {total:,}{loss}" if total else "?",
-                      str(r.size), str(r.fragments), str(r.rescales), f"{r.node_s:.0f}", f"{share:.0%}")
-            if r.status == "failed":
-                failed[name] = next((d["error"] for _, _, d in reversed(db.events("failed")) if d["job"] == name), "")
-        last = db.events()[-5:]
-    except (sqlite3.DatabaseError, ValueError, TypeError) as e:
-        raise StateError(damaged_advice(db_path, e)) from None
+    for j in jobs:
+        r, total = j.row, j.samples
+        share = r.train_node_s / r.node_s if r.node_s else 0.0
+        loss = f", loss {j.live.loss:.4g}" if j.live is not None else ""
+        t.add_row(j.name, r.status, f"{min(j.samples_now, total) / total:.1%} of {total:,}{loss}" if total else "?",
+                  str(r.size), str(r.fragments), str(r.rescales), f"{r.node_s:.0f}", f"{share:.0%}")
     _console().print(t)
-    for name, err in failed.items():
-        _console().print(Text.assemble((f"{name} failed: ", "bold red"), err))
+    for j in jobs:
+        if j.row.status == "failed":
+            _console().print(Text.assemble((f"{j.name} failed: ", "bold red"), j.error or ""))
     for ts, kind, d in last:
         _console().print(f"  {kind:15} {json.dumps(d)[:100]}")
     return 0

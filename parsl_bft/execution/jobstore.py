@@ -9,7 +9,9 @@ import time
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-from ..errors import ParslBftError
+from .errors import StateError
+
+__all__ = ["JobRow", "JobStore", "StateError", "damaged_advice"]
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -39,10 +41,6 @@ class JobRow:
 
 
 _COLUMNS = [f.name for f in fields(JobRow)]
-
-
-class StateError(ParslBftError):
-    """An orchestrator state directory that cannot be used (damaged database, held by another orchestrator)."""
 
 
 def damaged_advice(path: Path, err: Exception) -> str:

@@ -11,13 +11,9 @@ good checkpoint along.
 """
 from __future__ import annotations
 
-import fcntl
-import json
+import logging
 import math
 import os
-import re
-import signal
-import socket
 import threading
 import time
 import uuid
@@ -26,120 +22,27 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from ..control import Controller, Timeline
-from ..errors import ParslBftError
-from ..jobs import JobSpec, JobSpecError
+from ..jobs import JobSpec
 from ..planner.problem import site_of
 from ..scaling import ScalingCurve
 from ..train.checkpoint import CheckpointStore
 from ..train.protocol import JobDir
-from ..train.workloads import WORKLOADS
 from .checkpoint_policy import CheckpointPolicy
+from .errors import JobFailed, RunStopped, StateError, StateLocked
 from .htex import FragmentHandle, FragmentLost, SiteRunner
-from .jobstore import JobRow, JobStore, StateError, damaged_advice
+from .jobstore import JobRow, JobStore, damaged_advice
 from .layers import fragment_reported, job_layers
 from .pool import MultiPool, SitePool
 from .protocols import IdlePool, Planner
+from .report import read_jobs
+from .signals import Terminated, sigterm_unwinds, stop_reason
+from .statedir import StateDir, lock_state_dir
+from .training_job import TrainingJob, check_job_name
 
+__all__ = ["JobFailed", "Orchestrator", "RunStopped", "StateLocked", "TrainingJob", "check_job_name",
+           "lock_state_dir"]
 
-@dataclass
-class TrainingJob:
-    """What a scientist declares: a model to train on whatever idle nodes there are."""
-
-    name: str
-    workload: str = "images"
-    samples: int = 50_000
-    min_nodes: int = 1
-    max_nodes: int = 4
-    global_batch: int = 64
-    workload_args: dict = field(default_factory=dict)
-    t_up: float = 10.0             # seconds of progress a rescale costs (measure yours: parsl-bft profile)
-    t_down: float = 10.0
-    weight: float = 1.0
-    rate_guess: float = 1000.0     # samples/s on one node until measured (fragments feed real rates back)
-    freeze: str = "off"            # "auto": the planner may freeze a prefix of layers (layer elasticity) ...
-    accuracy_budget: float = 0.0   # ... while the predicted accuracy cost stays within this (0.005: half a point)
-    loop: str | None = None        # the user's own training function, 'file.py:fn' (parsl_bft.train.context)
-    deterministic: bool = True     # torch deterministic algorithms (bit-for-bit resumes; off: faster kernels)
-
-    def __post_init__(self) -> None:
-        check_job_name(self.name)
-        if self.loop is not None:        # ranks run in other directories: its file by its absolute path
-            mod, fn = self._check_spec("loop", self.loop, "'my_script.py:train' or 'package.module:train'")
-            self.loop = f"{Path(mod).resolve()}:{fn}" if mod.endswith(".py") else self.loop
-
-    def check_workload(self) -> None:
-        """At submit (not when a restart reads the job back): a typo fails here, not later in a rank."""
-        if self.loop is None and self.workload not in WORKLOADS:
-            self._check_spec("workload", self.workload, f"{' or '.join(map(repr, WORKLOADS))}, "
-                             "'package.module:factory' or 'my_model.py:factory'")
-
-    def _check_spec(self, what: str, spec: str, forms: str) -> tuple[str, str]:
-        mod, _, name = str(spec).rpartition(":")
-        if not mod or not name:
-            raise ValueError(f"job {self.name!r}: {what} {spec!r}: write {forms}")
-        if mod.endswith(".py") and not Path(mod).is_file():
-            raise ValueError(f"job {self.name!r}: {what} {spec!r}: no such file {mod}")
-        return mod, name
-
-    def spec(self) -> JobSpec:
-        for f, kind in (("rate_guess", (int, float)), ("global_batch", int)):
-            v = getattr(self, f)
-            if isinstance(v, bool) or not isinstance(v, kind) or not 0 < v < math.inf:
-                raise ValueError(f"job {self.name!r}: {f} must be {'an integer' if kind is int else 'a number'} "
-                                 f"> 0, got {v!r}")
-        try:
-            return JobSpec(self.name, self.name, self.min_nodes, self.max_nodes, self.t_up, self.t_down,
-                           float(self.samples), 0.0, self.weight, freeze=self.freeze,
-                           accuracy_budget=self.accuracy_budget)
-        except JobSpecError as e:       # JobSpec's field names are TrainingJob's: name the one to fix
-            raise JobSpecError(e.field, f"job {self.name!r}: {e.field}: {e.problem}", e.problem) from None
-
-
-_JOB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-
-
-def check_job_name(name) -> str:
-    """A job's name is its directory's name: one path component of letters, digits, '.', '_' and '-', starting with
-    a letter or digit - so no name reaches outside its own directory (no '/', '..', absolute paths) and no two
-    spellings ('a', './a', 'x/../a') share one."""
-    if not isinstance(name, str) or not _JOB_NAME.match(name):
-        raise ValueError(f"job name {name!r}: use 1-128 letters, digits, '.', '_' or '-', starting with a letter or "
-                         "digit (it names the job's directory)")
-    return name
-
-
-def _check_json_args(job: TrainingJob) -> None:
-    """workload_args are stored with the job (JSON): name the field that is not, and say what to pass."""
-    for k, v in job.workload_args.items():
-        try:
-            json.dumps(v, allow_nan=False)
-        except (TypeError, ValueError):
-            hint = "str(path)" if isinstance(v, os.PathLike) else "a str, number, bool, list or dict of those"
-            raise ValueError(f"job {job.name!r}: workload_args[{k!r}] is a {type(v).__name__}, not a JSON value "
-                             f"(they are stored with the job): pass {hint}") from None
-
-
-class StateLocked(StateError):
-    """Another orchestrator holds this state directory."""
-
-
-def lock_state_dir(d: Path):
-    """An exclusive lock on a state directory for as long as the returned file stays open (the process may die:
-    the kernel releases it). A second orchestrator on the same directory is refused, not run beside the first."""
-    fd = os.open(d / "orchestrator.lock", os.O_RDWR | os.O_CREAT, 0o600)
-    f = os.fdopen(fd, "r+")
-    try:
-        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        holder = f.read().strip() or "unknown"
-        f.close()
-        raise StateLocked(f"state directory {d} is in use by another orchestrator ({holder}); stop it first, or give "
-                          "this one another state directory") from None
-    f.seek(0)
-    f.truncate()
-    f.write(f"pid {os.getpid()} on {socket.gethostname()}, since {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
-    f.flush()
-    return f
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -159,18 +62,6 @@ class _Running:
     freeze: int = 0                # layers it has frozen
 
 
-class JobFailed(ParslBftError):
-    """A job whose own fragments failed ``max_failures`` times in a row (not reclaims) without saving progress."""
-
-
-class RunStopped(ParslBftError):
-    """The run stopped (stop(), the session ended, a signal) before this job was done."""
-
-
-class _Shutdown(BaseException):
-    """SIGTERM: leave the loop through the same stop-and-checkpoint path as Ctrl-C."""
-
-
 def _local(node: str) -> str:
     """A node's name at its site (multi-site ids are 'site:node')."""
     return node.split(":", 1)[1] if site_of(node) else node
@@ -182,15 +73,19 @@ def _newest_step(d: Path) -> int:
 
 
 class Orchestrator:
+    """Runs training jobs on an idle pool: re-plans at every change and keeps one fragment per job running at
+    its planned size (see the module's docstring). ``run()`` drives it in the calling thread; ``start()`` in the
+    background, with ``submit()``, ``wait()`` and ``stop()`` from the workflow's thread."""
+
     def __init__(self, state_dir: str | Path, pool: IdlePool | MultiPool, planner: Planner, *,
                  executor: str = "bft_local", checkpoint_dir: str | Path | None = None, ranks_per_node: int = 1,
                  max_concurrent: int = 10, poll_s: float = 0.2, max_failures: int = 3, settle_s: float = 1.5,
                  warm_up: bool = True, weights: dict[str, float] | None = None,
                  checkpoint_policy: CheckpointPolicy | None = None, state_lock=None):
-        self.dir = Path(state_dir)
-        self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        self._lock = state_lock or lock_state_dir(self.dir)     # state_lock: taken already (training_session)
-        self.db = JobStore(self.dir / "state.sqlite")
+        self.state = StateDir(state_dir)
+        self.dir = self.state.root
+        self._lock = state_lock or self.state.lock()     # state_lock: taken already (training_session)
+        self.db = JobStore(self.state.database)
         self.pool, self.planner = pool, planner
         # one site, or several (a MultiPool: node ids 'site:node', one executor per site)
         self.sites = pool.sites if isinstance(pool, MultiPool) else {
@@ -240,17 +135,10 @@ class Orchestrator:
             self._lock = None
 
     def _rel(self, path: str | None) -> str | None:
-        """Checkpoint paths are stored relative to the state directory (when under it): a moved state directory
-        still points at its own files."""
-        if not path:
-            return path
-        try:
-            return str(Path(path).resolve().relative_to(self.dir.resolve()))
-        except ValueError:
-            return str(Path(path).resolve())
+        return self.state.rel(path)
 
     def _abs(self, path: str | None) -> str | None:
-        return str(self.dir / path) if path and not os.path.isabs(path) else path
+        return self.state.abs(path)
 
     # --- the scientist's API -------------------------------------------------------------------------
     def submit(self, job: TrainingJob) -> Future:
@@ -269,13 +157,7 @@ class Orchestrator:
                                  "with `parsl-bft run --new-run` (training_session(new_run=True)), which keeps the "
                                  "old state aside")
             return self.futures[job.name]
-        _check_json_args(job)
-        job.check_workload()
-        job.spec()                          # validates sizes etc. with a clear message
-        k = max(s.ranks_per_node for s in self.sites.values())
-        if job.global_batch < job.max_nodes * k:
-            raise ValueError(f"job {job.name!r}: global_batch {job.global_batch} < max_nodes {job.max_nodes} x "
-                             f"{k} ranks per node: every rank needs at least one sample per step")
+        job.check_submit(max(s.ranks_per_node for s in self.sites.values()))
         fut = self._add(job, None)
         self._arrivals.append(job.name)     # the running loop (if any) picks it up at its next turn
         return fut
@@ -340,7 +222,7 @@ class Orchestrator:
             if not f.done():
                 f.set_exception(RunStopped(f"job {name!r} was not done when the run stopped; its newest checkpoint "
                                            f"is kept: run again with state directory {self.dir} to continue"))
-        if self._error is not None and not isinstance(self._error, (KeyboardInterrupt, _Shutdown)):
+        if self._error is not None and not isinstance(self._error, KeyboardInterrupt):
             raise self._error
         return self._summary
 
@@ -374,10 +256,7 @@ class Orchestrator:
         """A job's checkpoints and protocol files at a site (by default: the site it last ran at): under the
         site's checkpoint_dir when it names one, else under the state directory."""
         site = self.job_site[name] if site is None else site
-        root = self.sites[site].checkpoint_dir
-        if root is None:
-            root = self.dir / "jobs" if not site else self.dir / "sites" / site / "jobs"
-        return Path(root) / name
+        return self.state.jobs_root(site, self.sites[site].checkpoint_dir) / name
 
     # --- the loop ------------------------------------------------------------------------------------
     def run(self, *, progress=None, timeout_s: float | None = None, _background: bool = False) -> dict:
@@ -403,33 +282,25 @@ class Orchestrator:
             self._fence(spec.name)
         self.db.event("start", generation=self.generation, jobs=[s.name for s in pending],
                       resume={s.name: _newest_step(self.job_dir(s.name)) for s in pending})
-        old = None
-        if threading.current_thread() is threading.main_thread():
-            old = signal.signal(signal.SIGTERM, self._on_sigterm)
         t_start = time.monotonic()
         why = "done"
-        try:
-            t_warm = time.monotonic()
-            if self.warm_up:
-                for name, runner in self._runners.items():
-                    runner.warm_up(self.dir / ".warm-up" / f"{self.generation}-{name or 'local'}", self.db.event,
-                                   self._stopping.is_set)
-            self.warm_up_s = time.monotonic() - t_warm
-            self.pool.start()
-            t_start = time.monotonic()
-            why = self._loop(ctl, t_start, progress, timeout_s, _background)
-        except BaseException as e:
-            why = {"KeyboardInterrupt": "interrupted", "_Shutdown": "SIGTERM"}.get(type(e).__name__,
-                                                                                   f"error: {e!r}"[:200])
-            raise
-        finally:
-            self._shutdown(ctl, why)
-            if old is not None:
-                signal.signal(signal.SIGTERM, old)
+        with sigterm_unwinds():
+            try:
+                t_warm = time.monotonic()
+                if self.warm_up:
+                    for name, runner in self._runners.items():
+                        runner.warm_up(self.state.warm_up_dir(self.generation, name), self.db.event,
+                                       self._stopping.is_set)
+                self.warm_up_s = time.monotonic() - t_warm
+                self.pool.start()
+                t_start = time.monotonic()
+                why = self._loop(ctl, t_start, progress, timeout_s, _background)
+            except BaseException as e:
+                why = stop_reason(e)
+                raise
+            finally:
+                self._shutdown(ctl, why)
         return self.summary(time.monotonic() - t_start)
-
-    def _on_sigterm(self, signum, frame):  # noqa: ARG002
-        raise _Shutdown()
 
     def _loop(self, ctl: Controller, t_start: float, progress, timeout_s: float | None, stay: bool) -> str:
         """Returns why it ended: every job done, timeout, or stopped (``stay``: keep going when all are done,
@@ -733,14 +604,16 @@ class Orchestrator:
         return JobDir(self.job_dir(name)).progress()
 
     def summary(self, wall_s: float) -> dict:
+        """The run's table: per job its status, samples, node-seconds held and spent training, fragments,
+        rescales, reclaims, final checkpoint and E_used (work at the one-node rate per node-second held)."""
         rows = []
         held = trained = work = 0.0
         reclaims = [d["job"] for _, _, d in self.db.events("reclaim")]
-        for name, r in self.db.jobs().items():
-            c = self.curves[name]
-            rows.append({"job": name, "status": r.status, "samples": r.samples_done, "node_s": r.node_s,
+        for j in read_jobs(self.db, self.dir):
+            r, c = j.row, self.curves[j.name]
+            rows.append({"job": j.name, "status": r.status, "samples": r.samples_done, "node_s": r.node_s,
                          "train_node_s": r.train_node_s, "fragments": r.fragments, "rescales": r.rescales,
-                         "reclaims": reclaims.count(name), "checkpoint": self._abs(r.checkpoint),
+                         "reclaims": reclaims.count(j.name), "checkpoint": j.checkpoint,
                          "e_used": (r.samples_done / c.rate(1)) / r.node_s if r.node_s else 0.0})
             held += r.node_s
             trained += r.train_node_s

@@ -147,22 +147,20 @@ def _state_dirs(work: Path) -> list[Path]:
 
 
 def _jobs(d: Path) -> list[dict]:
+    from ..execution.report import read_jobs
     from ..execution.jobstore import JobStore
-    from ..train.protocol import JobDir
 
     rows = []
     work = d / "work"
     for sd in _state_dirs(work):
         db = JobStore(sd / "state.sqlite", readonly=True)
         try:
-            for name, r in db.jobs().items():
-                ck = r.checkpoint and str(sd / r.checkpoint)     # stored relative to its state directory
-                jd = JobDir(db.meta(f"dir:{name}") or sd / "jobs" / name)   # the site's checkpoint_dir, or here
-                live = jd.progress() if r.status == "running" else None
-                rows.append({"state": str(sd.relative_to(work)), "job": name, "status": r.status,
-                             "samples_done": max(r.samples_done, live.samples_done if live else 0),
+            for j in read_jobs(db, sd):
+                r = j.row
+                rows.append({"state": str(sd.relative_to(work)), "job": j.name, "status": r.status,
+                             "samples_done": j.samples_now if r.status == "running" else r.samples_done,
                              "samples": r.spec.get("samples"), "nodes": r.size, "fragments": r.fragments,
-                             "checkpoint": ck})
+                             "checkpoint": j.checkpoint})
         finally:
             db.close()
     return rows

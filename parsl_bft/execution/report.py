@@ -1,0 +1,78 @@
+"""The one reader of a state directory: where each job stands, for the running loop, `parsl-bft status` and the
+remote side (remote/facility.py). A job's stored row is what its last collected fragment left; a running
+fragment's own progress report (the job directory's progress.json) is newer."""
+from __future__ import annotations
+
+import sqlite3
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..train.protocol import JobDir, Progress
+from .errors import StateError
+from .jobstore import JobRow, JobStore, damaged_advice
+from .statedir import DATABASE, StateDir
+
+
+@dataclass
+class JobReport:
+    """Where one job stands: its stored row, its live progress report (if any) and, if it failed, why."""
+
+    name: str
+    row: JobRow
+    live: Progress | None
+    checkpoint: str | None          # absolute
+    error: str | None = None
+
+    @property
+    def samples(self) -> int:
+        """The job's budget of samples (0 when the stored spec has none)."""
+        return int(self.row.spec.get("samples") or 0)
+
+    @property
+    def samples_now(self) -> int:
+        """Samples done, counting what a running fragment has reported since its last collected result."""
+        return max(self.row.samples_done, self.live.samples_done if self.live is not None else 0)
+
+
+def job_dir(db: JobStore, root: Path, name: str) -> JobDir:
+    """A job's directory as the orchestrator last recorded it (a site's checkpoint_dir), else the default."""
+    return JobDir(db.meta(f"dir:{name}") or root / "jobs" / name)
+
+
+def read_jobs(db: JobStore, root: Path) -> list[JobReport]:
+    """Every job of a state directory, in submission order, with live progress and the error of failed ones."""
+    sd = StateDir(root, create=False)
+    errors: dict[str, str] = {}
+    out = []
+    for name, r in db.jobs().items():
+        if r.status == "failed" and not errors:
+            errors = {d["job"]: d["error"] for _, _, d in db.events("failed")}     # the newest per job
+        out.append(JobReport(name, r, job_dir(db, root, name).progress(), sd.abs(r.checkpoint),
+                             errors.get(name) if r.status == "failed" else None))
+    return out
+
+
+def open_state(root: str | Path) -> JobStore:
+    """A state directory's database, read-only (nothing is created or changed). A missing one names the state
+    directories one level down (workflows keep theirs in bft-state/<workflow>)."""
+    db_path = Path(root) / DATABASE
+    if not db_path.is_file():
+        inside = sorted(str(p.parent) for p in Path(root).glob(f"*/{DATABASE}"))
+        hint = f"; state directories in it: {', '.join(inside)}" if inside else ""
+        raise FileNotFoundError(f"no orchestrator state at {db_path}{hint}")
+    return JobStore(db_path, readonly=True)
+
+
+def read_state(root: str | Path, *, last_events: int = 0) -> tuple[list[JobReport], list[tuple[float, str, dict[str, Any]]]]:
+    """Jobs and the newest ``last_events`` events of a state directory, read-only; a damaged database is a
+    StateError that says what to do."""
+    db = open_state(root)
+    try:
+        jobs = read_jobs(db, Path(root))
+        events = db.events()[-last_events:] if last_events else []
+    except (sqlite3.DatabaseError, ValueError, TypeError) as e:
+        raise StateError(damaged_advice(db.path, e)) from None
+    finally:
+        db.close()
+    return jobs, events

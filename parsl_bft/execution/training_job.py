@@ -1,0 +1,102 @@
+"""What a scientist declares: ``TrainingJob``, and the checks that run before a job is stored or launched."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..jobs import JobSpec, JobSpecError
+from ..train.workloads import WORKLOADS
+
+
+@dataclass
+class TrainingJob:
+    """What a scientist declares: a model to train on whatever idle nodes there are."""
+
+    name: str
+    workload: str = "images"
+    samples: int = 50_000
+    min_nodes: int = 1
+    max_nodes: int = 4
+    global_batch: int = 64
+    workload_args: dict[str, Any] = field(default_factory=dict)
+    t_up: float = 10.0             # seconds of progress a rescale costs (measure yours: parsl-bft profile)
+    t_down: float = 10.0
+    weight: float = 1.0
+    rate_guess: float = 1000.0     # samples/s on one node until measured (fragments feed real rates back)
+    freeze: str = "off"            # "auto": the planner may freeze a prefix of layers (layer elasticity) ...
+    accuracy_budget: float = 0.0   # ... while the predicted accuracy cost stays within this (0.005: half a point)
+    loop: str | None = None        # the user's own training function, 'file.py:fn' (parsl_bft.train.context)
+    deterministic: bool = True     # torch deterministic algorithms (bit-for-bit resumes; off: faster kernels)
+
+    def __post_init__(self) -> None:
+        check_job_name(self.name)
+        if self.loop is not None:        # ranks run in other directories: its file by its absolute path
+            mod, fn = self._check_spec("loop", self.loop, "'my_script.py:train' or 'package.module:train'")
+            self.loop = f"{Path(mod).resolve()}:{fn}" if mod.endswith(".py") else self.loop
+
+    def check_workload(self) -> None:
+        """At submit (not when a restart reads the job back): a typo fails here, not later in a rank."""
+        if self.loop is None and self.workload not in WORKLOADS:
+            self._check_spec("workload", self.workload, f"{' or '.join(map(repr, WORKLOADS))}, "
+                             "'package.module:factory' or 'my_model.py:factory'")
+
+    def _check_spec(self, what: str, spec: str, forms: str) -> tuple[str, str]:
+        mod, _, name = str(spec).rpartition(":")
+        if not mod or not name:
+            raise ValueError(f"job {self.name!r}: {what} {spec!r}: write {forms}")
+        if mod.endswith(".py") and not Path(mod).is_file():
+            raise ValueError(f"job {self.name!r}: {what} {spec!r}: no such file {mod}")
+        return mod, name
+
+    def spec(self) -> JobSpec:
+        """The planner's view of this job (sizes, costs, weight), validated with messages that name its fields."""
+        for f, kind in (("rate_guess", (int, float)), ("global_batch", int)):
+            v = getattr(self, f)
+            if isinstance(v, bool) or not isinstance(v, kind) or not 0 < v < math.inf:
+                raise ValueError(f"job {self.name!r}: {f} must be {'an integer' if kind is int else 'a number'} "
+                                 f"> 0, got {v!r}")
+        try:
+            return JobSpec(self.name, self.name, self.min_nodes, self.max_nodes, self.t_up, self.t_down,
+                           float(self.samples), 0.0, self.weight, freeze=self.freeze,
+                           accuracy_budget=self.accuracy_budget)
+        except JobSpecError as e:       # JobSpec's field names are TrainingJob's: name the one to fix
+            raise JobSpecError(e.field, f"job {self.name!r}: {e.field}: {e.problem}", e.problem) from None
+
+    def check_submit(self, ranks_per_node: int) -> None:
+        """Everything a new job must pass before it is stored: JSON arguments, a known workload or loop, sizes,
+        and at least one sample per rank and step at its largest size."""
+        check_json_args(self)
+        self.check_workload()
+        self.spec()
+        if self.global_batch < self.max_nodes * ranks_per_node:
+            raise ValueError(f"job {self.name!r}: global_batch {self.global_batch} < max_nodes {self.max_nodes} x "
+                             f"{ranks_per_node} ranks per node: every rank needs at least one sample per step")
+
+
+_JOB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+def check_job_name(name: object) -> str:
+    """A job's name is its directory's name: one path component of letters, digits, '.', '_' and '-', starting with
+    a letter or digit - so no name reaches outside its own directory (no '/', '..', absolute paths) and no two
+    spellings ('a', './a', 'x/../a') share one."""
+    if not isinstance(name, str) or not _JOB_NAME.match(name):
+        raise ValueError(f"job name {name!r}: use 1-128 letters, digits, '.', '_' or '-', starting with a letter or "
+                         "digit (it names the job's directory)")
+    return name
+
+
+def check_json_args(job: TrainingJob) -> None:
+    """workload_args are stored with the job (JSON): name the field that is not, and say what to pass."""
+    for k, v in job.workload_args.items():
+        try:
+            json.dumps(v, allow_nan=False)
+        except (TypeError, ValueError):
+            hint = "str(path)" if isinstance(v, os.PathLike) else "a str, number, bool, list or dict of those"
+            raise ValueError(f"job {job.name!r}: workload_args[{k!r}] is a {type(v).__name__}, not a JSON value "
+                             f"(they are stored with the job): pass {hint}") from None
