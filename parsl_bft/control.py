@@ -129,6 +129,34 @@ class Controller:
                 a.state.nodes = tuple(spare if n == node else n for n in a.state.nodes)
         s.nodes = tuple(node if n == spare else n for n in s.nodes)
 
+    def submit(self, spec: JobSpec) -> bool:
+        """A job that arrived while the loop runs joins the queue; False if it is queued or active already."""
+        if spec.name in self.active or any(j.name == spec.name for j in self.waiting):
+            return False
+        self.waiting.append(spec)
+        return True
+
+    def accrue(self, dt: float) -> None:
+        """``dt`` seconds passed: every active job held its nodes that long."""
+        for a in self.active.values():
+            a.node_seconds += a.state.size * dt
+
+    def progressed(self, name: str, samples_done: float) -> None:
+        """Real progress (the runtime's fragments): where an active job stands now."""
+        if name in self.active:
+            self.active[name].state.samples_done = samples_done
+
+    def measured(self, name: str, curve: ScalingCurve) -> None:
+        """A new measured throughput curve for a job: the planner uses it from the next plan on."""
+        self.curves[name] = curve
+        if name in self.active:
+            self.active[name].state.curve = curve
+
+    @property
+    def demand(self) -> int:
+        """Nodes every active and waiting job could use at most (no pilot is worth more than this)."""
+        return sum(a.state.spec.max_nodes for a in self.active.values()) + sum(j.max_nodes for j in self.waiting)
+
     def job_finished(self, name: str, t: float) -> None:
         a = self.active.pop(name)
         a.finished_at = t

@@ -3,13 +3,16 @@ A restarted orchestrator picks every job up again from here."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sqlite3
 import time
 from dataclasses import dataclass, fields
 from pathlib import Path
+from typing import Any
 
 from .errors import StateError
+from .events import Event
 
 __all__ = ["JobRow", "JobStore", "StateError", "damaged_advice"]
 
@@ -41,6 +44,7 @@ class JobRow:
 
 
 _COLUMNS = [f.name for f in fields(JobRow)]
+log = logging.getLogger("parsl_bft.events")
 
 
 def damaged_advice(path: Path, err: Exception) -> str:
@@ -103,8 +107,15 @@ class JobStore:
             self.db.execute(f"UPDATE jobs SET {sets}, updated = ? WHERE name = ?",
                             (*values.values(), time.time(), name))
 
-    def event(self, kind: str, **detail) -> None:
-        self.db.execute("INSERT INTO events VALUES (?, ?, ?)", (time.time(), kind, json.dumps(detail)))
+    def record(self, ev: Event) -> None:
+        """Append one event to the log (and to the ``parsl_bft.events`` logger, at INFO)."""
+        self.event(ev.kind.value, **ev.detail())
+
+    def event(self, kind: str, **detail: Any) -> None:
+        """Append an event given as a kind and its fields (``record`` takes a typed Event)."""
+        text = json.dumps(detail)
+        log.info("%s %s", kind, text[:500])
+        self.db.execute("INSERT INTO events VALUES (?, ?, ?)", (time.time(), kind, text))
 
     def events(self, kind: str | None = None) -> list[tuple[float, str, dict]]:
         q = "SELECT t, kind, detail FROM events" + (" WHERE kind = ?" if kind else "") + " ORDER BY rowid"

@@ -28,6 +28,7 @@ from ..scaling import ScalingCurve
 from ..train.checkpoint import CheckpointStore
 from ..train.protocol import JobDir
 from .checkpoint_policy import CheckpointPolicy
+from . import events
 from .errors import JobFailed, RunStopped, StateError, StateLocked
 from .htex import FragmentHandle, FragmentLost, SiteRunner
 from .jobstore import JobRow, JobStore, damaged_advice
@@ -280,8 +281,8 @@ class Orchestrator:
                          layers=self.layers)
         for spec in pending:
             self._fence(spec.name)
-        self.db.event("start", generation=self.generation, jobs=[s.name for s in pending],
-                      resume={s.name: _newest_step(self.job_dir(s.name)) for s in pending})
+        self.db.record(events.Start(self.generation, [s.name for s in pending],
+                                {s.name: _newest_step(self.job_dir(s.name)) for s in pending}))
         t_start = time.monotonic()
         why = "done"
         with sigterm_unwinds():
@@ -312,20 +313,16 @@ class Orchestrator:
                 return "stopped"
             while self._arrivals:                        # submitted while we run: into the plan
                 name = self._arrivals.pop(0)
-                if not self.futures[name].done() and name not in ctl.active and \
-                        all(s.name != name for s in ctl.waiting):
+                if not self.futures[name].done() and ctl.submit(self._spec(name)):
                     self._fence(name)
-                    ctl.waiting.append(self._spec(name))
-                    self.db.event("submit", job=name)
+                    self.db.record(events.Submit(name))
                     changed = True
-            demand = sum(a.state.spec.max_nodes for a in ctl.active.values()) + sum(j.max_nodes for j in ctl.waiting)
             for site in self.sites.values():             # no pilots for nodes no job could use
-                site.pool.demand = demand
+                site.pool.demand = ctl.demand
             now = time.monotonic()
             dt, last = now - last, now
             self.pool_node_s += len(ctl.pool) * dt
-            for a in ctl.active.values():
-                a.node_seconds += a.state.size * dt
+            ctl.accrue(dt)
             for ev in self.pool.poll():
                 if ev.kind == "join":     # nodes arrive one by one: plan once they have settled
                     for r in self.running.values():
@@ -352,8 +349,7 @@ class Orchestrator:
                 else:
                     self._noticed.update(ev.nodes)
                 for name in ctl.nodes_left(ev.nodes):
-                    self.db.event("reclaim", job=name, nodes=list(ev.nodes), by=ev.kind,
-                                  **({"why": ev.why} if ev.why else {}))
+                    self.db.record(events.Reclaim(name, list(ev.nodes), ev.kind, ev.why or None))
             self._follow_placement(ctl)
             changed |= self._collect(ctl)
             done_with = self._noticed - set().union(*(r.doomed for r in self.running.values()))
@@ -387,7 +383,7 @@ class Orchestrator:
                 self._kill(name)
             self.pool.stop()
             self.db.set_meta("checkpoint-policy", self.policy.state())
-            self.db.event("stop", generation=self.generation, why=why, unfinished=sorted(self.running))
+            self.db.record(events.Stop(self.generation, why, sorted(self.running)))
 
     # --- fragments -----------------------------------------------------------------------------------
     def _fence(self, name: str) -> None:
@@ -430,7 +426,7 @@ class Orchestrator:
         if r and not r.stop_requested:
             r.stop_requested = True
             JobDir(self.job_dir(name)).request_stop()
-            self.db.event("stop-request", job=name, why=why)
+            self.db.record(events.StopRequest(name, why))
 
     def _abandon_waiting(self, name: str, all_or_none: bool) -> None:
         """Shares of a gang still waiting for a worker when their nodes are reclaimed: give them up instead of
@@ -441,7 +437,7 @@ class Orchestrator:
         n = r.handle.abandon(all_or_none)
         if n:
             r.killed = True        # not the job's own failure
-            self.db.event("abandon", job=name, fragment=r.fragment, shares=n)
+            self.db.record(events.Abandon(name, r.fragment, n))
 
     def _kill(self, name: str) -> None:
         """The node is gone: whatever did not stop in the notice period dies now (ranks on other hosts end
@@ -463,7 +459,7 @@ class Orchestrator:
                     if node in ctl.active[name].state.nodes:
                         r.placed.add(node)
             if len(r.placed) == r.nodes:     # where its ranks run (the plan's nodes, or swapped within a group)
-                self.db.event("placed", job=name, fragment=r.fragment, nodes=sorted(r.placed))
+                self.db.record(events.Placed(name, r.fragment, sorted(r.placed)))
 
     def _lost(self, r: _Running) -> bool:
         """A gang whose every started share ran on nodes that have left (their pilots ended or their worker pools
@@ -566,7 +562,7 @@ class Orchestrator:
         if name in ctl.active:
             ctl.job_finished(name, time.monotonic())
         self.db.update(name, status="failed", size=0)
-        self.db.event("failed", job=name, error=err[-20_000:])
+        self.db.record(events.Failed(name, err[-20_000:]))
         if not self.futures[name].done():
             self.futures[name].set_exception(JobFailed(
                 f"job {name}: {self.max_failures} fragments failed in a row without progress; last: {err} "
