@@ -1,0 +1,117 @@
+"""The checkpoint file format: its constants, what a checkpoint holds (TrainingState), its error, and the
+metadata checksum both the writer and the reader compute.
+
+Layout of ``ckpt-<step>.h5``::
+
+    /                 attrs: format, version, step, epoch, samples_done, data_position, created,
+                             job (JSON), metrics (JSON), extra (JSON), manifest (JSON list of datasets)
+    /model/<name>     one dataset per tensor of the state dict
+    /optimizer/...    the optimizer state dict as a tree of groups (dicts, lists) and datasets
+    /scheduler/...    LR scheduler state, same encoding
+    /rng/...          torch (CPU and CUDA) generator states, numpy's and Python's
+
+Tensors keep their dtype; those numpy cannot hold (bfloat16, float8) are stored as same-width integers with
+the real dtype in the ``torch_dtype`` attribute. Scalars, strings and None live in JSON attributes. Every
+dataset carries an xxh3-64 checksum of its bytes, verified on load.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+import xxhash
+
+from ...errors import ParslBftError
+
+FORMAT = "parsl-bft-checkpoint"
+VERSION = 2                  # 2: a checksum over the metadata too (attributes, dtypes, shapes)
+NUMERIC_KINDS = "biufc"      # the only dataset types a checkpoint holds
+ROOT_ATTRS = ("format", "version", "step", "epoch", "samples_done", "data_position", "created", "job", "metrics",
+              "extra")
+PARTS = ("model", "optimizer", "scheduler", "rng")
+
+NUMPY_UNSUPPORTED: dict[torch.dtype, torch.dtype] = {torch.bfloat16: torch.int16}
+for _name in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz"):
+    if hasattr(torch, _name):
+        NUMPY_UNSUPPORTED[getattr(torch, _name)] = torch.int8
+BY_NAME = {str(d).removeprefix("torch."): d for d in NUMPY_UNSUPPORTED}
+
+
+class CheckpointError(ParslBftError):
+    """A checkpoint file that cannot be used; ``dataset`` names the damaged part when known. ``overwritten``: a
+    load ``into`` live tensors had begun writing them when the damage showed (they hold part of this file);
+    ``written`` names them (their keys in ``into``)."""
+
+    def __init__(self, path: str, problem: str, dataset: str | None = None, *,
+                 written: Sequence[Any] = ()) -> None:
+        self.path, self.problem, self.dataset, self.written = path, problem, dataset, tuple(written)
+        where = f" (dataset {dataset})" if dataset else ""
+        super().__init__(f"{path}: {problem}{where}")
+
+    @property
+    def overwritten(self) -> bool:
+        """Whether live tensors already hold part of this damaged file."""
+        return bool(self.written)
+
+
+@dataclass
+class TrainingState:
+    """Everything a fragment needs to continue exactly where the last one stopped."""
+
+    model: dict[str, torch.Tensor]
+    optimizer: dict[str, Any] | None = None
+    scheduler: dict[str, Any] | None = None
+    rng: dict[str, Any] | None = None
+    step: int = 0
+    epoch: int = 0
+    samples_done: int = 0
+    data_position: int = 0
+    job: dict[str, Any] = field(default_factory=dict)
+    metrics: list[dict[str, float]] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def finite_weights(model: dict[str, Any]) -> str | None:
+    """The name of the first floating-point tensor holding NaN or infinity, None when all are finite."""
+    for k, t in model.items():
+        if isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel() and not bool(torch.isfinite(t).all()):
+            return str(k)
+    return None
+
+
+def digest(a: np.ndarray) -> str:
+    """The xxh3-64 checksum of an array's bytes, as stored in a dataset's ``xxh3`` attribute."""
+    return xxhash.xxh3_64_hexdigest(np.ascontiguousarray(a).view(np.uint8).reshape(-1).data)
+
+
+def plain(v: Any) -> Any:
+    """An attribute value as Python sees it, the same whether just written or read back."""
+    return v.item() if isinstance(v, np.generic) else v
+
+
+def as_count(v: Any) -> int:
+    """A root attribute that must be a non-negative int (step, epoch, ...); ValueError otherwise."""
+    v = plain(v)
+    if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+        raise ValueError(f"not a count: {v!r}")
+    return v
+
+
+class MetaChecksum:
+    """The metadata checksum (format 2): every attribute, dataset name, dtype and shape, fed in the order the
+    tree is written and read, so that a damaged JSON attribute or a changed dtype is caught like damaged data."""
+
+    def __init__(self) -> None:
+        self.h = xxhash.xxh3_64()
+
+    def add(self, *parts: Any) -> None:
+        """Feed one record (an attribute, a dataset's header, a group's presence)."""
+        self.h.update(repr(tuple(plain(p) for p in parts)).encode())
+        self.h.update(b"\0")
+
+    def hexdigest(self) -> str:
+        """The checksum of everything fed so far."""
+        return self.h.hexdigest()
