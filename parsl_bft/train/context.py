@@ -32,18 +32,16 @@ told to stop has finished the job (its own end, e.g. a fixed number of epochs).
 from __future__ import annotations
 
 import inspect
-import json
 import math
 import time
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Iterator
 
 import torch
 
 from .checkpoint import TrainingState, capture_rng, finite_weights, restore_rng
-from .fragment import (FragmentConfig, FragmentFailed, FragmentResult, _local_rank, close_rank, join_group,
-                       open_rank, step_flags)
+from .config import FragmentConfig, FragmentFailed, FragmentResult, StopReason
+from .fragment import _local_rank, close_rank, join_group, open_rank, step_flags
 from .protocol import Progress
 from .workloads import load_attr
 
@@ -68,7 +66,7 @@ class TrainContext:
         rs.saver.durable = (self.saved_step, self._saved_at)    # on disk at the start: what was restored
         self.saves, self.save_s, self.last_save_s = 0, 0.0, 0.0
         self.checkpoint = rs.store.latest_path if restored is not None else None   # the newest, as it goes
-        self.stopped_by: str | None = None
+        self.stopped_by: StopReason | None = None
         self._last: dict[str, float] = {}
         self._reported = 0.0
         self._net = None
@@ -125,11 +123,11 @@ class TrainContext:
         loss /= self.world_size
         self.metrics.append({**self._last, "step": self.step, "loss": loss, "world": self.world_size})
         if stop or late:
-            self.stopped_by = "signal" if stop else "deadline"
+            self.stopped_by = StopReason.SIGNAL if stop else StopReason.DEADLINE
         elif cfg.total_samples is not None and self.samples_done >= cfg.total_samples:
-            self.stopped_by = "done"
+            self.stopped_by = StopReason.DONE
         elif cfg.steps is not None and self.step - self.start_step >= cfg.steps:
-            self.stopped_by = "steps"
+            self.stopped_by = StopReason.STEPS
         if self.rank == 0 and time.perf_counter() - self._reported > 0.5:     # live progress
             self._reported = time.perf_counter()
             self._progress(loss)
@@ -207,7 +205,7 @@ def run_loop(cfg: FragmentConfig) -> FragmentResult | None:
     started, t_train = time.time(), time.perf_counter()
     fn(ctx)
     train_s = time.perf_counter() - t_train
-    ctx.stopped_by = ctx.stopped_by or "finished"
+    ctx.stopped_by = ctx.stopped_by or StopReason.FINISHED
     if rs.rank == 0 and ctx.saved_step != ctx.step:
         raise FragmentFailed(f"job {cfg.job}: the training function returned at step {ctx.step} but saved last at "
                              f"step {ctx.saved_step}: call ctx.save(state) before returning")
@@ -224,5 +222,5 @@ def run_loop(cfg: FragmentConfig) -> FragmentResult | None:
                          str(ctx.checkpoint or ""), [str(e) for e in rs.store.skipped], started, ctx.saves,
                          ctx.save_s / ctx.saves if ctx.saves else 0.0)
     if rs.kv is not None:
-        rs.kv.set("result", json.dumps(asdict(res)))
+        rs.kv.set("result", res.to_json())
     return res

@@ -21,7 +21,6 @@ crash) costs at most that much training.
 from __future__ import annotations
 
 import argparse
-import json
 import inspect
 import math
 import os
@@ -29,9 +28,8 @@ import signal
 import sys
 import threading
 import time
-import uuid
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from pathlib import Path
 
@@ -40,81 +38,10 @@ import torch.distributed as dist
 from torch.utils.data import TensorDataset
 
 from .checkpoint import BackgroundSave, CheckpointStore, TrainingState, capture_rng, finite_weights, restore_rng
+from .config import FragmentConfig, FragmentFailed, FragmentResult, StopReason
 from .freezing import GradRecorder, carry_optimizer_state, freeze_prefix
 from .protocol import JobDir, Progress
 from .workloads import make_workload
-
-
-@dataclass
-class FragmentConfig:
-    job: str
-    workload: str
-    checkpoint_dir: str
-    world_size: int = 1
-    global_batch: int = 64
-    micro_batch: int | None = None
-    steps: int | None = None
-    deadline_s: float | None = None
-    total_samples: int | None = None
-    seed: int = 0
-    workload_args: dict = field(default_factory=dict)
-    freeze_layers: int = 0
-    keep: int = 3
-    backend: str = "auto"             # gloo | nccl | auto (nccl when CUDA is there)
-    threads_per_rank: int = 1
-    deterministic: bool = True
-    timeout_s: float = 60.0           # collective timeout: a dead peer fails the fragment, it does not hang
-    fsync: bool = True
-    watch_stop: bool = True           # honour the job directory's STOP file (the orchestrator's request)
-    generation: str | None = None     # fencing: save only while <checkpoint_dir>/GENERATION still says this
-    checkpoint_every_s: float | None = None   # periodic saves (None: only when the fragment stops)
-    fragment_id: str = ""             # names this launch in the store, pid and error files ("" = a fresh one)
-    ranks_per_node: int = 1           # a gang task starts this many ranks on its node (its accelerators)
-    grad_stats_interval: int = 50     # steps per interval of per-layer gradient statistics (train/freezing.py)
-    loop: str | None = None           # a user's training function ('file.py:fn'), instead of the workload loop
-
-    def __post_init__(self) -> None:
-        if self.world_size < 1:
-            raise ValueError(f"world_size must be >= 1, got {self.world_size}")
-        if self.global_batch < self.world_size:
-            raise ValueError(f"global_batch {self.global_batch} < world_size {self.world_size}: every rank needs "
-                             "at least one sample per step")
-        if self.steps is None and self.deadline_s is None and self.total_samples is None:
-            raise ValueError("a fragment needs a bound: steps, deadline_s or total_samples")
-        if self.checkpoint_every_s is not None and self.checkpoint_every_s <= 0:
-            raise ValueError(f"checkpoint_every_s must be > 0, got {self.checkpoint_every_s}")
-        if self.ranks_per_node < 1:
-            raise ValueError(f"ranks_per_node must be >= 1, got {self.ranks_per_node}")
-        if not self.fragment_id:
-            self.fragment_id = f"{self.job}-{uuid.uuid4().hex[:10]}"
-
-
-@dataclass
-class FragmentResult:
-    job: str
-    world_size: int
-    start_step: int
-    end_step: int
-    samples: int                      # samples trained in this fragment
-    samples_done: int                 # job total after it
-    train_s: float
-    restore_s: float
-    rendezvous_s: float
-    checkpoint_s: float               # the final save
-    throughput: float                 # samples/s while training
-    stopped_by: str                   # steps | deadline | signal | done
-    loss: float
-    checkpoint: str
-    skipped_checkpoints: list[str] = field(default_factory=list)
-    train_started: float = 0.0        # unix time the first step began (node joined -> training latency)
-    periodic_saves: int = 0
-    periodic_save_s: float = 0.0      # mean time of one periodic save (what Young/Daly calls C)
-    grad_stats: dict = field(default_factory=dict)   # per-layer gradient statistics (train/freezing.py)
-
-
-class FragmentFailed(RuntimeError):
-    """A rank died or the fragment could not run; the job resumes from its last good checkpoint."""
-
 
 _STOP = {"flag": False}
 
@@ -410,14 +337,14 @@ def train_rank(cfg: FragmentConfig) -> FragmentResult | None:
     last_report = 0.0
     t_train = time.perf_counter()
     train_started = time.time()
-    stopped_by = "steps"
+    stopped_by = StopReason.STEPS
     last_loss = float("nan")
     while True:
         if cfg.total_samples is not None and samples_done >= cfg.total_samples:
-            stopped_by = "done"
+            stopped_by = StopReason.DONE
             break
         if cfg.steps is not None and step - start_step >= cfg.steps:
-            stopped_by = "steps"
+            stopped_by = StopReason.STEPS
             break
         if pos + B > n:                        # next epoch: a fresh permutation, the remainder is dropped
             epoch, pos = epoch + 1, 0
@@ -454,7 +381,7 @@ def train_rank(cfg: FragmentConfig) -> FragmentResult | None:
                 metrics[-1].update(_evaluate(wl, model))
             wl.log(metrics[-1])
         if stop or late:
-            stopped_by = "signal" if stop else "deadline"
+            stopped_by = StopReason.SIGNAL if stop else StopReason.DEADLINE
             break
         if rank == 0:
             now = time.time()
@@ -487,7 +414,7 @@ def train_rank(cfg: FragmentConfig) -> FragmentResult | None:
                          [str(e) for e in store.skipped], train_started, saves, save_s / saves if saves else 0.0,
                          grads.report())
     if rs.kv is not None:
-        rs.kv.set("result", json.dumps(asdict(res)))
+        rs.kv.set("result", res.to_json())
     return res
 
 
@@ -496,10 +423,10 @@ def main(argv: list[str] | None = None) -> int:
                                  description="one rank of a training fragment (launch n of them with srun/mpiexec)")
     ap.add_argument("--config", required=True, help="FragmentConfig as JSON")
     args = ap.parse_args(argv)
-    cfg = FragmentConfig(**json.loads(Path(args.config).read_text()))
+    cfg = FragmentConfig.from_json(Path(args.config).read_text())
     res = train_rank(cfg)
     if res is not None and "PARSL_BFT_STORE" not in os.environ:
-        print(json.dumps(asdict(res)))
+        print(res.to_json())
     return 0
 
 

@@ -19,14 +19,14 @@ import socket
 import sys
 import threading
 import time
-from dataclasses import asdict
 from datetime import timedelta
 from multiprocessing.connection import wait as wait_any
 from pathlib import Path
 
 import torch.distributed as dist
 
-from .fragment import FragmentConfig, FragmentFailed, FragmentResult, main
+from .config import FragmentConfig, FragmentFailed, FragmentResult
+from .fragment import main
 from .protocol import JobDir
 
 
@@ -71,7 +71,7 @@ def run_fragment(cfg: FragmentConfig, *, env: dict | None = None, ranks: list[in
         store = f"127.0.0.1:{server.port}"
     kv = store_client(store, cfg.fragment_id, cfg.timeout_s)
     cfg_file = jd.path / f".cfg-{socket.gethostname()}-{cfg.fragment_id}-{ranks[0]}.json"
-    cfg_file.write_text(json.dumps(asdict(cfg)))
+    cfg_file.write_text(cfg.to_json())
     logs = [jd.log_path(cfg.fragment_id, r) for r in ranks]
     logs[0].parent.mkdir(exist_ok=True)
     procs = []
@@ -105,7 +105,7 @@ def run_fragment(cfg: FragmentConfig, *, env: dict | None = None, ranks: list[in
             return None
         if not kv.check(["result"]):
             raise FragmentFailed(f"fragment of {cfg.job}: rank 0 wrote no result")
-        return FragmentResult(**json.loads(kv.get("result")))
+        return FragmentResult.from_json(kv.get("result"))
     finally:
         for s, h in old.items():
             signal.signal(s, h)
