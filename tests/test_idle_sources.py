@@ -229,3 +229,11 @@ def test_cli_error_is_clear(tmp_path):
     r = subprocess.run([sys.executable, "-m", "parsl_bft.cli", "idle", str(p)], capture_output=True, text=True)
     assert r.returncode == 2
     assert f"{p}:2: field 'idle_end'" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_swf_module_still_exports_the_schedule_and_assignment_names():
+    # parsing, scheduling and node assignment live in separate modules; callers import them all from swf
+    from parsl_bft.idle import node_assignment, schedule, swf, swf_format
+    assert swf.Schedule is schedule.Schedule and swf.recorded_schedule is schedule.recorded_schedule
+    assert swf.peak_usage is schedule.peak_usage and swf.assign_nodes is node_assignment.assign_nodes
+    assert swf.SwfTrace is swf_format.SwfTrace and swf.MAX_NODES == swf_format.MAX_NODES
