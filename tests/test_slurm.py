@@ -59,11 +59,6 @@ def test_parsers_on_recorded_output():
     start, where = parse_test_only(TEST_ONLY)
     assert where == "n7" and start == datetime.fromisoformat("2026-11-21T18:18:57").timestamp()
     assert [(r.job_id, r.state) for r in parse_sacct(SACCT)] == [("7", "TIMEOUT"), ("8", "CANCELLED")]
-    # host lists: text after a bracket, several brackets, zero padding
-    from parsl_bft.execution.slurm.commands import expand_hostlist
-    assert expand_hostlist("n[1-2]-ib") == ("n1-ib", "n2-ib")
-    assert expand_hostlist("r[1-2]n[09-10],gpu07") == ("r1n09", "r1n10", "r2n09", "r2n10", "gpu07")
-    assert expand_hostlist("a01n[01,03],(null)") == ("a01n01", "a01n03")
     (r,) = parse_reservations(RESV)
     assert r.nodes == ("n1", "n2") and r.start == datetime.fromisoformat("2026-11-21T20:37:48").timestamp()
     assert parse_reservations("No reservations in the system\n") == []
@@ -142,7 +137,8 @@ def test_a_pilot_being_signalled_still_runs(tmp_path, caplog):
 def test_a_pilot_whose_worker_pool_is_lost_is_cancelled_not_left_holding_its_node():
     clock = {"t": 1000.0}
     fake = FakePilots()
-    pool = PilotPool(fake, max_nodes=1, probe_s=60.0, poll_s=0.0, release_s=3.0, clock=lambda: clock["t"])
+    pool = PilotPool(fake, max_nodes=1, probe_s=60.0, poll_s=0.0, release_s=3.0, clock=lambda: clock["t"],
+                     hold=fake.hold)
     pool.start()
     fake.holes_n = 1
     pool.poll()
@@ -391,13 +387,22 @@ def _check_outcome(slurm, state, tmp_path, ref, after_id, killed):
 
 
 class FakePilots:
-    """The provider and executor sides PilotPool talks to, driven by the test (no scheduler, no Parsl)."""
+    """The provider and executor sides PilotPool talks to, driven by the test (no scheduler, no Parsl); the
+    pool's ``hold`` of a block is recorded (tests/test_pilot_pool_htex.py holds a real HTEX's block)."""
+
+    label, script_dir, can_target = "fake", None, False
 
     def __init__(self):
         self.notice_s, self.holes_n, self.running, self.claims, self.marks = 20, 0, {}, set(), set()
         self.blocks_to_job_id, self.managers, self.cancelled, self.held = {}, set(), [], []
         self.provider, self.busy, self.surveys, self.slots = self, False, 0, None
         self.sizes, self.multi_node, self.pilot_nodes, self.busy_cancel = {}, False, 1, False
+
+    def hold(self, executor, block):
+        self.held.append(block)
+
+    def topology(self):
+        return None
 
     # provider
     def holes(self):
@@ -443,14 +448,12 @@ class FakePilots:
     def connected_managers(self):
         return [{"block_id": b} for b in self.managers]
 
-    def _hold_block(self, b):
-        self.held.append(b)
-
 
 def test_pilot_pool_joins_notices_claims_and_replaces_pilots():
     clock = {"t": 1000.0}
     fake = FakePilots()
-    pool = PilotPool(fake, max_nodes=2, probe_s=1.0, poll_s=0.0, release_s=3.0, clock=lambda: clock["t"])
+    pool = PilotPool(fake, max_nodes=2, probe_s=1.0, poll_s=0.0, release_s=3.0, clock=lambda: clock["t"],
+                     hold=fake.hold)
     pool.start()
 
     def step(dt=1.0):
@@ -569,8 +572,9 @@ class CannedExecutor:
         return [{"block_id": b} for b, j in self.blocks_to_job_id.items()
                 if self.cluster.jobs[j]["state"] == "RUNNING" for _ in self.cluster.jobs[j]["nodes"]]
 
-    def _hold_block(self, b):
-        pass
+
+def no_hold(executor, block):
+    """The pools on a canned cluster have no worker pools to hold."""
 
 
 def test_scheduler_commands_per_minute_do_not_grow_with_the_number_of_pilots(tmp_path):
@@ -585,7 +589,7 @@ def test_scheduler_commands_per_minute_do_not_grow_with_the_number_of_pilots(tmp
                                   poll_s=5)
         prov.clock = lambda: clock["t"]
         executor = CannedExecutor(prov, cluster)
-        pool = PilotPool(executor, max_nodes=n, probe_s=5.0, poll_s=1.0, clock=lambda: clock["t"])
+        pool = PilotPool(executor, max_nodes=n, probe_s=5.0, poll_s=1.0, clock=lambda: clock["t"], hold=no_hold)
         pool.start()
         for second in range(600):                # ten minutes: the pool every second, Parsl's poller every 5 s
             clock["t"] += 1.0
@@ -611,7 +615,8 @@ def test_a_restarted_orchestrator_cancels_the_pilots_its_dead_predecessor_left(t
         prov = SlurmPilotProvider("debug", commands=SlurmCommands(cluster),
                                   script_dir=str(tmp_path / "runinfo" / run / "submit_scripts"))
         prov.clock = lambda: clock["t"]
-        pool = PilotPool(CannedExecutor(prov, cluster), max_nodes=3, probe_s=1.0, poll_s=1.0, clock=lambda: clock["t"])
+        pool = PilotPool(CannedExecutor(prov, cluster), max_nodes=3, probe_s=1.0, poll_s=1.0, clock=lambda: clock["t"],
+                         hold=no_hold)
         pool.start()
         return pool
 
@@ -642,7 +647,8 @@ def capped_pool(tmp_path, job_limit: int):
     cluster = CannedCluster(lambda: clock["t"], job_limit=job_limit)
     prov = SlurmPilotProvider("debug", commands=SlurmCommands(cluster), script_dir=str(tmp_path))
     prov.clock = lambda: clock["t"]
-    pool = PilotPool(CannedExecutor(prov, cluster), max_nodes=8, probe_s=1.0, poll_s=1.0, clock=lambda: clock["t"])
+    pool = PilotPool(CannedExecutor(prov, cluster), max_nodes=8, probe_s=1.0, poll_s=1.0, clock=lambda: clock["t"],
+                     hold=no_hold)
     pool.start()
     return clock, cluster, prov, pool
 
@@ -679,7 +685,7 @@ def test_a_pilot_on_notice_is_given_back_once_the_orchestrator_is_done_with_it()
     start on the node."""
     clock = {"t": 1000.0}
     fake = FakePilots()
-    pool = PilotPool(fake, max_nodes=1, probe_s=100.0, poll_s=0.0, clock=lambda: clock["t"])
+    pool = PilotPool(fake, max_nodes=1, probe_s=100.0, poll_s=0.0, clock=lambda: clock["t"], hold=fake.hold)
     pool.start()
     fake.holes_n = 1
     clock["t"] += 1
@@ -735,7 +741,7 @@ def test_pilots_go_to_holes_group_by_group_each_group_its_own_executor(tmp_path)
         lanes[label] = CannedExecutor(prov, cluster, label)
         return lanes[label]
     base = CannedExecutor(prov, cluster, "site")
-    pool = PilotPool(base, max_nodes=8, probe_s=1.0, poll_s=1.0, clock=lambda: clock["t"], topology=topo,
+    pool = PilotPool(base, max_nodes=8, probe_s=1.0, poll_s=1.0, clock=lambda: clock["t"], topology=topo, hold=no_hold,
                      new_executor=new_executor)
     pool.demand = 2
     pool.start()

@@ -13,12 +13,14 @@ from __future__ import annotations
 import weakref
 from pathlib import Path
 
+from parsl.executors.status_handling import BlockProviderExecutor
 from parsl.jobs.states import JobState, JobStatus
 
 from ..errors import ParslBftError
+from .pilot import PilotProvider
 
 THRESHOLD = 3
-_RAN: "weakref.WeakKeyDictionary[object, set[str]]" = weakref.WeakKeyDictionary()
+_RAN: weakref.WeakKeyDictionary[BlockProviderExecutor, set[str]] = weakref.WeakKeyDictionary()
 _NORMAL_END = (JobState.TIMEOUT, JobState.SCALED_IN)
 
 
@@ -26,9 +28,11 @@ class PilotsFailing(ParslBftError):
     """Pilots of one executor failed at start again and again."""
 
 
-def _output_tail(executor, block: str, lines: int = 5) -> str:
-    job = getattr(executor, "blocks_to_job_id", {}).get(block)
-    d = getattr(executor.provider, "script_dir", None)
+def _output_tail(executor: BlockProviderExecutor, block: str, lines: int = 5) -> str:
+    """The last lines a pilot printed (its scheduler output file), for the error message; "" when unknown."""
+    job = executor.blocks_to_job_id.get(block)
+    provider = executor.provider
+    d = provider.script_dir if isinstance(provider, PilotProvider) else None
     if job is None or d is None:
         return ""
     out = Path(d) / f"{job}.out"
@@ -39,7 +43,10 @@ def _output_tail(executor, block: str, lines: int = 5) -> str:
     return f" (output {out}: " + " | ".join(tail) + ")" if tail else ""
 
 
-def pilot_block_error_handler(executor, status: dict[str, JobStatus], threshold: int = THRESHOLD) -> None:
+def pilot_block_error_handler(executor: BlockProviderExecutor, status: dict[str, JobStatus],
+                              threshold: int = THRESHOLD) -> None:
+    """Parsl's ``block_error_handler`` for pilot executors: a bad state only after ``threshold`` pilots in a
+    row ended without ever running (see the module's docstring)."""
     ran = _RAN.setdefault(executor, set())
     ran.update(b for b, s in status.items() if s.state in (JobState.RUNNING, JobState.HELD))
     try:

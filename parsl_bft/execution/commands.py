@@ -5,17 +5,25 @@ from __future__ import annotations
 import subprocess
 import time
 from collections import deque
-from typing import Callable
+from collections.abc import Callable, Collection
+from typing import Protocol
+
+from ..errors import ParslBftError
 
 Runner = Callable[[list[str]], tuple[int, str, str]]
 
 
 def run_local(argv: list[str], timeout: float = 30.0, env: dict[str, str] | None = None) -> tuple[int, str, str]:
-    p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env)
+    """Run ``argv`` on this host: (exit status, stdout, stderr); a command that hangs past ``timeout`` raises
+    ``subprocess.TimeoutExpired``."""
+    p = subprocess.run(argv, check=False, capture_output=True, text=True, timeout=timeout, env=env)
     return p.returncode, p.stdout, p.stderr
 
 
-class SchedulerError(RuntimeError):
+class SchedulerError(ParslBftError, RuntimeError):
+    """A scheduler command that failed: its argv, exit status and error output (the first 300 characters in the
+    message). Still a RuntimeError, as it always was."""
+
     def __init__(self, argv: list[str], rc: int, err: str):
         super().__init__(f"{' '.join(argv[:2])} failed (exit {rc}): {err.strip()[:300]}")
         self.argv, self.rc, self.err = argv, rc, err
@@ -31,6 +39,7 @@ class SchedulerCommands:
         self.calls: deque[tuple[float, str]] = deque(maxlen=10_000)   # (monotonic time, command): what admins count
 
     def runner(self, argv: list[str]) -> tuple[int, str, str]:
+        """Run one command through the runner, counted in ``calls``."""
         self.calls.append((time.monotonic(), argv[0]))
         return self._runner(argv)
 
@@ -43,8 +52,18 @@ class SchedulerCommands:
                 out[name] = out.get(name, 0.0) + 60.0 / window_s
         return out
 
-    def _run(self, argv: list[str], ok_codes=(0,)) -> tuple[str, str]:
+    def _run(self, argv: list[str], ok_codes: Collection[int] = (0,)) -> tuple[str, str]:
         rc, out, err = self.runner(argv)
         if rc not in ok_codes:
             raise self.error(argv, rc, err or out)
         return out, err
+
+
+class BatchCommands(Protocol):
+    """The part of a back end's command seam the scheduler-independent pilot code uses."""
+
+    def submit(self, script_path: str) -> str:
+        """Submit a batch script; its job id."""
+
+    def cancel(self, job_ids: list[str]) -> None:
+        """Cancel these jobs (ids the scheduler no longer knows are no error)."""

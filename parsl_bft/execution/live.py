@@ -1,8 +1,16 @@
 """Live per-job progress bars (rich) for a running orchestrator: the demo's, and `parsl-bft run`'s on stderr."""
 from __future__ import annotations
 
+from types import TracebackType
+from typing import TYPE_CHECKING
+
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
+
+if TYPE_CHECKING:
+    from typing import Self
+
+    from .orchestrator import Orchestrator
 
 
 class LiveBars:
@@ -14,19 +22,21 @@ class LiveBars:
         self.bar = Progress(TextColumn("{task.description:>10}"), BarColumn(), TextColumn("{task.percentage:>5.1f}%"),
                             TextColumn("{task.fields[nodes]}"), TextColumn("{task.fields[loss]}"), TimeElapsedColumn(),
                             console=console or Console(stderr=True))
-        self.tasks: dict[str, int] = {}
-        self._orch = None
+        self.tasks: dict[str, TaskID] = {}
+        self._orch: Orchestrator | None = None
 
-    def __enter__(self) -> "LiveBars":
+    def __enter__(self) -> Self:
         self.bar.start()
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
         if self._orch is not None:          # the last word: where every job stands as the bars close
             self(self._orch)
         self.bar.stop()
 
-    def __call__(self, orch) -> None:
+    def __call__(self, orch: Orchestrator) -> None:
+        """Update every job's bar from ``orch`` (the orchestrator calls this as it runs)."""
         self._orch = orch
         live = orch.live_progress()
         for name, done in live.items():

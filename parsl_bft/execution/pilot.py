@@ -16,15 +16,17 @@ import shlex
 import subprocess
 import time
 from abc import abstractmethod
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping
+from typing import Any, ClassVar
 
 from parsl.jobs.states import JobState, JobStatus
-from parsl.providers.base import ExecutionProvider
+from parsl.launchers import SingleNodeLauncher
+from parsl.providers.cluster_provider import ClusterProvider
 
 from ..topology import Topology, TopologyError
-from .commands import SchedulerError
+from .commands import BatchCommands, SchedulerError
 
 logger = logging.getLogger(__name__)
 
@@ -41,6 +43,8 @@ def node_name(node: str) -> str:
 
 @dataclass(frozen=True)
 class Hole:
+    """An idle node and how long it stays idle."""
+
     node: str
     until: float          # unix time the node is expected to be taken back (inf: no queued job needs it)
 
@@ -69,9 +73,10 @@ class Snapshot:
     waiting_states: frozenset[str] = frozenset({"PENDING"})
 
     def waiting(self) -> list[QueueJob]:
+        """The jobs waiting in the queue (anyone's)."""
         return [j for j in self.jobs.values() if j.state in self.waiting_states]
 
-    def holes(self, mine=()) -> list[Hole]:
+    def holes(self, mine: Collection[str] = ()) -> list[Hole]:
         """Idle nodes, held until the earliest planned start of a waiting job that is not one of ours
         (conservative: all idle nodes are assumed needed then) or the start of a reservation on the node."""
         until = min((j.start for j in self.waiting() if j.start is not None and j.job_id not in mine),
@@ -79,36 +84,67 @@ class Snapshot:
         return [Hole(n, min(until, self.reserved.get(n, math.inf))) for n in self.idle]
 
 
-class PilotProvider(ExecutionProvider):
+def _hhmmss(minutes: int) -> str:
+    return f"{minutes // 60:02d}:{minutes % 60:02d}:00"
+
+
+class PilotProvider(ClusterProvider):
     """Parsl provider whose blocks are pilots. Scheduler load is fixed per poll cycle, whatever the number of
     pilots: one survey (``snapshot``) every ``poll_s`` seconds serves everything; besides it, one ``ended`` query
     per pilot that left the scheduler's memory, one sbatch/qsub per pilot, one walltime check per scale-out and
-    one cancel per batch of pilots given back."""
+    one cancel per batch of pilots given back.
 
-    STATES: dict[str, JobState] = {}
+    Parameters (every back end takes these, besides its own)
+    ----------
+    walltime_min_min, walltime_max_min : int
+        The shortest and longest walltime a pilot asks for, in minutes (``1 <= min <= max``); within them a
+        pilot asks for the length of the hole it is sent to.
+    notice_s : int
+        Seconds of reclaim notice: the scheduler signals a pilot this long before its walltime ends.
+    max_pending_s : float
+        A pilot still queued after this many seconds is withdrawn (a queued pilot competes with the facility's
+        jobs; the hole it was meant for has gone).
+    worker_init : str
+        Shell lines a pilot runs before its worker pool starts (activate the environment).
+    script_dir : str
+        Where pilot scripts, their output and notice marks go (Parsl sets it to the run's submit_scripts).
+    nodes_per_block : int
+        Nodes of a pilot, unless the pool packs holes into bigger pilots when the facility caps our jobs.
+    poll_s : int
+        Seconds between scheduler surveys (and Parsl's status polls of these blocks).
+    scheduler_options : list of str
+        Extra batch directives, one option each (without the #SBATCH / #PBS prefix).
+    max_jobs : int or None
+        The site's cap on our jobs in the queue, where the scheduler cannot be asked for it.
+    """
 
-    def __init__(self, *, walltime_min_min: int = 1, walltime_max_min: int = 30, notice_s: int = 60,
+    STATES: ClassVar[dict[str, JobState]] = {}
+    multi_node: ClassVar[bool] = False   # can one pilot start a worker pool on each of several nodes (``on_each_node``)?
+    can_target: ClassVar[bool] = False   # can a pilot be aimed at given idle nodes (``pilot_target``)?
+    cmd: BatchCommands
+
+    def __init__(self, label: str, *, walltime_min_min: int = 1, walltime_max_min: int = 30, notice_s: int = 60,
                  max_pending_s: float = 30.0, worker_init: str = "", script_dir: str = "bft-pilots",
                  nodes_per_block: int = 1, poll_s: int = 5, scheduler_options: list[str] | None = None,
                  max_jobs: int | None = None):
-        if walltime_min_min < 1 or walltime_max_min < walltime_min_min:
-            raise ValueError(f"pilot walltime bounds must satisfy 1 <= min <= max, got {walltime_min_min}, "
-                             f"{walltime_max_min}")
-        if poll_s < 1:
-            raise ValueError(f"poll_s must be >= 1 second, got {poll_s}")
+        _check_arguments(walltime_min_min, walltime_max_min, notice_s, max_pending_s, nodes_per_block, poll_s,
+                         max_jobs)
+        # Parsl's block bookkeeping: blocks are only ever started by the pool (scale_out), never by a strategy;
+        # the launcher is unused: a pilot script starts its worker pools itself (``on_each_node``)
+        super().__init__(label, nodes_per_block, 0, 0, 1_000_000, 1, _hhmmss(walltime_max_min), SingleNodeLauncher(),
+                         cmd_timeout=30)
         self.walltime_min_min, self.walltime_max_min, self.notice_s = walltime_min_min, walltime_max_min, notice_s
-        # absolute: pilot scripts run in whatever directory the scheduler starts them in
         self.max_pending_s, self.worker_init = max_pending_s, worker_init
+        # absolute: pilot scripts run in whatever directory the scheduler starts them in
         self.script_dir = str(Path(script_dir).resolve())
-        self.nodes_per_block = nodes_per_block
         self.pilot_nodes = nodes_per_block     # the next pilot's size (PilotPool packs holes when jobs are capped)
         self.pilot_target: tuple[str, ...] = ()   # the next pilot's nodes, when aimed (``can_target``)
         self.targets: dict[str, tuple[str, ...]] = {}   # job id -> the nodes it was aimed at
         self._topology: tuple[Topology | None] | None = None
         self.sizes: dict[str, int] = {}        # job id -> nodes
         self.scheduler_options = list(scheduler_options or [])
-        self._poll_s = poll_s
-        self.clock = time.time
+        self.poll_s = poll_s
+        self.clock: Callable[[], float] = time.time
         self._snapshot: Snapshot | None = None
         self.max_jobs = max_jobs               # the site file's cap on our queued jobs, if it states one
         self._job_limit: tuple[int | None] | None = None
@@ -116,11 +152,9 @@ class PilotProvider(ExecutionProvider):
         self.submitted: dict[str, float] = {}
         self.withdrawn: set[str] = set()
         self._unknown_states: set[str] = set()
-        # what Parsl's block bookkeeping reads
-        self.resources: dict = {}
+        self.resources: dict[object, Any] = {}
         self.cores_per_node: int | None = None
         self.mem_per_node: float | None = None
-        self.init_blocks, self.min_blocks, self.max_blocks, self.parallelism = 0, 0, 1_000_000, 1
 
     # --- hooks ------------------------------------------------------------------------------------------
     @abstractmethod
@@ -132,14 +166,12 @@ class PilotProvider(ExecutionProvider):
         """Final (state, reason) of jobs the scheduler no longer lists in its queue."""
 
     @abstractmethod
-    def script(self, command: str, job_name: str, minutes: int) -> str: ...
+    def script(self, command: str, job_name: str, minutes: int) -> str:
+        """The batch script of the next pilot: ``command`` started on each of its nodes, ``minutes`` long."""
 
     def job_limit(self) -> int | None:
         """The facility's cap on this user's jobs in the queue; None: none known."""
         return None
-
-    multi_node = False       # can one pilot start a worker pool on each of several nodes (``on_each_node``)?
-    can_target = False       # can a pilot be aimed at given idle nodes (``pilot_target``)?
 
     def read_topology(self) -> Topology | None:
         """Ask the scheduler for the network's groups; None where it does not know them."""
@@ -166,11 +198,15 @@ class PilotProvider(ExecutionProvider):
     # --- one survey per poll cycle ------------------------------------------------------------------------
     @property
     def status_polling_interval(self) -> int:
-        return self._poll_s                     # seconds, not Parsl's 60: holes last minutes
+        """Seconds between Parsl's status polls: ``poll_s``, not Parsl's 60 (holes last minutes)."""
+        return self.poll_s
+
+    def _status(self) -> None:
+        """Unused: ``status`` reads the survey (Parsl's ClusterProvider.status would call this)."""
 
     def snapshot(self, max_age_s: float | None = None) -> Snapshot:
         """The latest survey, taken anew only when older than ``max_age_s`` (default: ``poll_s``)."""
-        age = self._poll_s if max_age_s is None else max_age_s
+        age = self.poll_s if max_age_s is None else max_age_s
         now = self.clock()
         if self._snapshot is None or now - self._snapshot.taken >= age:
             self._snapshot = self.survey()
@@ -185,6 +221,7 @@ class PilotProvider(ExecutionProvider):
         return self._job_limit[0]
 
     def current_holes(self) -> list[Hole]:
+        """The holes of the latest survey (our own pilots' planned starts do not end them)."""
         return self.snapshot().holes(self.submitted)
 
     def waiting(self) -> list[QueueJob]:
@@ -229,6 +266,10 @@ class PilotProvider(ExecutionProvider):
         minutes = self.walltime_max_min if math.isinf(left) else int(left // 60)
         return max(self.walltime_min_min, min(self.walltime_max_min, minutes))
 
+    @property
+    def _dir(self) -> Path:
+        return Path(self.script_dir or ".")
+
     def directive_path(self, path: str) -> str:
         """A path in a #SBATCH / #PBS directive: double-quoted unless it is plainly safe (no control characters
         or double quotes can reach here: the site file and the state directory are checked)."""
@@ -243,7 +284,7 @@ class PilotProvider(ExecutionProvider):
         the whole group is killed: nothing may outlive its pilot (on sites without cgroups a process that left
         the job's process tree would). Running into the end of a hole is a pilot's normal end."""
         mark = '"$BFT_MARK"'                       # the path is quoted once, here (spaces, quotes, $ in it)
-        return [f"BFT_MARK={shlex.quote(self.script_dir)}/\"${job_id_var}\".noticed",
+        return [f"BFT_MARK={shlex.quote(str(self.script_dir))}/\"${job_id_var}\".noticed",
                 f"trap 'touch {mark}' USR1", f"trap 'touch {mark}; kill -TERM -- -$CHILD 2>/dev/null; sleep 3; kill -KILL -- -$CHILD 2>/dev/null' TERM",
                 "CHILD=$!", "wait $CHILD; rc=$?",
                 "while kill -0 $CHILD 2>/dev/null; do wait $CHILD; rc=$?; done",
@@ -258,13 +299,15 @@ class PilotProvider(ExecutionProvider):
 
     def noticed(self, job_id: str) -> bool:
         """Has the scheduler sent this pilot its notice (or begun ending it)?"""
-        return (Path(self.script_dir) / f"{job_id}.noticed").exists()
+        return (self._dir / f"{job_id}.noticed").exists()
 
+    # --- Parsl's provider interface ---------------------------------------------------------------------------
     def submit(self, command: str, tasks_per_node: int, job_name: str = "parsl.bft") -> str:
-        d = Path(self.script_dir)
+        """Write the next pilot's script (owner-only: shared file systems) and submit it; its job id."""
+        d = self._dir
         d.mkdir(mode=0o700, parents=True, exist_ok=True)
         path = d / f"{job_name}.{time.monotonic_ns()}.sh"
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o700)    # the owner's only (shared file systems)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o700)
         with os.fdopen(fd, "w") as fh:
             fh.write(self.script(command, job_name, self.walltime_minutes()))
         os.chmod(path, 0o700)
@@ -275,7 +318,9 @@ class PilotProvider(ExecutionProvider):
             self.targets[job_id] = self.pilot_target
         return job_id
 
-    def status(self, job_ids) -> list[JobStatus]:
+    def status(self, job_ids: Sequence[object]) -> list[JobStatus]:
+        """The pilots' states from the survey (ended ones asked once); pilots queued longer than
+        ``max_pending_s`` are withdrawn (SCALED_IN), one that ended at its notice is TIMEOUT."""
         ids = [str(j) for j in job_ids]
         seen = self._states(ids)
         now = self.clock()
@@ -301,7 +346,25 @@ class PilotProvider(ExecutionProvider):
     def _state(self, raw: str) -> JobState:
         return JobState.PENDING if raw == _JUST_SUBMITTED else self.STATES.get(raw, JobState.UNKNOWN)
 
-    def cancel(self, job_ids) -> list[bool]:
+    def cancel(self, job_ids: Sequence[object]) -> list[bool]:
+        """Cancel these pilots (one command); they count as withdrawn from now on."""
         self.cmd.cancel([str(j) for j in job_ids])
         self.withdrawn.update(str(j) for j in job_ids)
         return [True] * len(job_ids)
+
+
+def _check_arguments(walltime_min_min: int, walltime_max_min: int, notice_s: int, max_pending_s: float,
+                     nodes_per_block: int, poll_s: int, max_jobs: int | None) -> None:
+    if walltime_min_min < 1 or walltime_max_min < walltime_min_min:
+        raise ValueError(f"pilot walltime bounds must satisfy 1 <= min <= max, got {walltime_min_min}, "
+                         f"{walltime_max_min}")
+    if poll_s < 1:
+        raise ValueError(f"poll_s must be >= 1 second, got {poll_s}")
+    if notice_s < 0:
+        raise ValueError(f"notice_s must be >= 0 seconds, got {notice_s}")
+    if not max_pending_s > 0:
+        raise ValueError(f"max_pending_s must be > 0 seconds, got {max_pending_s}")
+    if nodes_per_block < 1:
+        raise ValueError(f"nodes_per_block must be >= 1, got {nodes_per_block}")
+    if max_jobs is not None and max_jobs < 1:
+        raise ValueError(f"max_jobs must be >= 1 or None, got {max_jobs}")

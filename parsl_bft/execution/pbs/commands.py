@@ -9,17 +9,20 @@ import json
 import re
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from ...topology import Topology, parse_pbsnodes_topology
 from ..commands import SchedulerCommands, SchedulerError
 
 
 class PBSError(SchedulerError):
-    pass
+    """A PBS command that failed (pbsnodes, qstat, qsub, qdel)."""
 
 
 @dataclass(frozen=True)
 class PBSNode:
+    """One vnode, as pbsnodes lists it."""
+
     name: str
     state: str                  # free, job-busy, job-exclusive, offline, down, resv-exclusive, ...
     ncpus: int
@@ -27,11 +30,14 @@ class PBSNode:
 
     @property
     def usable(self) -> bool:
+        """Free now."""
         return self.state == "free"
 
 
 @dataclass(frozen=True)
 class PBSJob:
+    """One job, as qstat -f lists it."""
+
     job_id: str
     state: str                  # Q, R, E, F, H, W, S, X (finished, history)
     queue: str
@@ -44,7 +50,7 @@ class PBSJob:
     planned_nodes: tuple[str, ...] = ()   # queued: estimated.exec_vnode, where the scheduler plans to run it
 
 
-def _time(v) -> float | None:
+def _time(v: Any) -> float | None:
     if v in (None, ""):
         return None
     if isinstance(v, (int, float)):
@@ -89,7 +95,7 @@ def parse_qstat(text: str) -> list[PBSJob]:
     return out
 
 
-def _hms(v: str) -> float | None:
+def _hms(v: object) -> float | None:
     try:
         parts = [float(x) for x in str(v).split(":")]
     except ValueError:
@@ -121,6 +127,7 @@ def parse_user_caps(text: str) -> list[int]:
 
 
 def parse_qsub(text: str) -> str:
+    """The job id qsub printed; a ValueError when it printed none."""
     job = text.strip().splitlines()[-1].strip() if text.strip() else ""
     if not re.match(r"^\d+(\.\S+)?$", job):
         raise ValueError(f"qsub printed no job id: {text.strip()[:200]!r}")
@@ -128,9 +135,12 @@ def parse_qsub(text: str) -> str:
 
 
 class PBSCommands(SchedulerCommands):
+    """The one seam between parsl-bft and PBS Pro."""
+
     error = PBSError
 
     def nodes(self) -> list[PBSNode]:
+        """Every vnode and its state (pbsnodes -a)."""
         return parse_pbsnodes(self._run(["pbsnodes", "-a", "-F", "json"])[0])
 
     def topology(self) -> Topology:
@@ -150,9 +160,11 @@ class PBSCommands(SchedulerCommands):
         return parse_qstat(self._run(["qstat", "-x", "-f", "-F", "json", *job_ids], ok_codes=(0, 35, 153))[0] or "{}")
 
     def submit(self, script_path: str) -> str:
+        """qsub a script; its job id."""
         return parse_qsub(self._run(["qsub", script_path])[0])
 
     def cancel(self, job_ids: list[str]) -> None:
+        """qdel these jobs (ids PBS no longer knows, or finished ones, are no error)."""
         if job_ids:
             self._run(["qdel", "-W", "force", *job_ids], ok_codes=(0, 1, 15, 35, 153))
 

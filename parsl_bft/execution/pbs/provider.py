@@ -1,32 +1,56 @@
 """PBS Pro pilots (e.g. ALCF Polaris's preemptable queue): one-node jobs sized to the holes."""
 from __future__ import annotations
 
+from typing import ClassVar
+
+import typeguard
 from parsl.jobs.states import JobState
+from parsl.utils import RepresentationMixin
 
 from ...topology import Topology
 from ..pilot import PilotProvider, QueueJob, Snapshot, node_name
 from .commands import PBSCommands, PBSJob
 
 
-class PBSPilotProvider(PilotProvider):
+class PBSPilotProvider(PilotProvider, RepresentationMixin):
     """``walltime`` = the hole (within bounds); PBS sends SIGTERM before killing a job that reaches its
-    walltime or is preempted, which the pilot script treats as the reclaim notice."""
+    walltime or is preempted, which the pilot script treats as the reclaim notice.
 
-    STATES = {"Q": JobState.PENDING, "W": JobState.PENDING, "T": JobState.PENDING, "H": JobState.HELD,
-              "S": JobState.HELD, "U": JobState.HELD, "R": JobState.RUNNING, "B": JobState.RUNNING,
-              "E": JobState.RUNNING, "X": JobState.COMPLETED,
-              # finished jobs, classified by _queue_job from their exit status and comment
-              "TIMEOUT": JobState.TIMEOUT, "SCALED_IN": JobState.SCALED_IN, "FAILED": JobState.FAILED}
+    Parameters
+    ----------
+    queue : str
+        The queue pilots go to (a preemptable one, where the site has it).
+    account : str or None
+        The project the pilots are charged to (``-A``); None: the user's default.
+    select : str
+        A pilot's ``-l select=`` chunk (one node: ``1:ncpus=...:ngpus=...``).
+    commands : PBSCommands or None
+        The command seam (tests pass one that answers from recorded output); None: the real PBS commands.
 
+    The other parameters are every pilot provider's (``PilotProvider``). ``repr`` is this constructor call.
+    """
+
+    STATES: ClassVar[dict[str, JobState]] = {
+        "Q": JobState.PENDING, "W": JobState.PENDING, "T": JobState.PENDING, "H": JobState.HELD,
+        "S": JobState.HELD, "U": JobState.HELD, "R": JobState.RUNNING, "B": JobState.RUNNING,
+        "E": JobState.RUNNING, "X": JobState.COMPLETED,
+        # finished jobs, classified by _queue_job from their exit status and comment
+        "TIMEOUT": JobState.TIMEOUT, "SCALED_IN": JobState.SCALED_IN, "FAILED": JobState.FAILED}
+    can_target: ClassVar[bool] = True
+
+    @typeguard.typechecked
     def __init__(self, queue: str, *, account: str | None = None, select: str = "1:ncpus=1",
-                 commands: PBSCommands | None = None, **kw):
-        super().__init__(**kw)
+                 commands: PBSCommands | None = None, walltime_min_min: int = 1, walltime_max_min: int = 30,
+                 notice_s: int = 60, max_pending_s: float = 30.0, worker_init: str = "",
+                 script_dir: str = "bft-pilots", nodes_per_block: int = 1, poll_s: int = 5,
+                 scheduler_options: list[str] | None = None, max_jobs: int | None = None):
+        super().__init__("pbs_pilot", walltime_min_min=walltime_min_min, walltime_max_min=walltime_max_min,
+                         notice_s=notice_s, max_pending_s=max_pending_s, worker_init=worker_init,
+                         script_dir=script_dir, nodes_per_block=nodes_per_block, poll_s=poll_s,
+                         scheduler_options=scheduler_options, max_jobs=max_jobs)
         self.queue, self.account, self.select = queue, account, select
-        self.cmd = commands or PBSCommands()
-
-    @property
-    def label(self) -> str:
-        return "pbs_pilot"
+        self.commands = commands
+        self.cmd: PBSCommands = commands or PBSCommands()
 
     def survey(self) -> Snapshot:
         """pbsnodes (free nodes) + qstat (the whole queue, with the scheduler's estimated starts)."""
@@ -35,25 +59,27 @@ class PBSPilotProvider(PilotProvider):
         return Snapshot(self.clock(), idle, jobs, waiting_states=frozenset({"Q"}))
 
     def ended(self, job_ids: list[str]) -> dict[str, tuple[str, str]]:
+        """Final states from the server's job history (qstat -x)."""
         finals = [_queue_job(j) for j in self.cmd.history(job_ids)]
         return {q.job_id: (q.state, q.reason) for q in finals if q.job_id in job_ids}
 
     def job_limit(self) -> int | None:
+        """The per-user cap of the queue and the server."""
         return self.cmd.job_limit(self.queue)
 
     def read_topology(self) -> Topology:
         """The vnodes' placement sets (``pbsnodes -a -F json``: switch, tier0, ...)."""
         return self.cmd.topology()
 
-    can_target = True
-
     def script(self, command: str, job_name: str, minutes: int) -> str:
+        """The qsub script of the next pilot (its chunk names its host when ``pilot_target`` is set)."""
         select = self.select
         if self.pilot_target:             # one-node pilots: the chunk names its host
             (node,) = self.pilot_target
             select += f":host={node_name(node)}"
         opts = [f"-N {job_name}", f"-q {self.queue}", f"-l select={select}",
-                f"-l walltime={minutes // 60:02d}:{minutes % 60:02d}:00", "-j oe", f"-o {self.directive_path(self.script_dir + '/')}"]
+                f"-l walltime={minutes // 60:02d}:{minutes % 60:02d}:00", "-j oe",
+                f"-o {self.directive_path(f'{self.script_dir}/')}"]
         opts += [f"-A {self.account}"] if self.account else []
         lines = ["#!/bin/bash", *[f"#PBS {o}" for o in opts + self.scheduler_options], self.worker_init,
                  f"setsid {self.on_each_node(command, self.pilot_nodes)} &", *self.notice_trap("PBS_JOBID")]

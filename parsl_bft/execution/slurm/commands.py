@@ -9,16 +9,18 @@ from datetime import datetime
 
 from ...hostlist import expand_hostlist
 from ...topology import Topology, parse_slurm_topology
-from ..commands import SchedulerCommands, SchedulerError, run_local
+from ..commands import Runner, SchedulerCommands, SchedulerError, run_local
 from ..pilot import QueueJob
 
 
 class SlurmError(SchedulerError):
-    pass
+    """A Slurm command that failed (sinfo, squeue, sbatch, scancel, ...)."""
 
 
 @dataclass(frozen=True)
 class NodeRecord:
+    """One node of a partition, as sinfo lists it."""
+
     name: str
     state: str                      # sinfo's compact state: idle, alloc, mix, plnd, drain, down, ...
 
@@ -30,6 +32,8 @@ class NodeRecord:
 
 @dataclass(frozen=True)
 class JobRecord:
+    """A finished job, as sacct lists it."""
+
     job_id: str
     state: str                      # COMPLETED, CANCELLED, TIMEOUT, ... (sacct)
     reason: str = ""
@@ -37,6 +41,8 @@ class JobRecord:
 
 @dataclass(frozen=True)
 class ReservationRecord:
+    """An advance reservation: its nodes are taken from its start."""
+
     name: str
     start: float | None
     end: float | None
@@ -118,6 +124,7 @@ _TEST_ONLY = re.compile(r"Job \S+ to start at (\S+) using (\d+) processors on no
 
 
 def parse_sbatch(text: str) -> str:
+    """The job id sbatch printed; a ValueError when it printed none."""
     m = _SUBMITTED.search(text)
     if not m:
         raise ValueError(f"sbatch printed no job id: {text.strip()[:200]!r}")
@@ -140,10 +147,11 @@ class SlurmCommands(SchedulerCommands):
 
     error = SlurmError
 
-    def __init__(self, runner=_run_slurm):
+    def __init__(self, runner: Runner = _run_slurm):
         super().__init__(runner)
 
     def nodes(self, partition: str) -> list[NodeRecord]:
+        """The partition's nodes and their states (sinfo)."""
         return parse_sinfo_nodes(self._run(["sinfo", "-h", "-N", "-p", partition, "-o", "%N|%t"])[0])
 
     def queue(self) -> list[QueueJob]:
@@ -156,6 +164,7 @@ class SlurmCommands(SchedulerCommands):
         return parse_slurm_topology(out, source="scontrol show topology") if "SwitchName=" in out else None
 
     def reservations(self) -> list[ReservationRecord]:
+        """Every advance reservation (scontrol show reservation)."""
         return parse_reservations(self._run(["scontrol", "show", "reservation", "-o"])[0])
 
     def finished(self, job_ids: list[str]) -> list[JobRecord]:
@@ -170,14 +179,17 @@ class SlurmCommands(SchedulerCommands):
         return parse_sacct(out) if rc == 0 else []
 
     def submit(self, script_path: str) -> str:
+        """sbatch a script; its job id."""
         out, err = self._run(["sbatch", script_path])
         return parse_sbatch(out + err)
 
     def test_only(self, args: list[str]) -> tuple[float | None, str]:
-        rc, out, err = self.runner(["sbatch", "--test-only", *args, "--wrap", "true"])
+        """When and where a job of ``args`` would start now (sbatch --test-only); (None, "") when Slurm does not say."""
+        _, out, err = self.runner(["sbatch", "--test-only", *args, "--wrap", "true"])
         return parse_test_only(out + err)
 
     def cancel(self, job_ids: list[str]) -> None:
+        """scancel these jobs (ids Slurm no longer knows are no error)."""
         if job_ids:
             self._run(["scancel", *job_ids], ok_codes=(0, 1))
 

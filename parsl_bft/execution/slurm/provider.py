@@ -3,22 +3,39 @@ from __future__ import annotations
 
 import getpass
 import math
+from typing import ClassVar
 
+import typeguard
 from parsl.jobs.states import JobState
+from parsl.utils import RepresentationMixin
 
 from ...topology import Topology
 from ..pilot import PilotProvider, Snapshot, node_name
-from .commands import SlurmCommands
+from .commands import ReservationRecord, SlurmCommands
 
 
-class SlurmPilotProvider(PilotProvider):
+class SlurmPilotProvider(PilotProvider, RepresentationMixin):
     """``--time`` = ``--time-min`` = the hole (within bounds: on the local Slurm 22.05 pilots with a lower
     --time-min started with that minimum as their limit even with nothing waiting, and spent most of it on notice),
-    ``--signal=B:USR1@notice_s`` for the reclaim notice, the site's preemptable QOS when it has one."""
+    ``--signal=B:USR1@notice_s`` for the reclaim notice, the site's preemptable QOS when it has one.
+
+    Parameters
+    ----------
+    partition : str
+        The partition pilots go to and whose idle nodes are the holes.
+    qos : str or None
+        The QOS of the pilots (a preemptable one, where the site has it).
+    account : str or None
+        The allocation the pilots are charged to (``--account``); None: the user's default.
+    commands : SlurmCommands or None
+        The command seam (tests pass one that answers from recorded output); None: the real Slurm commands.
+
+    The other parameters are every pilot provider's (``PilotProvider``). ``repr`` is this constructor call.
+    """
 
     # squeue shows a job's flag instead of its base state when one is set (Slurm's job_state_codes): a running
     # pilot being sent its --signal notice is SIGNALING, not RUNNING. Every documented name is here.
-    STATES = {
+    STATES: ClassVar[dict[str, JobState]] = {
         "PENDING": JobState.PENDING, "CONFIGURING": JobState.PENDING, "REQUEUED": JobState.PENDING,
         "REQUEUE_FED": JobState.PENDING, "POWER_UP_NODE": JobState.PENDING, "EXPEDITING": JobState.PENDING,
         "RUNNING": JobState.RUNNING, "COMPLETING": JobState.RUNNING, "SIGNALING": JobState.RUNNING,
@@ -30,20 +47,25 @@ class SlurmPilotProvider(PilotProvider):
         "BOOT_FAIL": JobState.SCALED_IN, "REVOKED": JobState.SCALED_IN, "FAILED": JobState.FAILED,
         "OUT_OF_MEMORY": JobState.FAILED, "LAUNCH_FAILED": JobState.FAILED, "RECONFIG_FAIL": JobState.FAILED,
     }
+    multi_node: ClassVar[bool] = True
+    can_target: ClassVar[bool] = True
+    RESERVATIONS_EVERY_S: ClassVar[float] = 60.0   # reservations are made by hand, hours ahead: a minute-old view is fresh
 
+    @typeguard.typechecked
     def __init__(self, partition: str = "debug", *, qos: str | None = None, account: str | None = None,
-                 commands: SlurmCommands | None = None, **kw):
-        super().__init__(**kw)
+                 commands: SlurmCommands | None = None, walltime_min_min: int = 1, walltime_max_min: int = 30,
+                 notice_s: int = 60, max_pending_s: float = 30.0, worker_init: str = "",
+                 script_dir: str = "bft-pilots", nodes_per_block: int = 1, poll_s: int = 5,
+                 scheduler_options: list[str] | None = None, max_jobs: int | None = None):
+        super().__init__("slurm_pilot", walltime_min_min=walltime_min_min, walltime_max_min=walltime_max_min,
+                         notice_s=notice_s, max_pending_s=max_pending_s, worker_init=worker_init,
+                         script_dir=script_dir, nodes_per_block=nodes_per_block, poll_s=poll_s,
+                         scheduler_options=scheduler_options, max_jobs=max_jobs)
         self.partition, self.qos, self.account = partition, qos, account
-        self.cmd = commands or SlurmCommands()
-        self._reservations: tuple[float, list] | None = None
+        self.commands = commands
+        self.cmd: SlurmCommands = commands or SlurmCommands()
+        self._reservations: tuple[float, list[ReservationRecord]] | None = None
         self._test_only: tuple[float, int, int, bool] | None = None
-
-    RESERVATIONS_EVERY_S = 60.0     # reservations are made by hand, hours ahead: a minute-old view is fresh
-
-    @property
-    def label(self) -> str:
-        return "slurm_pilot"
 
     def survey(self) -> Snapshot:
         """sinfo (the partition's nodes) + squeue (the whole queue), and scontrol's reservations once a
@@ -61,6 +83,7 @@ class SlurmPilotProvider(PilotProvider):
         return Snapshot(now, idle, jobs, reserved)
 
     def ended(self, job_ids: list[str]) -> dict[str, tuple[str, str]]:
+        """Final states from sacct (or the job-completion log)."""
         return {r.job_id: (r.state, r.reason) for r in self.cmd.finished(job_ids) if r.job_id in job_ids}
 
     def walltime_minutes(self, now: float | None = None) -> int:
@@ -77,22 +100,22 @@ class SlurmPilotProvider(PilotProvider):
         return self.walltime_min_min if self._test_only[3] else minutes
 
     def job_limit(self) -> int | None:
+        """The user's association cap (sacctmgr)."""
         return self.cmd.job_limit(getpass.getuser())
-
-    multi_node = True
-    can_target = True
 
     def read_topology(self) -> Topology | None:
         """``scontrol show topology`` (None without topology/tree)."""
         return self.cmd.topology()
 
     def on_each_node(self, command: str, nodes: int) -> str:
+        """One task per node through srun (a one-node pilot runs the command itself)."""
         return command if nodes == 1 else f"srun --nodes={nodes} --ntasks={nodes} --ntasks-per-node=1 {command}"
 
     def script(self, command: str, job_name: str, minutes: int) -> str:
+        """The sbatch script of the next pilot (aimed with --nodelist when ``pilot_target`` is set)."""
         opts = [f"--job-name={job_name}", f"--partition={self.partition}", f"--nodes={self.pilot_nodes}",
                 f"--time={minutes}", f"--time-min={minutes}", f"--signal=B:USR1@{self.notice_s}",
-                "--exclusive", f"--output={self.directive_path(self.script_dir + '/%j.out')}"]
+                "--exclusive", f"--output={self.directive_path(f'{self.script_dir}/%j.out')}"]
         opts += [f"--nodelist={','.join(map(node_name, self.pilot_target))}"] if self.pilot_target else []
         opts += [f"--qos={self.qos}"] if self.qos else []
         opts += [f"--account={self.account}"] if self.account else []
