@@ -28,7 +28,6 @@ import shutil
 import sys
 import tempfile
 import time
-from dataclasses import asdict
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -119,7 +118,7 @@ class Arm:
         t = time.perf_counter()
         res = run_fragment(cfg)
         self.wall += time.perf_counter() - t
-        fragment_reported(st, asdict(res))
+        fragment_reported(st, res)
         st.samples_done = res.samples_done
         self.curve.append({"wall_s": self.wall, "train_s": res.train_s, "samples": res.samples_done,
                            "level": st.freeze, "accuracy": digits_cnn.accuracy(res.checkpoint, size=a.size),

@@ -1,4 +1,6 @@
 """Layer elasticity: declaring it, the layer-aware throughput and penalty models, and the planner's choice."""
+from types import SimpleNamespace
+
 import numpy as np
 import torch
 from torch import nn
@@ -284,7 +286,7 @@ def test_runtime_feedback_charges_the_budget_and_follows_the_curve():
     state = JobState(JobSpec("a", "a", 1, 2, 0, 0, 1000.0, freeze="auto", accuracy_budget=0.01), CURVE, layers=lt,
                      grad_stats=SETTLED, freeze=3, samples_done=200.0)
     state.curve = ScalingCurve("a", {1: 50.0})
-    fragment_reported(state, {"samples_done": 600, "grad_stats": SETTLED})
+    fragment_reported(state, SimpleNamespace(samples_done=600, grad_stats=SETTLED))     # what it reads of a result
     pen = penalty_curve(GradStats.from_dict(SETTLED), 4)[3]
     assert state.accuracy_spent == pytest.approx(pen * 0.4) and state.layers.curve is state.curve
 

@@ -12,7 +12,7 @@ import stat
 import sys
 from concurrent.futures import Future
 from contextlib import redirect_stderr, redirect_stdout
-from dataclasses import asdict
+from dataclasses import replace
 from pathlib import Path
 
 import h5py
@@ -236,13 +236,13 @@ class InlineRunner:
     def __init__(self, name, site, store):  # noqa: ARG002
         self.gang = False
 
-    def launch(self, cfg: dict, nodes: int):  # noqa: ARG002
+    def launch(self, cfg, nodes: int):  # noqa: ARG002
         from parsl_bft.execution.htex import FragmentHandle
-        from parsl_bft.train.fragment import FragmentConfig, train_rank
+        from parsl_bft.train.fragment import train_rank
         fut: Future = Future()
         handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1)}
         try:
-            fut.set_result(asdict(train_rank(FragmentConfig(**{**cfg, "fsync": False, "deterministic": False}))))
+            fut.set_result(train_rank(replace(cfg, fsync=False, deterministic=False)))
         except Exception as e:  # noqa: BLE001
             fut.set_exception(e)
         finally:
@@ -330,10 +330,10 @@ class StuckFirstRunner(InlineRunner):
         super().__init__(name, site, store)
         self.store, self.stuck = store, None
 
-    def launch(self, cfg: dict, nodes):
+    def launch(self, cfg, nodes):
         from parsl_bft.execution.htex import FragmentHandle
         if self.stuck is None:
-            self.stuck = FragmentHandle([Future(), Future()], self.store, cfg["fragment_id"])
+            self.stuck = FragmentHandle([Future(), Future()], self.store, cfg.fragment_id)
             return self.stuck
         return super().launch(cfg, nodes)
 
@@ -368,12 +368,12 @@ class HungGangRunner(InlineRunner):
         super().__init__(name, site, store)
         self.gang, self.store, self.hung = True, store, None
 
-    def launch(self, cfg: dict, nodes):
+    def launch(self, cfg, nodes):
         from parsl_bft.execution.htex import FragmentHandle
         if self.hung is None:
-            self.store.set(f"{cfg['fragment_id']}/share/0", "started")
-            self.store.set(f"{cfg['fragment_id']}/node/0", nodes[0])
-            self.hung = FragmentHandle([Future()], self.store, cfg["fragment_id"])
+            self.store.set(f"{cfg.fragment_id}/share/0", "started")
+            self.store.set(f"{cfg.fragment_id}/node/0", nodes[0])
+            self.hung = FragmentHandle([Future()], self.store, cfg.fragment_id)
             return self.hung
         return super().launch(cfg, nodes)
 
@@ -406,16 +406,16 @@ class FailingRunner(InlineRunner):
 
     killed, progress = 0, False
 
-    def launch(self, cfg: dict, nodes):
+    def launch(self, cfg, nodes):
         from parsl_bft.execution.htex import FragmentHandle
-        from parsl_bft.train.fragment import FragmentConfig, FragmentFailed
+        from parsl_bft.train.fragment import FragmentFailed
         if FailingRunner.killed <= 0:
             return super().launch(cfg, nodes)
         FailingRunner.killed -= 1
         if FailingRunner.progress:
-            super().launch({**cfg, "steps": 1, "total_samples": None}, nodes)      # saves one step more
+            super().launch(replace(cfg, steps=1, total_samples=None), nodes)      # saves one step more
         fut: Future = Future()
-        fut.set_exception(FragmentFailed(f"fragment of {FragmentConfig(**cfg).job}: rank 0 exited with -9"))
+        fut.set_exception(FragmentFailed(f"fragment of {cfg.job}: rank 0 exited with -9"))
         return FragmentHandle([fut])
 
 

@@ -346,11 +346,12 @@ def local_model(tmp_path_factory):
     """The workflow's job trained here, as one fragment: what a remote run of it must give back bit for bit."""
     from parsl_bft.execution.apps import fragment_task
     from parsl_bft.train.checkpoint import load_checkpoint
+    from parsl_bft.train.config import FragmentConfig
     d = tmp_path_factory.mktemp("local")
-    res = fragment_task(dict(job="tiny", workload=f"{WORKFLOW.parent / 'tiny_model.py'}:Tiny", checkpoint_dir=str(d),
-                             global_batch=32, total_samples=32 * STEPS, workload_args={"hold": str(d / "hold")},
-                             fsync=False))
-    return load_checkpoint(res["checkpoint"])
+    res = fragment_task(FragmentConfig(job="tiny", workload=f"{WORKFLOW.parent / 'tiny_model.py'}:Tiny",
+                                       checkpoint_dir=str(d), global_batch=32, total_samples=32 * STEPS,
+                                       workload_args={"hold": str(d / "hold")}, fsync=False))
+    return load_checkpoint(res.checkpoint)
 
 
 def assert_same_model(path: Path, ref) -> None:

@@ -72,6 +72,7 @@ def test_a_two_rank_job_planned_in_one_switch_runs_there(cluster, monkeypatch, t
     from parsl_bft.execution.pool import SitePool
     from parsl_bft.execution.session import make_planner, make_pool
     from parsl_bft.sites import Site, build_config
+    from parsl_bft.train.config import FragmentConfig
     from parsl_bft.train.launcher import serve_store
     from parsl_bft.train.protocol import JobDir
 
@@ -115,13 +116,14 @@ def test_a_two_rank_job_planned_in_one_switch_runs_there(cluster, monkeypatch, t
                     jd = JobDir(tmp_path / name)
                     jd.own("g1")
                     nodes = plan.allocation[name]
-                    cfg = dict(job=name, workload="images", checkpoint_dir=str(jd.path), world_size=len(nodes),
-                               global_batch=32, total_samples=64, workload_args={"n": 64}, generation="g1",
-                               timeout_s=60.0, fragment_id=f"{name}-f1")
+                    cfg = FragmentConfig(job=name, workload="images", checkpoint_dir=str(jd.path),
+                                         world_size=len(nodes), global_batch=32, total_samples=64,
+                                         workload_args={"n": 64}, generation="g1", timeout_s=60.0,
+                                         fragment_id=f"{name}-f1")
                     handles[name] = runner.launch(cfg, nodes)
                 wait_for(lambda: all(h.done() for h in handles.values()), 240, 0.5)
                 for h in handles.values():
-                    assert h.result()["samples_done"] >= 64
+                    assert h.result().samples_done >= 64
                 assert sorted(runner.placed("pair-f1", 2).values()) == ["n5", "n6"]
                 assert runner.placed("solo-f1", 1) == {0: "n1"}
             finally:

@@ -1,30 +1,33 @@
 """The Parsl apps that run training fragments (imported by Parsl workers, so keep them light)."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
 
-def fragment_task(cfg: dict, store: str | None = None, parsl_resource_specification: dict | None = None) -> dict:
-    """Run all ``cfg["world_size"]`` ranks of a fragment on this node; returns its FragmentResult as a dict.
+if TYPE_CHECKING:
+    from parsl_bft.train.config import FragmentConfig, FragmentResult
+
+
+def fragment_task(cfg: FragmentConfig, store: str | None = None,
+                  parsl_resource_specification: dict[str, Any] | None = None) -> FragmentResult:
+    """Run all ``cfg.world_size`` ranks of a fragment on this node; returns its result.
     ``store``: the orchestrator's rendezvous store (host:port); None: one served here (a lone fragment).
 
     ``parsl_resource_specification`` is read by Parsl's executors, not by us."""
-    from dataclasses import asdict
-
-    from parsl_bft.train.fragment import FragmentConfig
+    from parsl_bft.train.config import FragmentFailed
     from parsl_bft.train.launcher import run_fragment
 
-    return asdict(run_fragment(FragmentConfig(**cfg), store=store))
+    res = run_fragment(cfg, store=store)
+    if res is None:          # all ranks ran here, rank 0 among them: it reports or the launcher raises
+        raise FragmentFailed(f"fragment {cfg.fragment_id} of {cfg.job}: rank 0 returned no result")
+    return res
 
 
-def fragment_node_task(cfg: dict, node_index: int, store: str) -> dict | None:
+def fragment_node_task(cfg: FragmentConfig, node_index: int, store: str) -> FragmentResult | None:
     """One node's share (``ranks_per_node`` ranks) of a fragment spread over nodes by the executor;
-    the share with rank 0 returns the FragmentResult as a dict, the others None."""
-    from dataclasses import asdict
-
-    from parsl_bft.train.fragment import FragmentConfig
+    the share with rank 0 returns the result, the others None."""
     from parsl_bft.train.launcher import run_gang_task
 
-    res = run_gang_task(FragmentConfig(**cfg), node_index, store)
-    return asdict(res) if res is not None else None
+    return run_gang_task(cfg, node_index, store)
 
 
 def warm_up(barrier: str, n: int, timeout_s: float = 120.0) -> str:

@@ -8,6 +8,7 @@ import time
 from concurrent.futures import Future
 from pathlib import Path
 
+from ..train.config import FragmentConfig, FragmentFailed, FragmentResult
 from .pool import SitePool
 
 
@@ -48,14 +49,18 @@ class FragmentHandle:
     def done(self) -> bool:
         return all(f.done() or i in self.abandoned for i, f in enumerate(self.futures))
 
-    def result(self) -> dict:
+    def result(self) -> FragmentResult:
+        """The fragment's result (from rank 0's share); a failed share's error, or FragmentAbandoned."""
         for i, f in enumerate(self.futures):
             if i not in self.abandoned and f.exception() is not None:
                 raise f.exception()
         if self.abandoned:
             raise FragmentAbandoned(f"fragment {self.fragment}: node shares {sorted(self.abandoned)} never started "
                                     "(their nodes were reclaimed while they waited for a worker)")
-        return self.futures[0].result()
+        res: FragmentResult | None = self.futures[0].result()
+        if res is None:            # share 0 runs rank 0: it reports or fails
+            raise FragmentFailed(f"fragment {self.fragment}: rank 0's share returned no result")
+        return res
 
 
 class SiteRunner:
@@ -81,13 +86,13 @@ class SiteRunner:
             self._apps[key] = python_app(fn, executors=[label])
         return self._apps[key]
 
-    def launch(self, cfg: dict, nodes: tuple[str, ...]) -> FragmentHandle:
+    def launch(self, cfg: FragmentConfig, nodes: tuple[str, ...]) -> FragmentHandle:
         """Run a fragment on the planned ``nodes`` (the site's own names): a gang's share i goes to where
         ``nodes[i]`` is."""
         if self.gang:
             from .apps import fragment_node_task
             return FragmentHandle([self._app_on(fragment_node_task, n)(cfg, i, self.addr)
-                                   for i, n in enumerate(nodes)], self.store, cfg["fragment_id"])
+                                   for i, n in enumerate(nodes)], self.store, cfg.fragment_id)
         return FragmentHandle([self._app(cfg, self.addr)])
 
     def prime(self, nodes: list[str]) -> None:

@@ -2,9 +2,14 @@
 its model) and what a finished fragment tells it (gradient statistics, budget spent at the level it ran)."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from ..planner.freeze import LayerThroughput, charge_budget
 from ..planner.problem import JobState
 from ..scaling import LayerProfile, ScalingCurve
+
+if TYPE_CHECKING:
+    from ..train.config import FragmentResult
 
 
 def job_layers(name: str, workload: str, global_batch: int, workload_args: dict,
@@ -20,12 +25,12 @@ def job_layers(name: str, workload: str, global_batch: int, workload_args: dict,
     return LayerThroughput(curve, LayerProfile(name, n, shares))
 
 
-def fragment_reported(state: JobState, result: dict) -> None:
+def fragment_reported(state: JobState, result: FragmentResult) -> None:
     """Before the job's progress is updated: charge the fragment's new progress at the level it ran to the
     budget, keep its statistics, and follow a re-measured curve."""
     if state.layers is None:
         return
-    charge_budget(state, (int(result["samples_done"]) - state.samples_done) / state.spec.samples)
-    state.grad_stats = result.get("grad_stats") or state.grad_stats
+    charge_budget(state, (result.samples_done - state.samples_done) / state.spec.samples)
+    state.grad_stats = result.grad_stats or state.grad_stats
     if state.layers.curve is not state.curve:
         state.layers = LayerThroughput(state.curve, state.layers.profile)
