@@ -55,3 +55,18 @@ def test_simulate_refuses_options_its_source_would_ignore(source, extra, named):
     with redirect_stderr(err):
         assert main(["simulate", *source, "--jobs", "missing.jobs.csv", *extra]) == 2
     assert err.getvalue().strip().startswith(f"parsl-bft simulate: error: {named}: not used here: ")
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["simulate", "--help"]])
+def test_help_imports_no_solver_torch_or_parsl(argv):
+    """``parsl-bft --help`` answers at once: the MILP solvers, torch and Parsl load only in the commands using them."""
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-X", "importtime", "-m", "parsl_bft.cli", *argv], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0 and "usage: parsl-bft" in r.stdout
+    imported = {line.rsplit("|", 1)[1].strip().split(".")[0] for line in r.stderr.splitlines()
+                if line.startswith("import time:") and "|" in line}
+    assert "parsl_bft" in imported                       # the listing was read
+    assert imported.isdisjoint({"pulp", "highspy", "torch", "parsl"}), imported & {"pulp", "highspy", "torch", "parsl"}

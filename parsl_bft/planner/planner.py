@@ -9,12 +9,11 @@ import numpy as np
 
 from .cohorts import CohortHazard, Cohorts
 from .freeze import best_levels
+from .methods import METHODS
 from .objectives import Objective, make_objective
 from .placement import Placement, place
 from .problem import JobState, Plan, SizeProblem
 from .solvers import solve_dp, solve_equal_share, solve_greedy, solve_milp
-
-METHODS = ("milp", "dp", "greedy", "equal-share", "node-milp")
 
 
 def build_problem(jobs: list[JobState], pool_size: int, objective: Objective, t_fwd: float, now: float = 0.0,
