@@ -16,7 +16,9 @@ def expand_hostlist(text: str) -> tuple[str, ...]:
 
 
 def _split_outside_brackets(text: str) -> list[str]:
-    parts, depth, cur = [], 0, []
+    parts: list[str] = []
+    cur: list[str] = []
+    depth = 0
     for ch in text:
         depth += (ch == "[") - (ch == "]")
         if ch == "," and depth == 0:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import weakref
 from pathlib import Path
 
+from parsl.executors import HighThroughputExecutor
 from parsl.executors.status_handling import BlockProviderExecutor
 from parsl.jobs.states import JobState, JobStatus
 
@@ -50,8 +51,9 @@ def pilot_block_error_handler(executor: BlockProviderExecutor, status: dict[str,
     ran = _RAN.setdefault(executor, set())
     ran.update(b for b, s in status.items() if s.state in (JobState.RUNNING, JobState.HELD))
     try:
-        ran.update(str(m.get("block_id")) for m in executor.connected_managers())
-    except Exception:            # an executor not started yet, or one without managers: no news
+        if isinstance(executor, HighThroughputExecutor):
+            ran.update(str(m.get("block_id")) for m in executor.connected_managers())
+    except Exception:            # an executor not started yet: no news
         pass
     streak: list[str] = []
     for b in sorted((b for b, s in status.items() if s.terminal), key=lambda b: int(b) if b.isdigit() else 0):

@@ -131,8 +131,8 @@ class PilotProvider(ClusterProvider):
                          max_jobs)
         # Parsl's block bookkeeping: blocks are only ever started by the pool (scale_out), never by a strategy;
         # the launcher is unused: a pilot script starts its worker pools itself (``on_each_node``)
-        super().__init__(label, nodes_per_block, 0, 0, 1_000_000, 1, _hhmmss(walltime_max_min), SingleNodeLauncher(),
-                         cmd_timeout=30)
+        super().__init__(label, nodes_per_block, 0, 0, 1_000_000, 1,   # type: ignore[no-untyped-call]
+                         _hhmmss(walltime_max_min), SingleNodeLauncher(), cmd_timeout=30)
         self.walltime_min_min, self.walltime_max_min, self.notice_s = walltime_min_min, walltime_max_min, notice_s
         self.max_pending_s, self.worker_init = max_pending_s, worker_init
         # absolute: pilot scripts run in whatever directory the scheduler starts them in

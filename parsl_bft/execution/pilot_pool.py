@@ -28,7 +28,7 @@ from parsl.jobs.states import JobState
 
 from ..topology import Topology
 from .lanes import Lanes
-from .pilot import PilotProvider
+from .pilot import Hole, PilotProvider
 from .protocols import NoticeReason, PilotExecutor, PoolEvent, PoolEventKind
 
 logger = logging.getLogger(__name__)
@@ -436,7 +436,7 @@ class PilotPool:
         else:
             self._soak_lanes(self.lanes, pilots, holes, want, per, pilots_n)
 
-    def _soak_lanes(self, lanes: Lanes, pilots: dict[str, LaneBlock], holes: list[Any], want: int, per: int,
+    def _soak_lanes(self, lanes: Lanes, pilots: dict[str, LaneBlock], holes: list[Hole], want: int, per: int,
                     pilots_n: int) -> None:
         """Pilots aimed at hole nodes, each under the executor (lane) of its group."""
         held = {lanes.group(n) for p in self._joined().values() if p.state is PilotState.RUNNING for n in p.nodes}
@@ -444,7 +444,8 @@ class PilotPool:
         for group, nodes in lanes.pilots(holes, want, per, pilots_n, held):
             self.provider.pilot_nodes, self.provider.pilot_target = len(nodes), nodes
             try:
-                lanes.executor(group, busy).scale_out_facade(1)
+                ex: Any = lanes.executor(group, busy)     # an HTEX (Lanes knows it as a ParslExecutor)
+                ex.scale_out_facade(1)
             finally:
                 self.provider.pilot_target = ()
             busy.add(group)
