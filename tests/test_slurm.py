@@ -14,7 +14,7 @@ import pytest
 from parsl.jobs.states import JobState, JobStatus
 
 from parsl_bft.execution.pilot import Hole
-from parsl_bft.execution.pool import PilotPool
+from parsl_bft.execution.pool import PilotPool, PilotState
 from parsl_bft.execution.slurm import SlurmCommands, SlurmPilotProvider
 from parsl_bft.execution.jobstore import JobStore
 from parsl_bft.topology import Topology, slurm_topology
@@ -149,9 +149,10 @@ def test_a_pilot_whose_worker_pool_is_lost_is_cancelled_not_left_holding_its_nod
     fake.busy_cancel = True                             # ... and scancel fails once: tried again
     clock["t"] += 1
     assert [(e.kind, e.nodes) for e in pool.poll()] == [("leave", ("n7",))] and fake.cancelled == []
+    assert pool.states()["100"] == PilotState.LEFT          # to cancel while the scheduler still runs it
     clock["t"] += 1
     pool.poll()
-    assert fake.cancelled == ["100"] and "100" not in fake.running
+    assert fake.cancelled == ["100"] and "100" not in fake.running and pool.states()["100"] == "gone"
     # claims are read from every poll's survey, not only at the (here 60 s) probe for new pilots
     fake.running["101"], fake.managers = ("n8", math.inf), {"1"}
     fake.blocks_to_job_id["1"] = "101"
@@ -470,6 +471,7 @@ def test_pilot_pool_joins_notices_claims_and_replaces_pilots():
     assert step() == [("join", ("n8",))]
     assert step(10) == [("notice", ("n8",))] and fake.held == ["1"]
     # a noticed pilot does not count: a replacement goes to a free hole at once
+    assert pool.states() == {"100": PilotState.RUNNING, "101": PilotState.NOTICED, "102": PilotState.QUEUED}
     assert len(fake.blocks_to_job_id) == 3
     fake.busy = True                                    # the scheduler does not answer: nothing left
     assert step() == []

@@ -127,7 +127,7 @@ class PilotPool:
         self.max_nodes, self.probe_s, self.poll_s, self.clock = max_nodes, probe_s, poll_s, clock
         self.notice_s = float(self.provider.notice_s if notice_s is None else notice_s)
         self.release_s = release_s
-        self._hold_block = hold
+        self._hold_fn = hold
         self._t0 = clock()
         self._last_probe = self._last_poll = -math.inf
         self._book: dict[str, Pilot] = {}      # job id -> its record, for every pilot seen
@@ -138,6 +138,10 @@ class PilotPool:
         self._cancel_orphans()
 
     # --- the records ---------------------------------------------------------------------------------------
+    def states(self) -> dict[str, PilotState]:
+        """job id -> state of every pilot the pool has seen."""
+        return {j: p.state for j, p in self._book.items()}
+
     def pilot(self, job_id: str) -> Pilot:
         """The record of a pilot (a new one, QUEUED, for a job id not seen before)."""
         if job_id not in self._book:
@@ -390,7 +394,7 @@ class PilotPool:
         """No new tasks for this block's worker pools (``hold``): they are dead, or about to be."""
         lane, block = lane_block
         try:
-            self._hold_block(self._executors()[lane], block)
+            self._hold_fn(self._executors()[lane], block)
         except Exception as e:       # a pool that is already gone cannot be held; nothing is lost
             logger.debug("hold of block %s failed: %s", block, e)
 
