@@ -113,7 +113,7 @@ class PilotPool:
 
     def __init__(self, executor: PilotExecutor, *, max_nodes: int = 64, probe_s: float = 5.0, poll_s: float = 1.0,
                  notice_s: float | None = None, release_s: float = 3.0, clock: Callable[[], float] = time.time,
-                 topology: Topology | None = None, new_executor: Callable[[str], Any] | None = None,
+                 topology: Topology | None = None, new_executor: Callable[[str], PilotExecutor] | None = None,
                  hold: Callable[[Any, str], None] = hold_block):
         if max_nodes < 1:
             raise ValueError(f"max_nodes must be >= 1, got {max_nodes}")
@@ -122,7 +122,7 @@ class PilotPool:
         self.topology: Topology | None = topology if topology is not None else self.provider.topology()
         self.lanes: Lanes | None = None
         if self.topology is not None and self.provider.can_target and new_executor is not None:
-            self.lanes = Lanes(executor, self.topology, new_executor)    # type: ignore[arg-type]
+            self.lanes = Lanes(executor, self.topology, new_executor)
         self._lane_of: dict[str, str] = {}     # joined node -> the group (lane) of the pilot holding it
         self.max_nodes, self.probe_s, self.poll_s, self.clock = max_nodes, probe_s, poll_s, clock
         self.notice_s = float(self.provider.notice_s if notice_s is None else notice_s)
@@ -195,7 +195,7 @@ class PilotPool:
         for f in ledgers:
             f.rename(f.with_name(f.name + ".done"))
 
-    def _executors(self) -> dict[str, Any]:
+    def _executors(self) -> dict[str, PilotExecutor]:
         return {"": self.executor} if self.lanes is None else dict(self.lanes.executors)
 
     def _pilots(self) -> dict[str, LaneBlock]:
@@ -448,8 +448,7 @@ class PilotPool:
         for group, nodes in lanes.pilots(holes, want, per, pilots_n, held):
             self.provider.pilot_nodes, self.provider.pilot_target = len(nodes), nodes
             try:
-                ex: Any = lanes.executor(group, busy)     # an HTEX (Lanes knows it as a ParslExecutor)
-                ex.scale_out_facade(1)
+                lanes.executor(group, busy).scale_out_facade(1)
             finally:
                 self.provider.pilot_target = ()
             busy.add(group)
