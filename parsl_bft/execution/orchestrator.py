@@ -23,17 +23,19 @@ from pathlib import Path
 
 from ..control import Controller, Timeline
 from ..jobs import JobSpec
-from ..planner.problem import site_of
+from ..nodes import local_name, node_id, site_of
 from ..scaling import ScalingCurve
 from ..train.checkpoint import CheckpointStore
+from ..train.config import FragmentConfig, StopReason
 from ..train.protocol import JobDir
 from .checkpoint_policy import CheckpointPolicy
+from .clock import Clock, SystemClock
 from . import events
 from .errors import JobFailed, RunStopped, StateError, StateLocked
 from .htex import FragmentHandle, FragmentLost, SiteRunner
 from .jobstore import JobRow, JobStore, damaged_advice
 from .layers import fragment_reported, job_layers
-from .pool import MultiPool, SitePool
+from .pool import MultiPool, PoolEvent, SitePool
 from .protocols import IdlePool, Planner
 from .report import read_jobs
 from .signals import Terminated, sigterm_unwinds, stop_reason
@@ -63,11 +65,6 @@ class _Running:
     freeze: int = 0                # layers it has frozen
 
 
-def _local(node: str) -> str:
-    """A node's name at its site (multi-site ids are 'site:node')."""
-    return node.split(":", 1)[1] if site_of(node) else node
-
-
 def _newest_step(d: Path) -> int:
     paths = CheckpointStore(d).paths()
     return int(paths[0].stem.split("-")[1]) if paths else 0
@@ -82,7 +79,8 @@ class Orchestrator:
                  executor: str = "bft_local", checkpoint_dir: str | Path | None = None, ranks_per_node: int = 1,
                  max_concurrent: int = 10, poll_s: float = 0.2, max_failures: int = 3, settle_s: float = 1.5,
                  warm_up: bool = True, weights: dict[str, float] | None = None,
-                 checkpoint_policy: CheckpointPolicy | None = None, state_lock=None):
+                 checkpoint_policy: CheckpointPolicy | None = None, state_lock=None, clock: Clock | None = None):
+        self.clock: Clock = clock or SystemClock()
         self.state = StateDir(state_dir)
         self.dir = self.state.root
         self._lock = state_lock or self.state.lock()     # state_lock: taken already (training_session)
@@ -198,7 +196,7 @@ class Orchestrator:
                         if not f.done():
                             f.set_exception(e)
             self._thread = threading.Thread(target=loop, name="parsl-bft-orchestrator", daemon=True)
-            self._started_at = time.monotonic()
+            self._started_at = self.clock.monotonic()
             self._thread.start()
         return self
 
@@ -268,7 +266,7 @@ class Orchestrator:
         if self._thread is not None and not _background:
             if not self.wait(timeout_s):
                 return self.stop() or {}
-            return self.summary(time.monotonic() - self._started_at)
+            return self.summary(self.clock.monotonic() - self._started_at)
         from ..train.launcher import serve_store
 
         # loopback only unless ranks on other nodes (pilots) must reach it
@@ -283,79 +281,51 @@ class Orchestrator:
             self._fence(spec.name)
         self.db.record(events.Start(self.generation, [s.name for s in pending],
                                 {s.name: _newest_step(self.job_dir(s.name)) for s in pending}))
-        t_start = time.monotonic()
+        t_start = self.clock.monotonic()
         why = "done"
         with sigterm_unwinds():
             try:
-                t_warm = time.monotonic()
+                t_warm = self.clock.monotonic()
                 if self.warm_up:
                     for name, runner in self._runners.items():
                         runner.warm_up(self.state.warm_up_dir(self.generation, name), self.db.event,
                                        self._stopping.is_set)
-                self.warm_up_s = time.monotonic() - t_warm
+                self.warm_up_s = self.clock.monotonic() - t_warm
                 self.pool.start()
-                t_start = time.monotonic()
+                t_start = self.clock.monotonic()
                 why = self._loop(ctl, t_start, progress, timeout_s, _background)
             except BaseException as e:
                 why = stop_reason(e)
                 raise
             finally:
                 self._shutdown(ctl, why)
-        return self.summary(time.monotonic() - t_start)
+        return self.summary(self.clock.monotonic() - t_start)
 
     def _loop(self, ctl: Controller, t_start: float, progress, timeout_s: float | None, stay: bool) -> str:
         """Returns why it ended: every job done, timeout, or stopped (``stay``: keep going when all are done,
-        for jobs still to come, until ``stop()``)."""
-        last = time.monotonic()
+        for jobs still to come, until ``stop()``). One turn: arrivals, time, pool events, fragments, the plan."""
+        last = self.clock.monotonic()
         changed, joined_at = True, None
         while ctl.active or ctl.waiting or (stay and not self._stopping.is_set()):
             if self._stopping.is_set():
                 return "stopped"
-            while self._arrivals:                        # submitted while we run: into the plan
-                name = self._arrivals.pop(0)
-                if not self.futures[name].done() and ctl.submit(self._spec(name)):
-                    self._fence(name)
-                    self.db.record(events.Submit(name))
-                    changed = True
+            changed |= self._take_arrivals(ctl)
             for site in self.sites.values():             # no pilots for nodes no job could use
                 site.pool.demand = ctl.demand
-            now = time.monotonic()
+            now = self.clock.monotonic()
             dt, last = now - last, now
             self.pool_node_s += len(ctl.pool) * dt
             ctl.accrue(dt)
             for ev in self.pool.poll():
                 if ev.kind == "join":     # nodes arrive one by one: plan once they have settled
-                    for r in self.running.values():
-                        r.gone.difference_update(ev.nodes)     # a new pilot there: a share may start on it
-                    ctl.nodes_joined(ev.nodes, [t_start + u for u in ev.until] if ev.until else ())
-                    for site in {site_of(n) for n in ev.nodes}:
-                        self._runners[site].prime([_local(n) for n in ev.nodes if site_of(n) == site])
+                    self._nodes_joined(ctl, ev, t_start)
                     joined_at = now
-                    continue
-                changed = True
-                # a notice: checkpoint now, and plan without these nodes already; a leave: kill what still runs
-                for a in list(ctl.active.values()):
-                    r = self.running.get(a.name)
-                    if r is not None and set(ev.nodes) & set(a.state.nodes):
-                        r.doomed.update(set(ev.nodes) & set(a.state.nodes))
-                        self._request_stop(a.name, f"reclaim {ev.kind}")
-                        self._abandon_waiting(a.name, all_or_none=ev.kind == "notice")
-                if ev.kind == "leave":
-                    for name, r in self.running.items():
-                        r.gone.update(ev.nodes)
-                        if r.doomed & set(ev.nodes):
-                            self._kill(name)
-                    self._noticed.difference_update(ev.nodes)
                 else:
-                    self._noticed.update(ev.nodes)
-                for name in ctl.nodes_left(ev.nodes):
-                    self.db.record(events.Reclaim(name, list(ev.nodes), ev.kind, ev.why or None))
+                    self._nodes_reclaimed(ctl, ev)
+                    changed = True
             self._follow_placement(ctl)
             changed |= self._collect(ctl)
-            done_with = self._noticed - set().union(*(r.doomed for r in self.running.values()))
-            if done_with:              # checkpointed: their pilots go now, so replacements can start
-                self._noticed -= done_with
-                self.pool.release(done_with)
+            self._release_checkpointed()
             if changed or (joined_at is not None and now - joined_at >= self.settle_s):
                 joined_at = None
                 ctl.replan(now)
@@ -366,18 +336,62 @@ class Orchestrator:
                 progress(self)
             if timeout_s is not None and now - t_start > timeout_s:
                 return "timeout"
-            time.sleep(self.poll_s)
+            self.clock.sleep(self.poll_s)
         return "stopped" if self._stopping.is_set() else "done"
+
+    def _take_arrivals(self, ctl: Controller) -> bool:
+        """Jobs submitted while the loop runs join the plan; True if any did."""
+        changed = False
+        while self._arrivals:
+            name = self._arrivals.pop(0)
+            if not self.futures[name].done() and ctl.submit(self._spec(name)):
+                self._fence(name)
+                self.db.record(events.Submit(name))
+                changed = True
+        return changed
+
+    def _nodes_joined(self, ctl: Controller, ev: PoolEvent, t_start: float) -> None:
+        for r in self.running.values():
+            r.gone.difference_update(ev.nodes)     # a new pilot there: a share may start on it
+        ctl.nodes_joined(ev.nodes, [t_start + u for u in ev.until] if ev.until else ())
+        for site in {site_of(n) for n in ev.nodes}:
+            self._runners[site].prime([local_name(n) for n in ev.nodes if site_of(n) == site])
+
+    def _nodes_reclaimed(self, ctl: Controller, ev: PoolEvent) -> None:
+        """A notice: checkpoint now, and plan without these nodes already; a leave: kill what still runs."""
+        for a in list(ctl.active.values()):
+            r = self.running.get(a.name)
+            if r is not None and set(ev.nodes) & set(a.state.nodes):
+                r.doomed.update(set(ev.nodes) & set(a.state.nodes))
+                self._request_stop(a.name, f"reclaim {ev.kind}")
+                self._abandon_waiting(a.name, all_or_none=ev.kind == "notice")
+        if ev.kind == "leave":
+            for name, r in self.running.items():
+                r.gone.update(ev.nodes)
+                if r.doomed & set(ev.nodes):
+                    self._kill(name)
+            self._noticed.difference_update(ev.nodes)
+        else:
+            self._noticed.update(ev.nodes)
+        for name in ctl.nodes_left(ev.nodes):
+            self.db.record(events.Reclaim(name, list(ev.nodes), ev.kind, ev.why or None))
+
+    def _release_checkpointed(self) -> None:
+        """Nodes on notice whose fragments have checkpointed: their pilots go now, so replacements can start."""
+        done_with = self._noticed - set().union(*(r.doomed for r in self.running.values()))
+        if done_with:
+            self._noticed -= done_with
+            self.pool.release(done_with)
 
     def _shutdown(self, ctl: Controller, why: str) -> None:
         for name in list(self.running):
             self._request_stop(name, "shutdown")
             self._abandon_waiting(name, all_or_none=True)      # nothing to save: no waiting for a worker
-        deadline = time.monotonic() + 60
+        deadline = self.clock.monotonic() + 60
         try:
-            while self.running and time.monotonic() < deadline:
+            while self.running and self.clock.monotonic() < deadline:
                 self._collect(ctl)
-                time.sleep(self.poll_s)
+                self.clock.sleep(self.poll_s)
         finally:
             for name in list(self.running):        # did not stop in time: nothing may outlive us here
                 self._kill(name)
@@ -409,15 +423,16 @@ class Orchestrator:
         k = self.sites[site].ranks_per_node
         hole_left = min((ctl.pool.get(n, math.inf) for n in nodes), default=math.inf) - time.monotonic()
         interval = self.policy.interval(len(nodes), hole_left)
-        cfg = dict(job=name, workload=job.workload, checkpoint_dir=str(jd.path), world_size=len(nodes) * k,
-                   global_batch=job.global_batch, total_samples=job.samples, workload_args=job.workload_args,
-                   generation=self.generation, timeout_s=30.0, checkpoint_every_s=interval, fragment_id=fragment,
-                   ranks_per_node=k, loop=job.loop, deterministic=job.deterministic,
-                   freeze_layers=ctl.active[name].state.freeze if name in ctl.active else 0)   # planned level
+        cfg = FragmentConfig(
+            job=name, workload=job.workload, checkpoint_dir=str(jd.path), world_size=len(nodes) * k,
+            global_batch=job.global_batch, total_samples=job.samples, workload_args=job.workload_args,
+            generation=self.generation, timeout_s=30.0, checkpoint_every_s=interval, fragment_id=fragment,
+            ranks_per_node=k, loop=job.loop, deterministic=job.deterministic,
+            freeze_layers=ctl.active[name].state.freeze if name in ctl.active else 0)   # planned level
         resume = _newest_step(jd.path)
-        handle = self._runners[site].launch(cfg, tuple(map(_local, nodes)))
+        handle = self._runners[site].launch(cfg, tuple(map(local_name, nodes)))
         self.running[name] = _Running(handle, len(nodes), fragment, site, time.time(), resume, interval,
-                                      freeze=cfg["freeze_layers"])
+                                      freeze=cfg.freeze_layers)
         self.db.event("launch", job=name, size=len(nodes), ranks=len(nodes) * k, fragment=fragment, nodes=list(nodes),
                       resume_step=resume, checkpoint_every_s=round(interval, 2), **({"site": site} if site else {}))
 
@@ -453,7 +468,7 @@ class Orchestrator:
             if not runner.gang or len(r.placed) == r.nodes or name not in ctl.active:
                 continue
             for node in runner.placed(r.fragment, r.nodes).values():
-                node = f"{r.site}:{node}" if r.site else node
+                node = node_id(r.site, node)
                 if node not in r.placed:
                     ctl.bind(name, node, r.placed)
                     if node in ctl.active[name].state.nodes:
@@ -487,19 +502,19 @@ class Orchestrator:
                     raise FragmentLost(f"fragment {r.fragment}: every node it ran on has left "
                                        f"({', '.join(sorted(r.placed))}); its ranks are gone or fenced off")
                 res = r.handle.result()
-                done, ckpt = int(res["samples_done"]), res["checkpoint"]
-                finished = res["stopped_by"] == "finished"
+                done, ckpt = res.samples_done, res.checkpoint
+                finished = res.stopped_by is StopReason.FINISHED
                 self.failures[name] = 0
                 k = self.sites[r.site].ranks_per_node
-                self.db.event("fragment-done", job=name, fragment=r.fragment, size=r.nodes, ranks=res["world_size"],
-                              launched=r.launched, train_started=res["train_started"], train_s=res["train_s"],
-                              start_step=res["start_step"], end_step=res["end_step"], stopped_by=res["stopped_by"],
-                              periodic_saves=res["periodic_saves"], checkpoint_s=res["checkpoint_s"])
-                self.policy.observe_save(res["periodic_save_s"] or res["checkpoint_s"])
+                self.db.event("fragment-done", job=name, fragment=r.fragment, size=r.nodes, ranks=res.world_size,
+                              launched=r.launched, train_started=res.train_started, train_s=res.train_s,
+                              start_step=res.start_step, end_step=res.end_step, stopped_by=res.stopped_by,
+                              periodic_saves=res.periodic_saves, checkpoint_s=res.checkpoint_s)
+                self.policy.observe_save(res.periodic_save_s or res.checkpoint_s)
                 self.policy.observe_training(held_s, lost_without_notice=False)
-                if res["throughput"] > 0 and res["end_step"] > res["start_step"]:
+                if res.throughput > 0 and res.end_step > res.start_step:
                     measured = {int(k): v for k, v in (self.db.meta(f"curve:{name}") or {}).items()}
-                    measured[res["world_size"] // k] = res["throughput"]      # the planner counts nodes
+                    measured[res.world_size // k] = res.throughput      # the planner counts nodes
                     self.curves[name] = ScalingCurve(name, measured)
                     self.db.set_meta(f"curve:{name}", measured)
                     if a is not None:
@@ -507,7 +522,7 @@ class Orchestrator:
                 if a is not None:
                     fragment_reported(a.state, res)
                 self.db.update(name, fragments=row.fragments + 1,
-                               train_node_s=row.train_node_s + res["train_s"] * r.nodes)
+                               train_node_s=row.train_node_s + res.train_s * r.nodes)
             except Exception as e:   # a killed or failed fragment: resume from the last good checkpoint
                 r.killed |= type(e).__name__ == "ManagerLost"     # its node's worker pool died with the node
                 errors = jd.errors(r.fragment)

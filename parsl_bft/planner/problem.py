@@ -7,12 +7,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..jobs import JobSpec
+from ..nodes import site_of
 from ..scaling import ScalingCurve
 
-
-def site_of(node: str) -> str:
-    """Node ids of a multi-site pool are 'site:node'; single-site ids have no site ('')."""
-    return node.split(":", 1)[0] if ":" in node else ""
+__all__ = ["JobState", "Plan", "SizeProblem", "site_of"]
 
 
 @dataclass
