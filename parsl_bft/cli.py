@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import warnings
 from pathlib import Path
@@ -254,37 +253,29 @@ def _freeze_levels(text: str | None) -> list[int] | None:
 
 def cmd_run(args) -> int:
     """Run a scientist's workflow file (a Python script using parsl_bft's API) as __main__."""
-    import runpy
-
     path = Path(args.workflow)
     if not path.exists():
         print(f"parsl-bft run: error: no such workflow file: {path}", file=sys.stderr)
         return 2
-    rest, sites = [], list(args.site or [])
+    rest, paths = [], list(args.site or [])
     it = iter(args.args)
     for a in it:                      # --site may also follow the workflow (parsl-bft run W.py --site S.yaml)
         if a == "--site":
-            sites.append(next(it, ""))
+            paths.append(next(it, ""))
         elif a.startswith("--site="):
-            sites.append(a.split("=", 1)[1])
+            paths.append(a.split("=", 1)[1])
         else:
             rest.append(a)
+    from .sites import SiteError, load_site
+    try:
+        sites = [load_site(s) for s in paths]     # read once: the workflow's training_session gets these
+    except SiteError as e:
+        print(f"parsl-bft run: error: {e}", file=sys.stderr)
+        return 2
     if sites:
-        from .sites import SiteError, load_site
-        try:
-            names = [load_site(s).name for s in sites]
-        except SiteError as e:
-            print(f"parsl-bft run: error: {e}", file=sys.stderr)
-            return 2
-        os.environ["PARSL_BFT_SITE"] = os.pathsep.join(str(Path(s).resolve()) for s in sites)
-        _console().print(f"sites: {', '.join(names)}")
-    if args.new_run:
-        os.environ["PARSL_BFT_NEW_RUN"] = "1"
-    if not args.quiet:
-        os.environ["PARSL_BFT_PROGRESS"] = "1"     # the workflow's training_session shows live bars
-    sys.argv = [str(path), *rest]
-    sys.path.insert(0, str(path.resolve().parent))
-    runpy.run_path(str(path), run_name="__main__")
+        _console().print(f"sites: {', '.join(s.name for s in sites)}")
+    from .execution.run import run_workflow
+    run_workflow(path, sites, args=rest, new_run=args.new_run, progress=not args.quiet)
     return 0
 
 
@@ -321,7 +312,7 @@ def cmd_status(args) -> int:
 
 
 def cmd_sites(args) -> int:
-    from .sites import SiteError, load_site, show_config
+    from .sites import SiteError, load_site
 
     if args.action == "schema":       # the reference of every field (docs/site-files.md)
         from .site_schema import reference
@@ -332,6 +323,7 @@ def cmd_sites(args) -> int:
     if args.action == "show":
         if len(args.files) != 1:
             raise UsageError("sites show takes one site file")
+        from .execution.site_runtime import show_config
         print(show_config(load_site(args.files[0])), end="")
         return 0
     bad = 0

@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 import types
 import typing
+from typing import Any
 
 from pydantic import BaseModel
+from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
 from .sites import Site
@@ -20,11 +22,11 @@ Examples: `site_configs/`.
 """
 
 
-def _models(annotation) -> list[type[BaseModel]]:
+def _models(annotation: Any) -> list[type[BaseModel]]:
     return [a for a in (annotation, *typing.get_args(annotation)) if isinstance(a, type) and issubclass(a, BaseModel)]
 
 
-def _type(annotation) -> str:
+def _type(annotation: Any) -> str:
     args = typing.get_args(annotation)
     if typing.get_origin(annotation) is typing.Literal:
         return "one of " + ", ".join(f"`{a}`" for a in args)
@@ -35,9 +37,9 @@ def _type(annotation) -> str:
     return str(annotation).replace("typing.", "")
 
 
-def _default(field) -> str:
+def _default(field: FieldInfo) -> str:
     if field.default_factory is not None:
-        v = field.default_factory()
+        v = field.default_factory()  # type: ignore[call-arg]  # the site's factories take no arguments
         return "(see below)" if isinstance(v, BaseModel) else f"`{json.dumps(v)}`"
     if field.default is PydanticUndefined:
         return "required"
@@ -46,7 +48,7 @@ def _default(field) -> str:
 
 def undocumented(model: type[BaseModel] = Site, prefix: str = "") -> list[str]:
     """Fields without a description (the reference must say what every field does)."""
-    out = []
+    out: list[str] = []
     for name, f in model.model_fields.items():
         if not f.description:
             out.append(prefix + name)
@@ -56,7 +58,11 @@ def undocumented(model: type[BaseModel] = Site, prefix: str = "") -> list[str]:
 
 
 def reference() -> str:
-    sections, todo, seen = [], [("", Site)], set()
+    """The reference of every site-file field as Markdown: one table per section (top level, ``node``, ...),
+    each nested section introduced by its model's docstring."""
+    sections: list[str] = []
+    todo: list[tuple[str, type[BaseModel]]] = [("", Site)]
+    seen: set[type[BaseModel]] = set()
     while todo:
         prefix, model = todo.pop(0)
         rows = ["| field | type | default | what it does |", "|---|---|---|---|"]

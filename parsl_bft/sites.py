@@ -1,8 +1,9 @@
-"""Site files: a facility described once (YAML, validated with pydantic) -> the Parsl Config parsl-bft runs.
+"""Site files: a facility described once (YAML), validated with pydantic. The schema only: it builds nothing.
 
-Every field is used (one the site's scheduler would ignore is an error): ``build_config`` turns the site into
-Parsl objects (Config, HighThroughputExecutor, the pilot provider), ``parsl_bft.execution.session`` takes the
-pool, planner, checkpoint_dir and ranks_per_node from it. ``parsl-bft sites show`` prints the Config's own repr, which is code that builds it again.
+Every field is used (one the site's scheduler would ignore is an error): ``parsl_bft.execution.site_runtime``
+turns a validated ``Site`` into what a run needs (the Parsl Config, the idle pool, the planner, the checkpoint
+location, ranks per node), once per site; ``parsl-bft sites show`` prints that Config's own repr, which is code
+that builds it again.
 
 Secrets never belong in a site file: Globus Compute credentials come from the environment
 (GLOBUS_COMPUTE_CLIENT_ID / GLOBUS_COMPUTE_CLIENT_SECRET); a value that looks like a secret is rejected.
@@ -10,9 +11,10 @@ Secrets never belong in a site file: Globus Compute credentials come from the en
 from __future__ import annotations
 
 import re
-import warnings
+from collections.abc import Iterator
+from importlib.resources import files
 from pathlib import Path
-from typing import Any, Callable, Literal
+from typing import Any, Literal
 from uuid import UUID
 
 import yaml
@@ -20,6 +22,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from .errors import InputError, ParslBftError
 
+# the embedded default (this machine, an emulated idle pool): ships inside the package
+DEFAULT_SITE = Path(str(files("parsl_bft") / "data" / "sites" / "local.yaml"))
 _SECRETS = [re.compile(p, re.I) for p in (
     r"(secret|passw(or)?d|passwd|pwd|token|api[_-]?key|access[_-]?key|private[_-]?key|credential)\w*\s*[=:]",
     r"(?<![\w-])--?(password|passwd|pass|token|secret|api-?key|access-?key|client-?secret)(\s*=|\s+)\S",
@@ -33,10 +37,11 @@ _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")           # newline and tab a
 
 
 def looks_secret(text: str) -> bool:
+    """Whether ``text`` holds something shaped like a credential (a password option, a token, a key)."""
     return any(p.search(text) for p in _SECRETS)
 
 
-def _strings(v, where: str = ""):
+def _strings(v: object, where: str = "") -> Iterator[tuple[str, str]]:
     """Every string in a field's value (list items and mapping keys and values included), with where it is."""
     if isinstance(v, str):
         yield where, v
@@ -57,6 +62,8 @@ class _Strict(BaseModel):
 
 
 class NodeShape(_Strict):
+    """What one node of the site has: cores, accelerators, and the training ranks a fragment runs on it."""
+
     cores: int = Field(ge=1, description="CPU cores of a node: the fragment slots of a local site, ncpus of "
                        "a PBS pilot's select; Slurm pilots take whole nodes (--exclusive)")
     gpus: int = Field(default=0, ge=0, description="accelerators per node (Polaris, Perlmutter: 4); a PBS "
@@ -65,7 +72,7 @@ class NodeShape(_Strict):
                                        "node; default: one per GPU (CPU-only nodes: 1)")
 
     @model_validator(mode="after")
-    def _ranks(self):
+    def _ranks(self) -> NodeShape:
         if self.ranks_per_node is None:
             self.ranks_per_node = self.gpus or 1
         elif self.gpus and self.ranks_per_node > self.gpus:
@@ -74,19 +81,23 @@ class NodeShape(_Strict):
 
 
 class PilotWalltime(_Strict):
+    """The bounds of a pilot's walltime (pilots hold idle nodes; a pilot asks for the hole's length)."""
+
     min_minutes: int = Field(default=1, ge=1, description="the least walltime a pilot asks for (its "
                              "walltime is the hole's length in whole minutes, within these bounds)")
     max_minutes: int = Field(default=30, ge=1, description="the most walltime a pilot asks for (a longer hole "
                              "takes pilots in turn)")
 
     @model_validator(mode="after")
-    def _order(self):
+    def _order(self) -> PilotWalltime:
         if self.max_minutes < self.min_minutes:
             raise ValueError(f"max_minutes {self.max_minutes} < min_minutes {self.min_minutes}")
         return self
 
 
 class HoleDiscovery(_Strict):
+    """How idle nodes (holes) are found through the scheduler and held with pilots."""
+
     poll_seconds: float = Field(default=5.0, gt=0, description="seconds between scheduler surveys (2 queries "
                                 "each: sinfo + squeue, or pbsnodes + qstat, whatever the number of pilots)")
     max_pending_seconds: float = Field(default=30.0, gt=0, description="a pilot still queued after this long is "
@@ -99,6 +110,8 @@ class HoleDiscovery(_Strict):
 
 
 class ObjectiveSpec(_Strict):
+    """What the planner maximises; a run over several sites has one objective, so their sites must agree."""
+
     name: Literal["throughput", "speedup", "weighted", "proportional", "maxmin", "deadline"] = Field(
         default="speedup", description="what the planner maximises over the jobs (see the README's planner "
         "section)")
@@ -136,13 +149,16 @@ class RemoteRuns(_Strict):
 
     @field_validator("site", "runs_dir")
     @classmethod
-    def _facility_path(cls, v):
+    def _facility_path(cls, v: str | None) -> str | None:
         if v is not None and not (v.startswith("/") or v.startswith("~")):
             raise ValueError("a path at the facility: absolute or from the home directory (~/...)")
         return v
 
 
 class Site(_Strict):
+    """A validated site file: a facility's scheduler, its nodes, how pilots hold them and what the planner
+    maximises there."""
+
     name: str = Field(min_length=1, description="names the site's Parsl executor (bft_<name>) and, in a "
                       "run over several sites, its folder sites/<name>/")
     scheduler: Literal["local", "slurm", "pbs"] = Field(description="local: the embedded default (this machine, "
@@ -171,13 +187,14 @@ class Site(_Strict):
                                       "runs live at the facility (`parsl-bft submit`)")
     emulation: Emulation | None = Field(default=None, description="scheduler local only: the idle pattern "
                                         "replayed on this machine")
-    topology: dict | None = Field(default=None, description="network groups for contention-aware planning: "
-                                  "groups or hostname, gpus_per_node, intra_gbps, inter_gbps "
-                                  "(parsl_bft.topology.topology_from_dict)")
+    # a bare "dict": the generated reference says "dict or null"
+    topology: dict | None = Field(  # type: ignore[type-arg]
+        default=None, description="network groups for contention-aware planning: groups or hostname, "
+        "gpus_per_node, intra_gbps, inter_gbps (parsl_bft.topology.topology_from_dict)")
 
     @field_validator("topology")
     @classmethod
-    def _topology(cls, v):
+    def _topology(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
         if v is not None:
             from .topology import topology_from_dict
             topology_from_dict(v, source="topology")
@@ -188,7 +205,7 @@ class Site(_Strict):
 
     @field_validator("*")
     @classmethod
-    def _no_secrets(cls, v):
+    def _no_secrets(cls, v: Any) -> Any:
         """Over every string field and every list item (scheduler_options included); the message never repeats
         the value."""
         for where, text in _strings(v):
@@ -202,7 +219,7 @@ class Site(_Strict):
 
     @field_validator("partition", "queue", "account", "preemptable_qos", "interchange_address")
     @classmethod
-    def _token(cls, v):
+    def _token(cls, v: str | None) -> str | None:
         """Pasted into #SBATCH / #PBS lines: one token, no whitespace or shell characters."""
         if v is not None and not _TOKEN.match(v):
             raise ValueError("must be one token of letters, digits and . _ : @ + , = / % - (no spaces, newlines "
@@ -211,7 +228,7 @@ class Site(_Strict):
 
     @field_validator("name")
     @classmethod
-    def _name(cls, v):
+    def _name(cls, v: str) -> str:
         if not _SITE_NAME.match(v):
             raise ValueError("use 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit (it names "
                              "a folder)")
@@ -219,7 +236,7 @@ class Site(_Strict):
 
     @field_validator("scheduler_options")
     @classmethod
-    def _options(cls, v):
+    def _options(cls, v: list[str]) -> list[str]:
         for i, o in enumerate(v):
             if not o.strip() or "\n" in o or "\r" in o or "\t" in o:
                 raise ValueError(f"item [{i}] must be one non-empty line (one #SBATCH / #PBS option)")
@@ -227,13 +244,13 @@ class Site(_Strict):
 
     @field_validator("checkpoint_dir")
     @classmethod
-    def _path(cls, v):
+    def _path(cls, v: str | None) -> str | None:
         if v is not None and ('"' in v or "\n" in v or not v.strip()):
             raise ValueError("must be a path without double quotes or newlines")
         return v
 
     @model_validator(mode="after")
-    def _per_scheduler(self):
+    def _per_scheduler(self) -> Site:
         if self.remote is not None and not self.globus_compute_endpoint:
             raise ValueError("'remote' is only for a site with 'globus_compute_endpoint'")
         # a field the scheduler would ignore is an error: a site file means what it says
@@ -262,14 +279,15 @@ class Site(_Strict):
 
 
 class SiteError(ParslBftError):
-    pass
+    """A site file that cannot be used, or sites that cannot run together; the message names the file or the
+    site, and the field."""
 
 
 _REMOVED = {"launcher": "pilots are one node each and start their worker pool themselves",
             "node.memory_gb": "nothing used it (pilots take whole nodes: --exclusive)"}
 
 
-def _present(doc: dict, dotted: str) -> bool:
+def _present(doc: Any, dotted: str) -> bool:
     for part in dotted.split("."):
         if not isinstance(doc, dict) or part not in doc:
             return False
@@ -310,7 +328,7 @@ def load_site(path: str | Path) -> Site:
         raise SiteError("\n".join(msgs)) from None
 
 
-def _allowed(loc) -> list[str]:
+def _allowed(loc: tuple[int | str, ...]) -> list[str]:
     model: type[BaseModel] = Site
     for part in loc[:-1]:
         ann = model.model_fields[str(part)].annotation
@@ -319,94 +337,3 @@ def _allowed(loc) -> list[str]:
                 model = cand
                 break
     return list(model.model_fields)
-
-
-def _label(site: Site) -> str:
-    return f"bft_{re.sub(r'[^A-Za-z0-9_]', '_', site.name)}"
-
-
-def _sdk_executor(endpoint_id: str):
-    """The real Globus Compute SDK Executor (it logs in: credentials from the environment)."""
-    from globus_compute_sdk import Executor
-
-    return Executor(endpoint_id=endpoint_id)
-
-
-def _unconnected(endpoint_id: str):
-    """Stands in for the SDK Executor where only the Config's code is wanted (``sites show``): constructing the
-    real one logs in to the cloud service."""
-    from globus_compute_sdk import Executor
-
-    from .execution.config import constructed
-
-    class Unconnected(Executor):
-        resource_specification = None        # what GlobusComputeExecutor reads from it
-        user_endpoint_config = None
-        __repr__ = object.__repr__           # config_source writes Executor(endpoint_id=...) in its place
-
-        def __init__(self):                  # deliberately not Executor.__init__: no login, no thread
-            pass
-
-    return constructed(Unconnected(), Executor, endpoint_id=endpoint_id)
-
-
-def build_config(site: Site, *, endpoint: Callable[[str], Any] = _sdk_executor):
-    """The Parsl Config this site runs, built from its fields (``endpoint`` makes the Globus Compute SDK
-    Executor from the endpoint id)."""
-    from parsl.config import Config
-
-    from .execution.config import constructed, local_config
-
-    label = _label(site)
-    if site.globus_compute_endpoint:
-        from parsl.executors import GlobusComputeExecutor
-
-        return Config(executors=[GlobusComputeExecutor(executor=endpoint(str(site.globus_compute_endpoint)),
-                                                       label=label)], retries=0)
-    if site.scheduler == "local":
-        return local_config(workers=site.node.cores, label=label)
-    from parsl.executors import HighThroughputExecutor
-
-    from .execution.block_errors import pilot_block_error_handler
-
-    w, h = site.pilot_walltime, site.holes
-    common = dict(walltime_min_min=w.min_minutes, walltime_max_min=w.max_minutes, notice_s=h.notice_seconds,
-                  max_pending_s=h.max_pending_seconds, worker_init=site.worker_init,
-                  poll_s=max(1, round(h.poll_seconds)), scheduler_options=list(site.scheduler_options),
-                  max_jobs=h.max_jobs)
-    if site.scheduler == "slurm":
-        from .execution.slurm import SlurmPilotProvider
-
-        cls, kw = SlurmPilotProvider, dict(partition=site.partition, qos=site.preemptable_qos,
-                                           account=site.account, **common)
-    else:
-        from .execution.pbs import PBSPilotProvider
-
-        select = f"1:ncpus={site.node.cores}" + (f":ngpus={site.node.gpus}" if site.node.gpus else "")
-        cls, kw = PBSPilotProvider, dict(queue=site.preemptable_qos or site.queue, account=site.account,
-                                         select=select, **common)
-    # recorded so `sites show` can print it while the pilot providers have no code repr of their own
-    provider = constructed(cls(**kw), **kw)
-    htex = HighThroughputExecutor(
-        label=label,
-        max_workers_per_node=1,                   # one fragment slot per pilot node: its ranks use the node
-        heartbeat_period=5, heartbeat_threshold=20,   # pilots come and go: notice lost ones soon
-        block_error_handler=pilot_block_error_handler,  # a pilot that ends is normal
-        provider=provider,
-        **({"address": site.interchange_address} if site.interchange_address else {}),
-    )
-    return Config(executors=[htex], retries=0, strategy="none")
-
-
-def show_config(site: Site) -> str:
-    """The site's Config as Python code: its own repr plus imports (what ``parsl-bft sites show`` prints)."""
-    from .execution.config import config_source
-
-    comment = ("# credentials: GLOBUS_COMPUTE_CLIENT_ID / GLOBUS_COMPUTE_CLIENT_SECRET in the environment\n"
-               if site.globus_compute_endpoint else "")
-    with warnings.catch_warnings():
-        # HTEX without an address probes this host's addresses and leaves a socket for the collector: Parsl's,
-        # and nothing the reader of the code can act on
-        warnings.simplefilter("ignore", ResourceWarning)
-        config = build_config(site, endpoint=_unconnected)
-    return config_source(config, comment)

@@ -2,7 +2,8 @@ from pathlib import Path
 
 import pytest
 
-from parsl_bft.sites import SiteError, build_config, load_site, show_config
+from parsl_bft.execution.site_runtime import build_config, show_config
+from parsl_bft.sites import SiteError, load_site
 
 ROOT = Path(__file__).resolve().parent.parent
 SITES = sorted((ROOT / "site_configs").glob("*.yaml"))
@@ -97,21 +98,21 @@ def test_fragment_through_globus_compute_executor(tmp_path):
 
     from parsl_bft.execution.apps import fragment_task
     from parsl_bft.execution.globus import LocalEndpointExecutor
+    from parsl_bft.train.config import FragmentConfig
 
     gce = LocalEndpointExecutor()
     with parsl.load(Config(executors=[GlobusComputeExecutor(executor=gce, label="remote")], retries=0,
                            run_dir=str(tmp_path / "runinfo"))):
         app = parsl.python_app(fragment_task, executors=["remote"])
-        cfg = dict(job="gc", workload="images", checkpoint_dir=str(tmp_path), world_size=1, global_batch=32,
-                   steps=3, workload_args={"n": 256}, fsync=False)
+        cfg = FragmentConfig(job="gc", workload="images", checkpoint_dir=str(tmp_path), world_size=1, global_batch=32,
+                             steps=3, workload_args={"n": 256}, fsync=False)
         res = app(cfg, parsl_resource_specification={"num_nodes": 1}).result(timeout=120)
-    assert res["end_step"] == 3 and Path(res["checkpoint"]).exists()
+    assert res.end_step == 3 and Path(res.checkpoint).exists()
     assert gce.submitted_specs == [{"num_nodes": 1}]          # resource spec passed through to the endpoint
 
 
 def test_a_globus_compute_site_cannot_be_orchestrated_from_outside(tmp_path):
-    from parsl_bft.execution.session import make_pool
-    from parsl_bft.sites import SiteError
+    from parsl_bft.execution.site_runtime import make_pool
     p = tmp_path / "gc.yaml"
     p.write_text(GC_SITE)
     with pytest.raises(SiteError, match="reached through Globus Compute"):
@@ -125,7 +126,7 @@ def test_a_globus_compute_site_cannot_be_orchestrated_from_outside(tmp_path):
 def test_every_accelerator_and_the_checkpoint_dir_reach_the_runtime(tmp_path, monkeypatch):
     """ranks_per_node defaults to the GPUs of a node (4 on Polaris/Perlmutter), checkpoint_dir is where
     checkpoints go; removed fields fail naming the field."""
-    from parsl_bft.execution.session import checkpoint_dir as _checkpoints
+    from parsl_bft.execution.site_runtime import checkpoint_dir as _checkpoints
     root = Path(__file__).resolve().parent.parent / "site_configs"
     assert load_site(root / "polaris.yaml").node.ranks_per_node == 4
     assert load_site(root / "perlmutter.yaml").node.ranks_per_node == 4
@@ -148,7 +149,8 @@ def test_every_accelerator_and_the_checkpoint_dir_reach_the_runtime(tmp_path, mo
 def test_the_embedded_default_ships_inside_the_package():
     from importlib.resources import files
 
-    from parsl_bft.execution.session import DEFAULT_SITE, current_site
+    from parsl_bft.execution.session import current_site
+    from parsl_bft.sites import DEFAULT_SITE
     assert DEFAULT_SITE == Path(str(files("parsl_bft") / "data" / "sites" / "local.yaml"))
     assert "data/sites/*.yaml" in (Path(__file__).resolve().parent.parent / "pyproject.toml").read_text()
     assert current_site().name == "local" and current_site().checkpoint_dir is None
@@ -168,10 +170,10 @@ def _runtime(site):
     orchestrator is given (checkpoint_dir, ranks_per_node)."""
     from types import SimpleNamespace
 
-    from parsl_bft.execution.session import make_planner, make_pool, site_runtime
-    ex = build_config(site).executors[0]
-    return SimpleNamespace(site=site, ex=ex, prov=ex.provider, pool=make_pool(site, ex),
-                           planner=make_planner(site), rt=site_runtime(site))
+    from parsl_bft.execution.site_runtime import SiteRuntime
+    rt = SiteRuntime.of(site)
+    ex = rt.config().executors[0]
+    return SimpleNamespace(site=site, ex=ex, prov=ex.provider, pool=rt.pool(ex), planner=rt.planner(), rt=rt)
 
 
 _PROVIDER = {"local": "LocalProvider", "slurm": "SlurmPilotProvider", "pbs": "PBSPilotProvider"}
@@ -187,14 +189,14 @@ CONSUMED = {
                              # Slurm pilots take whole nodes (--exclusive): cores only describes the node there
                              "slurm": True}[r.site.scheduler],
     "node.gpus": lambda r: (f"ngpus={r.site.node.gpus}" in r.prov.select if r.site.scheduler == "pbs"
-                            else r.site.node.gpus == 0 or r.rt["ranks_per_node"] <= r.site.node.gpus),
-    "node.ranks_per_node": lambda r: r.rt["ranks_per_node"] == r.site.node.ranks_per_node,
+                            else r.site.node.gpus == 0 or r.rt.ranks_per_node <= r.site.node.gpus),
+    "node.ranks_per_node": lambda r: r.rt.ranks_per_node == r.site.node.ranks_per_node,
     "pilot_walltime.min_minutes": lambda r: r.prov.walltime_min_min == r.site.pilot_walltime.min_minutes,
     "pilot_walltime.max_minutes": lambda r: r.prov.walltime_max_min == r.site.pilot_walltime.max_minutes,
     "worker_init": lambda r: r.prov.worker_init == r.site.worker_init,
     "scheduler_options": lambda r: r.prov.scheduler_options == r.site.scheduler_options,
     "interchange_address": lambda r: r.ex.address == r.site.interchange_address,
-    "checkpoint_dir": lambda r: r.rt["checkpoint_dir"] == Path(r.site.checkpoint_dir).resolve(),
+    "checkpoint_dir": lambda r: r.rt.checkpoint_dir == Path(r.site.checkpoint_dir).resolve(),
     "holes.poll_seconds": lambda r: (r.pool.probe_s == r.site.holes.poll_seconds
                                      and r.prov.status_polling_interval == round(r.site.holes.poll_seconds)),
     "holes.max_pending_seconds": lambda r: r.prov.max_pending_s == r.site.holes.max_pending_seconds,
@@ -236,16 +238,18 @@ def test_checkpoint_dir_and_ranks_per_node_reach_the_orchestrator():
     import inspect
 
     from parsl_bft.execution.orchestrator import Orchestrator
-    from parsl_bft.execution.pool import SitePool
     want = {"polaris": 4, "perlmutter": 4, "frontier": 8, "local-slurm": 2, "local": 1}
     keywords = inspect.signature(Orchestrator).parameters
     for p in SITES:
         site = load_site(p)
         rt = _runtime(site).rt
-        assert rt["ranks_per_node"] == want[site.name]
-        assert rt["checkpoint_dir"] == (Path(site.checkpoint_dir) if site.checkpoint_dir else None)
-        assert all(keywords[k].kind is inspect.Parameter.KEYWORD_ONLY for k in rt)   # one site
-        assert SitePool(None, "label", **rt).ranks_per_node == want[site.name]       # several sites
+        assert rt.ranks_per_node == want[site.name]
+        assert rt.checkpoint_dir == (Path(site.checkpoint_dir) if site.checkpoint_dir else None)
+        assert all(keywords[k].kind is inspect.Parameter.KEYWORD_ONLY            # one site
+                   for k in ("executor", "checkpoint_dir", "ranks_per_node"))
+        several = rt.site_pool(None)                                              # several sites
+        assert (several.executor, several.checkpoint_dir, several.ranks_per_node) == (
+            rt.label, rt.checkpoint_dir, want[site.name])
 
 
 @pytest.mark.parametrize("edit,words", [
@@ -337,3 +341,71 @@ def test_validate_says_an_endpoint_site_is_remote(tmp_path, capsys):
     f.write_text(GC_SITE)
     assert main(["sites", "validate", str(f)]) == 0
     assert "ok, remote site (Globus Compute endpoint 2a7e6a1c-3e3b-4b8a-9a66-0a3b0c5d9f11) 'x'" in capsys.readouterr().out
+
+
+# --- several sites: what the multi-site planner cannot honour is refused by name -----------------------------
+
+def _site(name: str, extra: str = ""):
+    import yaml
+
+    from parsl_bft.sites import Site
+    return Site(**yaml.safe_load(f"name: {name}\nscheduler: local\nnode: {{cores: 2}}\n{extra}"))
+
+
+@pytest.mark.parametrize("a, b, words", [
+    ("objective: {name: throughput}", "", "site 'b': objective.name 'speedup' differs from site 'a' ('throughput')"),
+    ("objective: {t_fwd_seconds: 20}", "objective: {t_fwd_seconds: 30}",
+     "site 'b': objective.t_fwd_seconds 30.0 differs from site 'a' (20.0)"),
+    ("", "objective: {weights: {cnn: 2}}", "site 'b': objective.weights {'cnn': 2.0} differs from site 'a' ({})"),
+    ("", "topology: {groups: {r0: [n1, n2]}}", "site 'b': topology: a run over several sites places jobs without"),
+])
+def test_several_sites_refuse_what_one_planner_cannot_honour(a, b, words):
+    from parsl_bft.execution.site_runtime import check_sites
+    with pytest.raises(SiteError) as e:
+        check_sites([_site("a", a), _site("b", b)])
+    assert words in str(e.value)
+    check_sites([_site("a", a)])                       # alone, each site is fine
+    check_sites([_site("b", b)])
+    check_sites([_site("a", a), _site("c", a)])        # sites that agree run together
+    with pytest.raises(SiteError, match="site names must differ"):
+        check_sites([_site("a"), _site("a")])
+
+
+def test_a_lane_is_the_sites_own_executor_under_another_label():
+    """A lane (pilots of one network group) is built from the site, not by rebuilding its whole Config: the same
+    constructor arguments as the site's own executor, its own label, the pool's provider."""
+    from parsl_bft.execution.site_runtime import SiteRuntime
+    rt = SiteRuntime.of(load_site(ROOT / "site_configs" / "local-slurm.yaml"))
+    own = rt.config().executors[0]
+    lane = rt.pilot_executor(f"{rt.label}_lane1", own.provider)
+    assert lane.label == "bft_local_slurm_lane1" and lane.provider is own.provider
+    _, own_args = _state(own)
+    _, lane_args = _state(lane)
+    assert {k: v for k, v in lane_args.items() if k != "label"} == {k: v for k, v in own_args.items() if k != "label"}
+
+
+def test_run_workflow_hands_its_settings_in_process(tmp_path, monkeypatch):
+    """`parsl-bft run` and the remote runner: the workflow's training_session reads the run's settings, not the
+    environment; only a workflow started as plain python takes them from $PARSL_BFT_SITE & co."""
+    import json
+    import os
+
+    from parsl_bft.execution.run import RunSettings, current_settings, run_workflow
+    monkeypatch.setenv("PARSL_BFT_SITE", "/nowhere.yaml")
+    assert current_settings() == RunSettings((Path("/nowhere.yaml"),), False, False)
+    w = tmp_path / "w.py"
+    out = tmp_path / "out.json"
+    w.write_text("import json, os, sys\nfrom parsl_bft.execution.run import current_settings\n"
+                 "s = current_settings()\n"
+                 f"open({str(out)!r}, 'w').write(json.dumps([[x.name for x in s.sites], s.new_run, s.progress, "
+                 "sys.argv[1:], os.environ.get('PARSL_BFT_NEW_RUN')]))\n")
+    site = ROOT / "site_configs" / "local.yaml"
+    run_workflow(w, [site], args=["--x", "1"], new_run=True, progress=True)
+    assert json.loads(out.read_text()) == [["local"], True, True, ["--x", "1"], None]
+    assert current_settings().sites == (Path("/nowhere.yaml"),)        # the run's settings end with it
+    assert os.environ["PARSL_BFT_SITE"] == "/nowhere.yaml"
+    from parsl_bft.errors import UsageError
+    with pytest.raises(UsageError, match="no such workflow file"):
+        run_workflow(tmp_path / "missing.py")
+    with pytest.raises(SiteError, match="no such site file"):
+        run_workflow(w, [tmp_path / "missing.yaml"])

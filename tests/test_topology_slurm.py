@@ -71,7 +71,8 @@ def test_a_two_rank_job_planned_in_one_switch_runs_there(cluster, monkeypatch, t
     from parsl_bft.execution.htex import SiteRunner
     from parsl_bft.execution.pool import SitePool
     from parsl_bft.execution.session import make_planner, make_pool
-    from parsl_bft.sites import Site, build_config
+    from parsl_bft.execution.site_runtime import build_config
+    from parsl_bft.sites import Site
     from parsl_bft.train.config import FragmentConfig
     from parsl_bft.train.launcher import serve_store
     from parsl_bft.train.protocol import JobDir

@@ -10,7 +10,10 @@ import sys
 import types
 import weakref
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    from parsl.config import Config
 
 LOCAL_LABEL = "bft_local"
 
@@ -22,7 +25,7 @@ def ensure_venv_on_path() -> None:
         os.environ["PATH"] = bindir + os.pathsep + os.environ.get("PATH", "")
 
 
-def local_config(workers: int = 8, run_dir: str = "runinfo", label: str = LOCAL_LABEL):
+def local_config(workers: int = 8, run_dir: str = "runinfo", label: str = LOCAL_LABEL) -> Config:
     """HighThroughputExecutor on a LocalProvider: one block, ``workers`` fragment slots. Parsl retries are off:
     a reclaimed or failed fragment is a normal event the orchestrator handles (resume from the checkpoint)."""
     from parsl.config import Config
@@ -36,7 +39,8 @@ def local_config(workers: int = 8, run_dir: str = "runinfo", label: str = LOCAL_
                                           # the core count (cores_per_worker=1) cap the number of fragment slots
                                           cores_per_worker=0.01,
                                           cpu_affinity="none", heartbeat_period=2, heartbeat_threshold=10,
-                                          provider=LocalProvider(init_blocks=1, min_blocks=1, max_blocks=1))],
+                                          provider=LocalProvider(  # type: ignore[no-untyped-call]
+                                              init_blocks=1, min_blocks=1, max_blocks=1))],
         run_dir=run_dir, retries=0, strategy="none", initialize_logging=False,
     )
 
@@ -51,13 +55,16 @@ _CONSTRUCTED: weakref.WeakKeyDictionary[Any, tuple[type, dict[str, Any]]] = weak
 _ADDRESS = re.compile(r"<[^<>]* at 0x[0-9a-f]+>")
 
 
-def constructed(obj, cls: type | None = None, **kwargs):
+T = TypeVar("T")
+
+
+def constructed(obj: T, cls: type | None = None, **kwargs: Any) -> T:
     """Remember that ``obj`` is ``cls(**kwargs)`` (default: its own class), for ``config_source``. Returns obj."""
     _CONSTRUCTED[obj] = (cls or type(obj), kwargs)
     return obj
 
 
-def config_source(config, comment: str = "") -> str:
+def config_source(config: Config, comment: str = "") -> str:
     """Python code (imports, then ``config = ...``) that builds an equivalent Config: the Config's own repr."""
     imports: set[tuple[str, str]] = set()
     subst: dict[str, str] = {}
@@ -74,7 +81,7 @@ def config_source(config, comment: str = "") -> str:
     return f"{head}\n\n{comment}config = {text}\n"
 
 
-def _collect(obj, imports: set, subst: dict, seen: set) -> None:
+def _collect(obj: Any, imports: set[tuple[str, str]], subst: dict[str, str], seen: set[int]) -> None:
     from parsl.utils import RepresentationMixin
 
     if isinstance(obj, (str, bytes, int, float, bool, type(None), Path)) or id(obj) in seen:
@@ -105,11 +112,11 @@ def _collect(obj, imports: set, subst: dict, seen: set) -> None:
         subst[repr(obj)] = f"{type(obj).__name__}()"
 
 
-def _has_own_repr(obj) -> bool:
-    return type(obj).__repr__ is not object.__repr__
+def _has_own_repr(obj: Any) -> bool:
+    return type(obj).__repr__ is not object.__repr__  # type: ignore[comparison-overlap]
 
 
-def _is_constructed(obj) -> bool:
+def _is_constructed(obj: Any) -> bool:
     try:
         return obj in _CONSTRUCTED
     except TypeError:                        # unhashable or not weak-referenceable
@@ -118,13 +125,13 @@ def _is_constructed(obj) -> bool:
 
 def _init_args(cls: type) -> list[str]:
     """The constructor arguments RepresentationMixin prints (it reads them back as attributes)."""
-    init = cls.__init__
+    init = cls.__init__  # type: ignore[misc]
     init = getattr(init, "__wrapped__", init)
     spec = inspect.getfullargspec(init)
     return spec.args[1:] + spec.kwonlyargs
 
 
-def _importable(obj) -> tuple[str, str]:
+def _importable(obj: Any) -> tuple[str, str]:
     """(module, name) to import obj from: the shortest public parent package that exports it."""
     mod, name = obj.__module__, obj.__name__
     parts = mod.split(".")
@@ -148,8 +155,8 @@ def _call(name: str, kwargs: dict[str, Any]) -> str:
 
 def _replace_indented(text: str, old: str, new: str) -> str:
     """Replace old by new, indenting new's later lines like the line old stands on."""
-    def sub(m: re.Match) -> str:
-        line_start = text.rfind("\n", 0, m.start()) + 1
-        indent = re.match(r" *", text[line_start:]).group(0)
+    def sub(m: re.Match[str]) -> str:
+        line = text[text.rfind("\n", 0, m.start()) + 1:]
+        indent = line[:len(line) - len(line.lstrip(" "))]
         return new.replace("\n", "\n" + indent)
     return re.sub(re.escape(old), sub, text)

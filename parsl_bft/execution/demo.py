@@ -4,8 +4,12 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-DEMO_JOBS = [
+if TYPE_CHECKING:
+    from rich.console import Console
+
+DEMO_JOBS: list[dict[str, Any]] = [
     dict(name="cnn-a", workload="images", samples=240_000, min_nodes=1, max_nodes=3, global_batch=64,
          workload_args={"n": 4096}, rate_guess=8000.0),
     dict(name="cnn-b", workload="images", samples=160_000, min_nodes=1, max_nodes=2, global_batch=64,
@@ -15,8 +19,8 @@ DEMO_JOBS = [
 ]
 
 
-def run_demo(out: str | Path, *, speedup: float = 30.0, console=None, fresh: bool = True,
-             warm_up: bool = True, jobs: list[dict] | None = None) -> dict:
+def run_demo(out: str | Path, *, speedup: float = 30.0, console: Console | None = None, fresh: bool = True,
+             warm_up: bool = True, jobs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """The demo's run; ``jobs`` (TrainingJob fields) replaces its three models (tests use small ones)."""
     import parsl
     from rich.console import Console

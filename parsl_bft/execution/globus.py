@@ -2,13 +2,15 @@
 
 A facility user runs a Globus Compute endpoint on the login node, configured to start workers with the
 site's Parsl provider (see docs/globus-compute.md); the scientist's site file names the endpoint id and
-``parsl_bft.sites`` wraps it in Parsl's GlobusComputeExecutor. Fragments then travel through the SDK's
-serialiser to the endpoint and run there like any other Parsl app.
+``parsl_bft.execution.site_runtime`` wraps it in Parsl's GlobusComputeExecutor. Fragments then travel through
+the SDK's serialiser to the endpoint and run there like any other Parsl app.
 """
 from __future__ import annotations
 
 import multiprocessing
+from collections.abc import Callable
 from concurrent.futures import Future, ProcessPoolExecutor
+from typing import Any
 
 from globus_compute_sdk import Executor
 from globus_compute_sdk.serialize import ComputeSerializer
@@ -23,6 +25,8 @@ def _run_serialised(payload: str) -> str:
 
 
 class _Watcher:
+    """The SDK's result watcher, of which the stand-in has nothing to stop."""
+
     def shutdown(self, wait: bool = True, cancel_futures: bool = False) -> None:
         pass
 
@@ -32,7 +36,7 @@ class LocalEndpointExecutor(Executor):
     GlobusComputeExecutor wiring are real; only the AMQP round trip to the service is replaced."""
 
     def __init__(self, endpoint_id: str = "00000000-0000-0000-0000-000000000000", workers: int = 2,
-                 pool: ProcessPoolExecutor | None = None):
+                 pool: ProcessPoolExecutor | None = None) -> None:
         """``pool``: an endpoint's worker processes that outlive this executor (a laptop's connection to a
         facility); by default its own."""
         # deliberately not calling Executor.__init__: it would log in to the cloud service
@@ -44,16 +48,17 @@ class LocalEndpointExecutor(Executor):
         # spawn, like a real endpoint's workers: separate processes that share nothing with this one
         self._own_pool = pool is None
         self._pool = pool or ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"))
-        self.submitted_specs: list = []
+        self.submitted_specs: list[Any] = []
 
-    def submit(self, fn, *args, **kwargs) -> Future:
+    def submit(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Future[Any]:  # type: ignore[override]
+        """Run ``fn(*args, **kwargs)`` as an endpoint worker would: serialised there and back."""
         s = self._ser
         payload = s.pack_buffers([s.serialize(fn), s.serialize(args), s.serialize(kwargs)])
         self.submitted_specs.append(self.resource_specification)
         inner = self._pool.submit(_run_serialised, payload)
-        outer: Future = Future()
+        outer: Future[Any] = Future()
 
-        def done(f: Future) -> None:
+        def done(f: Future[str]) -> None:
             try:
                 outer.set_result(s.deserialize(f.result()))
             except BaseException as e:   # noqa: BLE001 - the task's own exception reaches the caller
@@ -62,11 +67,13 @@ class LocalEndpointExecutor(Executor):
         return outer
 
     def __repr__(self) -> str:
+        """What ``sites show`` writes for it."""
         return f"LocalEndpointExecutor(endpoint_id={self.endpoint_id!r})"
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        """Stop the endpoint's worker processes, unless they were lent (``pool``)."""
         if self._own_pool:
             self._pool.shutdown(wait=wait, cancel_futures=cancel_futures)
 
-    def _get_result_watcher(self):
+    def _get_result_watcher(self) -> _Watcher:  # type: ignore[override]
         return _Watcher()

@@ -13,18 +13,26 @@ from __future__ import annotations
 
 import signal
 from collections.abc import Callable, Collection
+from typing import TYPE_CHECKING, TypeVar
+
+from parsl.executors.base import ParslExecutor
 
 from ..topology import Topology, TopologyError
 from .pilot import Hole
+
+if TYPE_CHECKING:
+    from .protocols import PilotExecutor
+
+E = TypeVar("E", bound=ParslExecutor)
 
 
 class Lanes:
     """group -> executor. The pool's own executor serves the first group; ``new_executor(label)`` makes (and
     starts) the others."""
 
-    def __init__(self, base, topology: Topology, new_executor: Callable[[str], object]):
+    def __init__(self, base: PilotExecutor, topology: Topology, new_executor: Callable[[str], PilotExecutor]):
         self.base, self.topology, self._new = base, topology, new_executor
-        self.executors: dict[str, object] = {}
+        self.executors: dict[str, PilotExecutor] = {}
 
     def group(self, node: str) -> str:
         """A node the topology does not know (added after it was read) is a group of its own."""
@@ -33,7 +41,7 @@ class Lanes:
         except TopologyError:
             return node
 
-    def executor(self, group: str, busy: Collection[str] = ()):
+    def executor(self, group: str, busy: Collection[str] = ()) -> PilotExecutor:
         """The lane of ``group``. A group new to the pool takes over the lane of a group with no pilot left
         (``busy``: the groups with pilots queued or running), so that a session whose holes wander over many
         racks keeps as many interchanges as groups it holds at once, not one per group it ever held."""
@@ -67,21 +75,17 @@ class Lanes:
         return out
 
 
-def dfk_lane_factory(make_executor: Callable[[], object], provider) -> Callable[[str], object]:
-    """Lanes for a running DataFlowKernel: ``make_executor()`` builds an unstarted executor like the pool's own
-    (the site's Config, built again: a started one has rewritten its worker command and ports); the lane is
-    that executor's constructor call again with its own label and the pool's ``provider``, and the DFK starts
-    it (and polls its blocks, as any executor's). Its interchange starts with SIGINT blocked: a terminal's Ctrl-C
-    reaches the whole process group, and a dead interchange hangs Parsl's cleanup (the session's own executors
-    start with SIGINT ignored; lanes start in the orchestrator's thread, where only the mask can be set)."""
-    def new(label: str) -> object:
+def dfk_lane_factory(new_executor: Callable[[str], E]) -> Callable[[str], E]:
+    """Lanes for a running DataFlowKernel: ``new_executor(label)`` builds an unstarted executor like the pool's
+    own, with that label and the pool's provider (``SiteRuntime.pilot_executor``: from the site file, not a copy
+    of the started one, which has rewritten its worker command and ports), and the DFK starts it (and polls its
+    blocks, as any executor's). Its interchange starts with SIGINT blocked: a terminal's Ctrl-C reaches the whole
+    process group, and a dead interchange hangs Parsl's cleanup (the session's own executors start with SIGINT
+    ignored; lanes start in the orchestrator's thread, where only the mask can be set)."""
+    def new(label: str) -> E:
         from parsl.dataflow.dflow import DataFlowKernelLoader
 
-        from .config import _init_args
-
-        like = make_executor()
-        kw = {a: getattr(like, a) for a in _init_args(type(like)) if hasattr(like, a)}
-        ex = type(like)(**{**kw, "label": label, "provider": provider})
+        ex = new_executor(label)
         old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
         try:
             DataFlowKernelLoader.dfk().add_executors([ex])

@@ -1,98 +1,55 @@
 """One call from a site file to a running trainer: the site's Parsl config, its idle pool, an orchestrator.
 
-    with training_session("bft-state/mine") as trainer:      # site: $PARSL_BFT_SITE, else the embedded default
+    with training_session("bft-state/mine") as trainer:      # the run's site(s), else the embedded default
         fut = trainer.submit(TrainingJob("cnn", ...))
         trainer.run()
 
-``parsl-bft run WORKFLOW.py --site A.yaml [--site B.yaml]`` sets $PARSL_BFT_SITE for the workflow.
+``parsl-bft run WORKFLOW.py --site A.yaml [--site B.yaml]`` hands its sites to the session in-process
+(``execution.run``); a workflow started as plain ``python WORKFLOW.py`` takes them from $PARSL_BFT_SITE. What each
+site file means to the runtime is decided in one place, ``execution.site_runtime``.
 """
 from __future__ import annotations
 
-import os
 import signal
 import sys
 import threading
 import time
-from contextlib import contextmanager, nullcontext
-from importlib.resources import files
+from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
+from types import FrameType
+from typing import TYPE_CHECKING, Any
 
-from ..sites import Emulation, Site, SiteError, build_config, load_site
+from ..sites import DEFAULT_SITE, Site, load_site
+from .run import RunSettings, current_settings
+from .site_runtime import SiteRuntime, check_sites, checkpoint_dir, make_planner, make_pool, site_topology
 
-DEFAULT_SITE = Path(str(files("parsl_bft") / "data" / "sites" / "local.yaml"))   # ships inside the package
+if TYPE_CHECKING:
+    from parsl.dataflow.dflow import DataFlowKernel
+    from parsl.executors.base import ParslExecutor
+
+    from .orchestrator import Orchestrator
+
+__all__ = ["DEFAULT_SITE", "LOGIN", "checkpoint_dir", "current_site", "make_planner", "make_pool", "set_aside",
+           "site_topology", "training_session"]
+
+SiteArg = Site | str | Path | None
 
 
-def current_site(site: Site | str | Path | None = None) -> Site:
+def current_site(site: SiteArg = None) -> Site:
+    """A site: as given (a Site, or a site file's path), else the embedded default."""
     if isinstance(site, Site):
         return site
-    return load_site(site or os.environ.get("PARSL_BFT_SITE") or DEFAULT_SITE)
+    return load_site(site or DEFAULT_SITE)
 
 
-def _refuse_remote(site: Site) -> None:
-    if site.globus_compute_endpoint:
-        raise SiteError(f"site '{site.name}' is reached through Globus Compute: this process cannot see that "
-                        "machine's idle nodes or files, so the run's orchestrator must run there. Submit it: "
-                        "parsl-bft submit WORKFLOW.py --site SITE.yaml (docs/globus-compute.md)")
-
-
-def make_pool(site: Site, executor):
-    """The site's live idle capacity: pilots through its executor, or (local) the emulated pool. Pilots know
-    the network's groups from the site file's ``topology:`` section, else from the scheduler (asked once); with
-    them, each group's pilots get an executor of their own, built like ``executor`` (parsl_bft.execution.lanes)."""
-    from .lanes import dfk_lane_factory
-    from .pool import EmulatedPool, PilotPool
-
-    _refuse_remote(site)
-    if site.scheduler == "local":
-        emu = site.emulation or Emulation()
-        kw = dict(speedup=emu.speedup, notice_s=emu.notice_seconds, repeat=True)
-        if emu.trace == "demo":
-            return EmulatedPool.demo(**kw)
-        from ..idle.intervals import read_idle_intervals
-        return EmulatedPool(read_idle_intervals(emu.trace), **kw)
-    return PilotPool(executor, max_nodes=site.holes.max_pilots, probe_s=site.holes.poll_seconds,
-                     notice_s=site.holes.notice_seconds, topology=site_topology(site),
-                     new_executor=dfk_lane_factory(lambda: build_config(site).executors[0], executor.provider))
-
-
-def site_topology(site: Site):
-    """The site file's ``topology:`` section as a Topology, or None."""
-    if site.topology is None:
-        return None
-    from ..topology import topology_from_dict
-    return topology_from_dict(site.topology, source=f"site {site.name}: topology")
-
-
-def checkpoint_dir(site: Site) -> Path | None:
-    """The site's checkpoint_dir (relative: from the directory parsl-bft runs in), or None: under the state
-    directory."""
-    return Path(site.checkpoint_dir).resolve() if site.checkpoint_dir else None
-
-
-def site_runtime(site: Site) -> dict:
-    """What the orchestrator needs from a site file beyond its pool and planner: the keyword arguments of
-    ``Orchestrator`` for one site, the fields of ``SitePool`` for several."""
-    return {"checkpoint_dir": checkpoint_dir(site), "ranks_per_node": site.node.ranks_per_node}
-
-
-def make_planner(site: Site, topology=None):
-    """A site whose network's groups are known (``topology``: what its pool learned; else its ``topology:``
-    section) gets SJF-BCO's placement and sizes valued by their predicted network slowdown. Pilots per group
-    make a fragment's ranks run in the groups planned (parsl_bft.execution.lanes). A node the topology does not
-    know (added to the machine after the site file was written or the scheduler was asked) is a group of its
-    own, placed as the contention-blind worst case, never a run stopped by a stale site file."""
-    from dataclasses import replace
-
-    from ..planner import Planner
-
-    kw = {}
-    topo = topology if topology is not None else site_topology(site)
-    if topo is not None:
-        topo = replace(topo, singletons=True)
-        from ..planner.netcost import NetworkCost
-        from ..planner.topo_placement import BcoPlacement
-        kw = {"placement": BcoPlacement(topo), "network": NetworkCost(topo)}
-    return Planner(method="dp", objective=site.objective.name, t_fwd=site.objective.t_fwd_seconds, **kw)
+def _sites(site: SiteArg | Sequence[SiteArg], settings: RunSettings) -> list[Site]:
+    """The session's sites: as given, else the run's (``settings``), else the embedded default."""
+    if site is None:
+        return [current_site(s) for s in settings.sites] or [current_site()]
+    if isinstance(site, (Site, str, Path)):
+        return [current_site(site)]
+    return [current_site(s) for s in site]
 
 
 def set_aside(state_dir: Path) -> Path | None:
@@ -109,76 +66,83 @@ def set_aside(state_dir: Path) -> Path | None:
 
 
 @contextmanager
-def training_session(state_dir: str | Path, site=None, *, new_run: bool | None = None, progress=None,
-                     **orchestrator_kw):
-    """Load the Parsl config of one site - or of several (a list, or $PARSL_BFT_SITE with paths separated by
-    ':'): then one executor per site, a MultiPool and the multi-site planner - and yield an Orchestrator whose
-    loop already runs in the background: submitted jobs' futures resolve on their own (Parsl apps can take them
-    as inputs); ``run()`` waits for the jobs. Leaving the session (or Ctrl-C, SIGTERM) checkpoints what still
-    trains and gives every node back. With a Parsl config loaded already, the session's executors join that
-    DataFlowKernel (and end with it); else the session loads its own, with a ``login`` executor for the user's
-    apps that must not run on pilots.
+def training_session(state_dir: str | Path, site: SiteArg | Sequence[SiteArg] = None, *,
+                     new_run: bool | None = None, progress: Any = None,
+                     **orchestrator_kw: Any) -> Iterator[Orchestrator]:
+    """Load the Parsl config of one site - or of several (a list, or the run's sites): then one executor per
+    site, a MultiPool and the multi-site planner - and yield an Orchestrator whose loop already runs in the
+    background: submitted jobs' futures resolve on their own (Parsl apps can take them as inputs); ``run()``
+    waits for the jobs. Leaving the session (or Ctrl-C, SIGTERM) checkpoints what still trains and gives every
+    node back. With a Parsl config loaded already, the session's executors join that DataFlowKernel (and end with
+    it); else the session loads its own, with a ``login`` executor for the user's apps that must not run on
+    pilots.
 
-    ``new_run`` (default: $PARSL_BFT_NEW_RUN, set by `parsl-bft run --new-run`): set the old state aside and start
-    afresh (jobs whose spec changed keep their names). ``progress``: a callback per loop turn (default: live
-    bars on stderr when $PARSL_BFT_PROGRESS is 1, as under `parsl-bft run`)."""
+    ``new_run`` (default: the run's, `parsl-bft run --new-run`): set the old state aside and start afresh (jobs
+    whose spec changed keep their names). ``progress``: a callback per loop turn (default: live bars on stderr
+    when the run asks for them, as `parsl-bft run` does)."""
     from .config import ensure_venv_on_path
-    from .orchestrator import Orchestrator, lock_state_dir
-    from .pool import MultiPool, SitePool
+    from .orchestrator import lock_state_dir
 
-    if site is None and os.environ.get("PARSL_BFT_SITE"):
-        site = os.environ["PARSL_BFT_SITE"].split(os.pathsep)
-    sites = [current_site(s) for s in (site if isinstance(site, (list, tuple)) else [site])]
-    if len({s.name for s in sites}) < len(sites):
-        raise ValueError(f"site names must differ within a run: {[s.name for s in sites]}")
-    for s in sites:
-        _refuse_remote(s)          # before building its Config: that would log in to Globus Compute for nothing
-    if new_run if new_run is not None else os.environ.get("PARSL_BFT_NEW_RUN") == "1":
+    settings = current_settings()
+    sites = _sites(site, settings)
+    check_sites(sites)     # before building a Config: a Globus Compute site's would log in for nothing
+    runtimes = [SiteRuntime.of(s) for s in sites]
+    if new_run if new_run is not None else settings.new_run:
         old = set_aside(Path(state_dir))
         if old is not None:
             print(f"parsl-bft: a new run; the previous state is kept in {old}", file=sys.stderr)
     Path(state_dir).mkdir(mode=0o700, parents=True, exist_ok=True)
     orchestrator_kw["state_lock"] = lock_state_dir(Path(state_dir))   # refused before any pilot is started
     ensure_venv_on_path()          # pilots inherit PATH: their worker pools start from this environment
-    configs = [build_config(s) for s in sites]
+    configs = [rt.config() for rt in runtimes]
     first = configs[0]
     with _dataflow([c.executors[0] for c in configs], retries=first.retries, strategy=first.strategy,
                    initialize_logging=first.initialize_logging,
                    run_dir=str(Path(state_dir).resolve() / "runinfo")) as dfk:  # pilot scripts, notice marks
-        labels = [c.executors[0].label for c in configs]
-        pools = [make_pool(s, dfk.executors[label]) for s, label in zip(sites, labels)]
-        orchestrator_kw.setdefault("weights", sites[0].objective.weights)
-        if len(sites) == 1:
-            orch = Orchestrator(state_dir, pools[0], make_planner(sites[0], getattr(pools[0], "topology", None)),
-                                executor=labels[0], **site_runtime(sites[0]), **orchestrator_kw)
-        else:
-            from ..planner.multisite import MultiSitePlanner
-            multi = MultiPool({s.name: SitePool(p, label, **site_runtime(s))
-                               for s, p, label in zip(sites, pools, labels)})
-            orch = Orchestrator(state_dir, multi, MultiSitePlanner(make_planner(sites[0])), **orchestrator_kw)
-        old = None
+        orch = _orchestrator(state_dir, runtimes, dfk, orchestrator_kw)
+        old_term = None
         if threading.current_thread() is threading.main_thread():   # SIGTERM unwinds the session like Ctrl-C
-            old = signal.signal(signal.SIGTERM, _interrupt)
-        if progress is None and os.environ.get("PARSL_BFT_PROGRESS") == "1":
+            old_term = signal.signal(signal.SIGTERM, _interrupt)
+        if progress is None and settings.progress:
             from .live import LiveBars
             progress = LiveBars()
         try:
-            with progress if hasattr(progress, "__enter__") else nullcontext():
+            with progress if isinstance(progress, AbstractContextManager) else nullcontext():
                 yield orch.start(progress=progress)  # futures resolve on their own; run() waits for the jobs
         finally:
             try:
                 orch.stop()     # running fragments checkpoint, pilots are given back
             finally:
                 orch.close()    # the state directory's lock goes with the session
-                if old is not None:
-                    signal.signal(signal.SIGTERM, old)
+                if old_term is not None:
+                    signal.signal(signal.SIGTERM, old_term)
+
+
+def _orchestrator(state_dir: str | Path, runtimes: list[SiteRuntime], dfk: DataFlowKernel,
+                  kw: dict[str, Any]) -> Orchestrator:
+    """One site: its pool, its planner (with the network groups its pool learned) and its executor; several: a
+    MultiPool of their pools and the multi-site planner (``check_sites`` made their objectives one)."""
+    from .orchestrator import Orchestrator
+    from .pool import MultiPool, PilotPool
+
+    pools = [rt.pool(dfk.executors[rt.label]) for rt in runtimes]
+    kw.setdefault("weights", runtimes[0].site.objective.weights)
+    if len(runtimes) == 1:
+        rt, pool = runtimes[0], pools[0]
+        learned = pool.topology if isinstance(pool, PilotPool) else None
+        return Orchestrator(state_dir, pool, rt.planner(learned), executor=rt.label,
+                            checkpoint_dir=rt.checkpoint_dir, ranks_per_node=rt.ranks_per_node, **kw)
+    from ..planner.multisite import MultiSitePlanner
+
+    multi = MultiPool({rt.site.name: rt.site_pool(p) for rt, p in zip(runtimes, pools)})
+    return Orchestrator(state_dir, multi, MultiSitePlanner(runtimes[0].planner()), **kw)
 
 
 LOGIN = "login"
 
 
 @contextmanager
-def _dataflow(executors: list, **config_kw):
+def _dataflow(executors: list[ParslExecutor], **config_kw: Any) -> Iterator[DataFlowKernel]:
     """The user's DataFlowKernel when one is loaded already (the session's ``executors`` join it and end with
     it), else one loaded for the session, with a ``login`` executor (threads in this process) for the user's own
     apps that must not run on preemptable pilots: ``@python_app(executors=["login"])``."""
@@ -206,7 +170,7 @@ def _dataflow(executors: list, **config_kw):
 
 
 @contextmanager
-def _children_ignore_sigint():
+def _children_ignore_sigint() -> Iterator[None]:
     """A terminal's Ctrl-C goes to the whole foreground process group: an interchange started now inherits
     SIGINT ignored (it survives, so this process can stop the run cleanly; a dead interchange hangs Parsl's
     cleanup). This process still gets its KeyboardInterrupt."""
@@ -220,5 +184,5 @@ def _children_ignore_sigint():
         signal.signal(signal.SIGINT, old)
 
 
-def _interrupt(signum, frame):  # noqa: ARG001
+def _interrupt(signum: int, frame: FrameType | None) -> None:  # noqa: ARG001
     raise KeyboardInterrupt("SIGTERM")
