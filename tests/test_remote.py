@@ -439,3 +439,23 @@ def test_a_run_submitted_to_the_local_slurm_trains_on_a_pilot(slurm, tmp_path, e
     db = JobStore(tmp_path / "runs" / run_id / "work" / "bft-state" / "tiny" / "state.sqlite", readonly=True)
     assert all(n.startswith("n") for _, _, d in db.events("launch") for n in d["nodes"])   # a Slurm node
     wait_for(lambda: not [j for j in slurm.queue() if j.state in ("RUNNING", "PENDING")], what="the pilots to end")
+
+
+def test_the_runner_runs_a_workflow_as_parsl_bft_run_does(tmp_path, capsys, monkeypatch):
+    """The detached session runs the request through run_workflow (no CLI): the workflow's arguments, and the
+    messages and exit codes `parsl-bft run` gives for a bad site file, a missing workflow and a deliberate error."""
+    import warnings
+
+    from parsl_bft.remote.runner import run
+    monkeypatch.setattr(warnings, "formatwarning", warnings.formatwarning)     # run() sets the CLI's
+    w = tmp_path / "w.py"
+    w.write_text("import sys\nprint('args', sys.argv[1:])\nif sys.argv[1:] == ['fail']:\n"
+                 "    raise ValueError('bad\\n  value')\n")
+    assert run({"workflow": str(w), "args": ["a", "--b"]}) == 0
+    assert "args ['a', '--b']" in capsys.readouterr().out
+    assert run({"workflow": str(w), "args": ["fail"]}) == 2
+    assert capsys.readouterr().err.strip() == "parsl-bft run: error: bad value"
+    assert run({"workflow": str(w), "args": [], "site": str(tmp_path / "nope.yaml")}) == 2
+    assert capsys.readouterr().err.strip() == f"parsl-bft run: error: {tmp_path / 'nope.yaml'}: no such site file"
+    assert run({"workflow": str(tmp_path / "gone.py"), "args": []}) == 2
+    assert capsys.readouterr().err.strip() == f"parsl-bft run: error: no such workflow file: {tmp_path / 'gone.py'}"
