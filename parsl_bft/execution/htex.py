@@ -5,11 +5,16 @@ from __future__ import annotations
 import shutil
 import socket
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from ..train.config import FragmentConfig, FragmentFailed, FragmentResult
 from .pool import SitePool
+
+if TYPE_CHECKING:
+    from torch._C._distributed_c10d import Store, TCPStore
 
 
 class FragmentAbandoned(RuntimeError):
@@ -30,7 +35,7 @@ class FragmentHandle:
     (``launcher.run_gang_task``) and one given up never runs, even if a worker picks its task up later - it would
     train beside the job's next fragment."""
 
-    def __init__(self, futures: list[Future], store=None, fragment: str = ""):
+    def __init__(self, futures: list[Future[Any]], store: Store | None = None, fragment: str = "") -> None:
         self.futures, self.store, self.fragment = futures, store, fragment
         self.abandoned: set[int] = set()
 
@@ -47,13 +52,15 @@ class FragmentHandle:
         return len(given_up)
 
     def done(self) -> bool:
+        """Every share has ended or was given up."""
         return all(f.done() or i in self.abandoned for i, f in enumerate(self.futures))
 
     def result(self) -> FragmentResult:
         """The fragment's result (from rank 0's share); a failed share's error, or FragmentAbandoned."""
         for i, f in enumerate(self.futures):
-            if i not in self.abandoned and f.exception() is not None:
-                raise f.exception()
+            exc = f.exception() if i not in self.abandoned else None
+            if exc is not None:
+                raise exc
         if self.abandoned:
             raise FragmentAbandoned(f"fragment {self.fragment}: node shares {sorted(self.abandoned)} never started "
                                     "(their nodes were reclaimed while they waited for a worker)")
@@ -64,7 +71,9 @@ class FragmentHandle:
 
 
 class SiteRunner:
-    def __init__(self, name: str, site: SitePool, store):
+    """One site's way of running fragments: its Parsl apps (per lane on pilots), bound to its executor(s)."""
+
+    def __init__(self, name: str, site: SitePool, store: TCPStore) -> None:
         from parsl import python_app
 
         from .apps import fragment_task
@@ -72,9 +81,9 @@ class SiteRunner:
         self.gang = bool(getattr(site.pool, "gang", False))
         self.addr = f"{store_host(site.executor, self.gang)}:{store.port}"
         self._app = python_app(fragment_task, executors=[site.executor])     # all ranks in one task
-        self._apps: dict[tuple[str, str], object] = {}
+        self._apps: dict[tuple[str, str], Callable[..., Future[Any]]] = {}
 
-    def _app_on(self, fn, node: str):
+    def _app_on(self, fn: Callable[..., Any], node: str) -> Callable[..., Future[Any]]:
         """``fn`` as an app of the executor that runs tasks on ``node`` (its group's lane; pools without
         lanes: the site's one executor)."""
         from parsl import python_app
@@ -109,7 +118,7 @@ class SiteRunner:
         keys = {i: f"{fragment}/node/{i}" for i in range(nodes)}
         return {i: self.store.get(k).decode() for i, k in keys.items() if self.store.check([k])}
 
-    def warm_up(self, barrier_dir: Path, log, stop=lambda: False) -> None:
+    def warm_up(self, barrier_dir: Path, log: Callable[..., None], stop: Callable[[], bool] = lambda: False) -> None:
         """Executors whose workers stay (not pilots): start every worker's rank forkserver before the pool
         does, so no planned node waits seconds for torch to import. Given up as soon as ``stop()`` (a session
         that ends at once, e.g. a re-run of jobs that are all done, does not wait for it)."""

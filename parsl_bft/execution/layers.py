@@ -2,7 +2,7 @@
 its model) and what a finished fragment tells it (gradient statistics, budget spent at the level it ran)."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, cast
 
 from ..planner.freeze import LayerThroughput, charge_budget
 from ..planner.problem import JobState
@@ -12,7 +12,7 @@ if TYPE_CHECKING:
     from ..train.config import FragmentResult
 
 
-def job_layers(name: str, workload: str, global_batch: int, workload_args: dict,
+def job_layers(name: str, workload: str, global_batch: int, workload_args: dict[str, Any],
                curve: ScalingCurve) -> LayerThroughput:
     """The frozen shares of the job's model (one forward pass here), on its current throughput curve; the
     planner predicts the frozen rates from them until fragments measure more."""
@@ -30,7 +30,8 @@ def fragment_reported(state: JobState, result: FragmentResult) -> None:
     budget, keep its statistics, and follow a re-measured curve."""
     if state.layers is None:
         return
+    layers = cast(LayerThroughput, state.layers)      # JobState keeps it untyped (the planner's own business)
     charge_budget(state, (result.samples_done - state.samples_done) / state.spec.samples)
     state.grad_stats = result.grad_stats or state.grad_stats
-    if state.layers.curve is not state.curve:
-        state.layers = LayerThroughput(state.curve, state.layers.profile)
+    if layers.curve is not state.curve:
+        state.layers = LayerThroughput(state.curve, layers.profile)

@@ -28,53 +28,74 @@ save stood; the RNG state is saved with every ``ctx.save`` and restored at the f
 agrees on every rank (one small all-reduce) so all ranks leave at the same step. Each ``should_stop`` call
 counts one step of ``global_batch`` samples towards the job's budget. A function that returns without being
 told to stop has finished the job (its own end, e.g. a fixed number of epochs).
+
+``run_loop`` is the one loop driver: the built-in workload loop (``workload_loop.train``) is such a function
+too. Members with a leading underscore are the hooks it uses (it restores into its built model, times its own
+rendezvous, hands the context its snapshot and leaves the final save to the driver); they are not the
+scientist's API.
 """
+
 from __future__ import annotations
 
 import inspect
 import math
 import time
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 
 from .checkpoint import TrainingState, capture_rng, finite_weights, restore_rng
 from .config import FragmentConfig, FragmentFailed, FragmentResult, StopReason
-from .fragment import _local_rank, close_rank, join_group, open_rank, step_flags
 from .protocol import Progress
+from .rank import RankSetup, close_rank, fault_point, join_group, local_rank, open_rank, step_flags
 from .workloads import load_attr
+
+TrainFn = Callable[["TrainContext"], object]
+"""A training function: called once per rank with its context (``def train(ctx)``)."""
 
 
 class TrainContext:
     """What a user's training function receives: who it is, where it stands, and the calls that keep the
     fragment's guarantees."""
 
-    def __init__(self, cfg: FragmentConfig, rs, restored: TrainingState | None):
+    step: int                            # steps the job has done (counted by should_stop)
+    epoch: int
+    samples_done: int
+    metrics: list[dict[str, float]]      # one entry per step: what ctx.report() got, the step's loss, world
+    start_step: int                      # where this fragment started
+    start_samples: int
+    saved_step: int                      # the step of the newest save (the restored one before any)
+
+    def __init__(self, cfg: FragmentConfig, rs: RankSetup, restored: TrainingState | None = None) -> None:
         self._cfg, self._rs = cfg, rs
         self.rank, self.world_size, self.device = rs.rank, rs.world, rs.device
-        self.local_rank = _local_rank(rs.rank)           # the launcher's, as the device is chosen by
+        self.local_rank = local_rank(rs.rank)            # the launcher's, as the device is chosen by
         self.job, self.global_batch, self.seed = cfg.job, cfg.global_batch, cfg.seed
         self.args: dict[str, Any] = dict(cfg.workload_args)
-        self.restored: dict | None = restored.model if restored is not None else None
-        st = restored or TrainingState(model={})
-        self.step, self.epoch, self.samples_done, self._pos = st.step, st.epoch, st.samples_done, st.data_position
-        self.metrics: list[dict] = list(st.metrics)
-        self._rng = st.rng
-        self.start_step, self.start_samples = self.step, self.samples_done
-        self.saved_step, self._saved_at = self.step, time.time()
-        rs.saver.durable = (self.saved_step, self._saved_at)    # on disk at the start: what was restored
+        self.restored: dict[str, Any] | None = restored.model if restored is not None else None
+        self._rng = restored.rng if restored is not None else None
+        self._position(restored)
+        self._start_save_clock()
         self.saves, self.save_s, self.last_save_s = 0, 0.0, 0.0
-        self.checkpoint = rs.store.latest_path if restored is not None else None   # the newest, as it goes
+        self.checkpoint: str | Path | None = rs.store.latest_path if restored is not None else None
         self.stopped_by: StopReason | None = None
         self._last: dict[str, float] = {}
         self._reported = 0.0
-        self._net = None
+        self._net: torch.nn.Module | None = None
+        self._joined = False
+        self._t_join = self._restore_s = self._rendezvous_s = 0.0
+        self._t_train, self._train_started = time.perf_counter(), time.time()
+        self._loss = float("nan")                        # the last step's all-reduced loss
+        self._snapshot: Callable[[], TrainingState] | None = None          # a loop's own (the built-in's)
+        self._grad_stats: Callable[[], dict[str, Any]] = dict
 
     def distributed(self, model: torch.nn.Module) -> torch.nn.Module:
         """``model`` wrapped for data parallelism across the fragment's ranks (itself on one rank). DDP averages
         gradients over ranks: with a loss that is the mean over the rank's share, the step is the one of a mean
         over the global batch (exactly when global_batch divides by the number of ranks)."""
+        self._join()
         if self.world_size == 1:
             return model
         self._net = torch.nn.parallel.DistributedDataParallel(
@@ -87,23 +108,7 @@ class TrainContext:
         if n < self.global_batch:
             raise ValueError(f"job {self.job}: a dataset of {n} items cannot fill a global batch of "
                              f"{self.global_batch}")
-        if self._rng:                            # the first batch of a resumed fragment: randomness continues
-            restore_rng(self._rng)
-            self._rng = None
-        B = self.global_batch
-        while self.stopped_by is None:
-            if self._pos + B > n:
-                self.epoch, self._pos = self.epoch + 1, 0
-            perm = torch.randperm(n, generator=torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch))
-            while self.stopped_by is None and self._pos + B <= n:
-                idx = perm[self._pos: self._pos + B][self.rank::self.world_size]
-                self._pos += B                   # where the job stands once this step is done
-                step = self.step
-                yield idx
-                if self.step == step and self.stopped_by is None:   # else no notice ever stops it: it runs on
-                    raise FragmentFailed(f"job {self.job}: the training function took the next batch without "
-                                         "calling ctx.should_stop() after the last one: call it once per step "
-                                         "(it counts the step and ends the fragment when the nodes are reclaimed)")
+        return self._batches(n)
 
     def report(self, **metrics: float) -> None:
         """This step's metrics (rank 0's are kept with the checkpoint; ``loss`` also shows as live progress)."""
@@ -113,21 +118,10 @@ class TrainContext:
         """Call once per step on every rank, after the optimizer step: counts the step and says, the same on
         every rank, whether the fragment must end now (its nodes are reclaimed, its time is up, the job's
         samples are done). Then save and return."""
-        cfg = self._cfg
-        self.step += 1
-        self.samples_done += cfg.global_batch
-        loss, stop, late = step_flags(cfg, self._rs, self._last.get("loss", 0.0))
-        if "loss" in self._last and not math.isfinite(loss):
-            raise FragmentFailed(f"job {cfg.job}: the loss is {loss} at step {self.step}: not saving (the last "
-                                 "finite checkpoint stays)")
-        loss /= self.world_size
+        loss, stop, late = self._count_step(self._last.get("loss", 0.0), check="loss" in self._last)
+        loss /= self.world_size                 # the ranks' own means, averaged
         self.metrics.append({**self._last, "step": self.step, "loss": loss, "world": self.world_size})
-        if stop or late:
-            self.stopped_by = StopReason.SIGNAL if stop else StopReason.DEADLINE
-        elif cfg.total_samples is not None and self.samples_done >= cfg.total_samples:
-            self.stopped_by = StopReason.DONE
-        elif cfg.steps is not None and self.step - self.start_step >= cfg.steps:
-            self.stopped_by = StopReason.STEPS
+        self._decide(stop, late)
         if self.rank == 0 and time.perf_counter() - self._reported > 0.5:     # live progress
             self._reported = time.perf_counter()
             self._progress(loss)
@@ -155,16 +149,14 @@ class TrainContext:
             raise FragmentFailed(f"job {self.job}: {bad} is not finite at step {self.step}: not saving (the last "
                                  "finite checkpoint stays)")
         t = time.perf_counter()
-        ts = TrainingState(model=state, rng=capture_rng(), step=self.step, epoch=self.epoch,
-                           samples_done=self.samples_done, data_position=self._pos,
-                           job={"name": self.job, "loop": self._cfg.loop, "global_batch": self.global_batch},
-                           metrics=self.metrics)
+        ts = self._state(state, {"name": self.job, "loop": self._cfg.loop, "global_batch": self.global_batch})
+        saver = self._rs.saver
         if self.stopped_by is None:
-            if not self._rs.saver.periodic(ts):      # the last write is still going: this one follows it
-                self._rs.saver.background.wait()
-                self._rs.saver.periodic(ts)
+            if not saver.periodic(ts):           # the last write is still going: this one follows it
+                saver.background.wait()
+                saver.periodic(ts)
         else:
-            self.checkpoint = self._rs.saver.save(ts)
+            self.checkpoint = saver.save(ts)
         self.last_save_s = time.perf_counter() - t
         self.saves, self.save_s = self.saves + 1, self.save_s + self.last_save_s
         self.saved_step, self._saved_at = self.step, time.time()
@@ -174,8 +166,134 @@ class TrainContext:
         self._rs.saver.report(Progress(self.step, self.samples_done, loss, self.world_size, self.saved_step,
                                        self._saved_at, time.time()))
 
+    # the driver's hooks, and the built-in loop's (workload_loop.py) --------------------------------------------
 
-def _check_signature(fn, spec: str) -> None:
+    def _position(self, st: TrainingState | None) -> None:
+        """Where the job stands: at ``st`` (the checkpoint restored), else at its start."""
+        st = st or TrainingState(model={})
+        self.step, self.epoch, self.samples_done, self._pos = st.step, st.epoch, st.samples_done, st.data_position
+        self.metrics = list(st.metrics)
+        self.start_step, self.start_samples = self.step, self.samples_done
+
+    def _start_save_clock(self) -> None:
+        """Periodic saves count from now; on disk now: what was restored."""
+        self.saved_step, self._saved_at = self.step, time.time()
+        self._rs.saver.durable = (self.saved_step, self._saved_at)
+
+    def _restore(self, into: Mapping[str, torch.Tensor]) -> TrainingState | None:
+        """The newest good checkpoint, read straight into ``into`` (the built model's tensors: no second copy),
+        and the job positioned at it; for a loop that restores its state itself (a scientist's gets
+        ``restored``)."""
+        st = self._rs.store.latest(into=into)
+        self._position(st)
+        return st
+
+    def _join(self) -> None:
+        """The fragment's process group, once: the time before it counts as the restore, its own as the
+        rendezvous."""
+        if self._joined:
+            return
+        self._t_join = time.perf_counter()
+        self._restore_s = self._t_join - self._rs.t0
+        join_group(self._cfg, self._rs)
+        self._joined = True
+        self._rendezvous_s = time.perf_counter() - self._t_join
+
+    def _begin_training(self, snapshot: Callable[[], TrainingState] | None = None,
+                        grad_stats: Callable[[], dict[str, Any]] | None = None) -> None:
+        """Training starts now (the train timer, the result's train_started). A loop that keeps its own state
+        (the built-in) hands over ``snapshot`` (its TrainingState now: for its periodic saves and the final one,
+        which the driver writes) and ``grad_stats``; its rendezvous counts until now (the DDP wrapper too), its
+        save clock starts now, and its bound is checked before the first step as before every other."""
+        if snapshot is not None:
+            self._snapshot, self._grad_stats = snapshot, grad_stats or dict
+            self._rendezvous_s = time.perf_counter() - self._t_join
+            self._start_save_clock()
+            self._decide(stop=False, late=False)
+        self._t_train, self._train_started = time.perf_counter(), time.time()
+
+    def _batches(self, n: int) -> Iterator[torch.Tensor]:
+        """``batches`` without its size check: a data set smaller than the global batch gives each step all of a
+        fresh epoch (the built-in loop has always trained so)."""
+        if self._rng:                            # the first batch of a resumed fragment: randomness continues
+            restore_rng(self._rng)
+            self._rng = None
+        B = self.global_batch
+        perm = self._permutation(n)
+        while self.stopped_by is None:
+            if self._pos + B > n:                # next epoch: a fresh permutation, the remainder is dropped
+                self.epoch, self._pos = self.epoch + 1, 0
+                perm = self._permutation(n)
+            idx = perm[self._pos: self._pos + B][self.rank::self.world_size]
+            self._pos += B                       # where the job stands once this step is done
+            step = self.step
+            yield idx
+            if self.step == step and self.stopped_by is None:   # else no notice ever stops it: it runs on
+                raise FragmentFailed(f"job {self.job}: the training function took the next batch without "
+                                     "calling ctx.should_stop() after the last one: call it once per step "
+                                     "(it counts the step and ends the fragment when the nodes are reclaimed)")
+
+    def _permutation(self, n: int) -> torch.Tensor:
+        return torch.randperm(n, generator=torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch))
+
+    def _count_step(self, loss: float, *, check: bool) -> tuple[float, bool, bool]:
+        """A step is done on this rank: count it, then agree with every rank on the loss (all-reduced) and on
+        stopping. A non-finite loss (``check``) fails the fragment on every rank at the same step."""
+        self._join()
+        self.step += 1
+        self.samples_done += self.global_batch
+        fault_point(self.rank, self.step)
+        loss, stop, late = step_flags(self._cfg, self._rs, loss)
+        if check and not math.isfinite(loss):
+            raise FragmentFailed(f"job {self.job}: the loss is {loss} at step {self.step}: not saving (the last "
+                                 "finite checkpoint stays)")
+        return loss, stop, late
+
+    def _decide(self, stop: bool, late: bool) -> None:
+        """Why the fragment ends, if it does: a notice, the deadline, the job's samples done, its step bound."""
+        cfg = self._cfg
+        if stop or late:
+            self.stopped_by = StopReason.SIGNAL if stop else StopReason.DEADLINE
+        elif cfg.total_samples is not None and self.samples_done >= cfg.total_samples:
+            self.stopped_by = StopReason.DONE
+        elif cfg.steps is not None and self.step - self.start_step >= cfg.steps:
+            self.stopped_by = StopReason.STEPS
+
+    def _step_done(self, loss_sum: float) -> bool:
+        """The built-in loop's end of a step, on every rank. Its loss is already divided by the global batch,
+        so the ranks' losses are summed, not averaged. True: a notice or the deadline ends the fragment now
+        (the job's bound ends it at the next batch, after this step's periodic save)."""
+        loss, stop, late = self._count_step(loss_sum, check=True)
+        self._loss = loss
+        self.metrics.append({"step": self.step, "loss": loss, "world": self.world_size})
+        self._decide(stop, late)
+        return stop or late
+
+    def _save_if_due(self) -> None:
+        """The built-in loop's periodic save (skipped while the last one still writes) and live progress, on
+        rank 0 after a step it goes on from; before the first save, the copy buffers are made ready."""
+        assert self._snapshot is not None
+        every = self._cfg.checkpoint_every_s
+        if self.should_save():
+            t = time.perf_counter()
+            if self._rs.saver.periodic(self._snapshot()):      # the pause is a memory copy; a thread writes
+                self.saves, self.save_s = self.saves + 1, self.save_s + time.perf_counter() - t
+                self.saved_step, self._saved_at = self.step, time.time()
+                self._reported = 0.0
+        elif every is not None and self.step == self.start_step + 1:
+            self._rs.saver.background.prepare(self._snapshot())
+        if time.perf_counter() - self._reported > 0.5:      # live progress for the orchestrator
+            self._reported = time.perf_counter()
+            self._progress(self._loss)
+
+    def _state(self, model: dict[str, Any], job: dict[str, Any], **parts: Any) -> TrainingState:
+        """A checkpoint of ``model`` (and optimizer, scheduler, extra ``parts``) with where the job stands."""
+        return TrainingState(model=model, rng=capture_rng(), step=self.step, epoch=self.epoch,
+                             samples_done=self.samples_done, data_position=self._pos, job=job, metrics=self.metrics,
+                             **parts)
+
+
+def _check_signature(fn: object, spec: str) -> None:
     """Before a rank is set up: a training function is called as fn(ctx)."""
     if not callable(fn):
         raise ValueError(f"training function {spec!r} is a {type(fn).__name__}, not a function: write def train(ctx)")
@@ -190,37 +308,67 @@ def _check_signature(fn, spec: str) -> None:
                          "write def train(ctx)") from None
 
 
-def run_loop(cfg: FragmentConfig) -> FragmentResult | None:
-    """One rank of a fragment whose training is the user's function ``cfg.loop``. Returns the result on rank 0."""
+def run_loop(cfg: FragmentConfig, train: TrainFn | None = None) -> FragmentResult | None:
+    """One rank of a fragment, the one loop driver: a training function run against a TrainContext, then the
+    final save and (rank 0) the result. ``train``: a loop that keeps its own state (the built-in workload loop);
+    None: the user's function ``cfg.loop``, called with its process group formed, the RNG seeded and what its
+    last ``ctx.save`` was given in ``ctx.restored``."""
     rs = open_rank(cfg)
-    fn = load_attr(cfg.loop, "training function")
-    _check_signature(fn, cfg.loop)
-    restored = rs.store.latest()
-    ctx = TrainContext(cfg, rs, restored)
-    restore_s = time.perf_counter() - rs.t0
-    t1 = time.perf_counter()
-    join_group(cfg, rs)
-    rendezvous_s = time.perf_counter() - t1
-    torch.manual_seed(cfg.seed)              # the user's model is built the same way in every fragment
-    started, t_train = time.time(), time.perf_counter()
+    fn, ctx = _user_loop(cfg, rs) if train is None else (train, TrainContext(cfg, rs))
     fn(ctx)
-    train_s = time.perf_counter() - t_train
+    train_s = time.perf_counter() - ctx._t_train
+    if ctx._snapshot is not None:
+        checkpoint_s, loss = _final_save(ctx), ctx._loss
+    else:
+        checkpoint_s, loss = _user_loop_returned(ctx), ctx.metrics[-1]["loss"] if ctx.metrics else float("nan")
+    if rs.rank != 0:
+        return None
+    done = ctx.samples_done - ctx.start_samples
+    res = FragmentResult(ctx.job, rs.world, ctx.start_step, ctx.step, done, ctx.samples_done, train_s,
+                         ctx._restore_s, ctx._rendezvous_s, checkpoint_s, done / train_s if train_s > 0 else 0.0,
+                         ctx.stopped_by or StopReason.FINISHED, loss, str(ctx.checkpoint or ""),
+                         [str(e) for e in rs.store.skipped], ctx._train_started, ctx.saves,
+                         ctx.save_s / ctx.saves if ctx.saves else 0.0, ctx._grad_stats())
+    if rs.kv is not None:
+        rs.kv.set("result", res.to_json())
+    return res
+
+
+def _user_loop(cfg: FragmentConfig, rs: RankSetup) -> tuple[TrainFn, TrainContext]:
+    """The user's training function and its context: restored, in its process group, seeded."""
+    spec = cfg.loop or ""
+    fn = load_attr(spec, "training function")
+    _check_signature(fn, spec)
+    ctx = TrainContext(cfg, rs, rs.store.latest())
+    ctx._join()
+    torch.manual_seed(cfg.seed)              # the user's model is built the same way in every fragment
+    ctx._begin_training()
+    return fn, ctx  # type: ignore[return-value]   # _check_signature: called as fn(ctx)
+
+
+def _final_save(ctx: TrainContext) -> float:
+    """A loop that handed over its state ended: rank 0 saves it (a periodic save of the same step is not
+    written twice) and reports it as its final progress; every rank meets the others once more. Returns the
+    seconds this took."""
+    rs, t = ctx._rs, time.perf_counter()
+    if rs.rank == 0 and ctx._snapshot is not None:
+        ctx.checkpoint = rs.saver.save(ctx._snapshot())
+        rs.jd.write_progress(Progress(ctx.step, ctx.samples_done, ctx._loss, ctx.world_size, ctx.step, time.time(),
+                                      time.time()))
+    close_rank(rs, ctx._net)
+    return time.perf_counter() - t
+
+
+def _user_loop_returned(ctx: TrainContext) -> float:
+    """The user's function returned: on its own (it finished the job) or told to stop; either way its last
+    step must be saved. Returns the seconds of its last save."""
+    rs = ctx._rs
     ctx.stopped_by = ctx.stopped_by or StopReason.FINISHED
     if rs.rank == 0 and ctx.saved_step != ctx.step:
-        raise FragmentFailed(f"job {cfg.job}: the training function returned at step {ctx.step} but saved last at "
+        raise FragmentFailed(f"job {ctx.job}: the training function returned at step {ctx.step} but saved last at "
                              f"step {ctx.saved_step}: call ctx.save(state) before returning")
     if rs.rank == 0:
         written = [c for c in (rs.saver.background.wait(), ctx.checkpoint) if c]   # a save may still be writing
         ctx.checkpoint = max(written, key=lambda c: Path(c).name, default=None)      # ckpt-<step>.h5: the newest
     close_rank(rs, ctx._net)
-    if rs.rank != 0:
-        return None
-    done = ctx.samples_done - ctx.start_samples
-    loss = ctx.metrics[-1]["loss"] if ctx.metrics else float("nan")
-    res = FragmentResult(cfg.job, rs.world, ctx.start_step, ctx.step, done, ctx.samples_done, train_s, restore_s,
-                         rendezvous_s, ctx.last_save_s, done / train_s if train_s > 0 else 0.0, ctx.stopped_by, loss,
-                         str(ctx.checkpoint or ""), [str(e) for e in rs.store.skipped], started, ctx.saves,
-                         ctx.save_s / ctx.saves if ctx.saves else 0.0)
-    if rs.kv is not None:
-        rs.kv.set("result", res.to_json())
-    return res
+    return ctx.last_save_s

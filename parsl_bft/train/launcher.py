@@ -21,9 +21,12 @@ import threading
 import time
 from datetime import timedelta
 from multiprocessing.connection import wait as wait_any
+from multiprocessing.context import ForkServerContext
 from pathlib import Path
+from types import FrameType
+from typing import Any
 
-import torch.distributed as dist
+from torch._C._distributed_c10d import PrefixStore, Store, TCPStore  # typed here; torch.distributed re-exports
 
 from .config import FragmentConfig, FragmentFailed, FragmentResult
 from .fragment import main
@@ -36,7 +39,7 @@ def node_name() -> str:
             or socket.gethostname().split(".")[0])
 
 
-def serve_store(host: str = "127.0.0.1") -> dist.TCPStore:
+def serve_store(host: str = "127.0.0.1") -> TCPStore:
     """A TCPStore server on a free port (the kernel picks it: no guess, no race). On loopback (every rank on this
     node) it listens on loopback only - TCPStore alone would listen on every interface; ``host=""``: every
     interface (ranks on other nodes)."""
@@ -45,18 +48,18 @@ def serve_store(host: str = "127.0.0.1") -> dist.TCPStore:
         sock.bind(("127.0.0.1", 0))
         sock.listen(512)
         port = sock.getsockname()[1]
-        return dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False,
-                             timeout=timedelta(seconds=60), master_listen_fd=sock.detach())   # the store owns it
-    return dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=60))
+        return TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False,
+                        timeout=timedelta(seconds=60), master_listen_fd=sock.detach())   # the store owns it
+    return TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=60))
 
 
-def store_client(addr: str, fragment: str, timeout_s: float) -> dist.Store:
+def store_client(addr: str, fragment: str, timeout_s: float) -> Store:
+    """A client of the store at ``addr`` (host:port), its keys under ``fragment``."""
     host, port = addr.rsplit(":", 1)
-    return dist.PrefixStore(fragment, dist.TCPStore(host, int(port), is_master=False,
-                                                          timeout=timedelta(seconds=timeout_s)))
+    return PrefixStore(fragment, TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=timeout_s)))
 
 
-def run_fragment(cfg: FragmentConfig, *, env: dict | None = None, ranks: list[int] | None = None,
+def run_fragment(cfg: FragmentConfig, *, env: dict[str, str] | None = None, ranks: list[int] | None = None,
                  store: str | None = None) -> FragmentResult | None:
     """Start ranks of the fragment as local processes, wait, and return rank 0's result.
 
@@ -74,31 +77,17 @@ def run_fragment(cfg: FragmentConfig, *, env: dict | None = None, ranks: list[in
     cfg_file.write_text(cfg.to_json())
     logs = [jd.log_path(cfg.fragment_id, r) for r in ranks]
     logs[0].parent.mkdir(exist_ok=True)
-    procs = []
-    for i, r in enumerate(ranks):
-        e = {**os.environ, **(env or {}), "RANK": str(r), "WORLD_SIZE": str(cfg.world_size), "LOCAL_RANK": str(i),
-             "LOCAL_WORLD_SIZE": str(len(ranks)), "PARSL_BFT_STORE": store, "PARSL_BFT_FRAGMENT": cfg.fragment_id}
-        procs.append(_Rank(str(cfg_file), e, str(logs[i]), str(jd.path), cfg.fragment_id, r))
+    procs = _start_ranks(cfg, jd, cfg_file, ranks, logs, env or {}, store)
     pids = jd.record_ranks(cfg.fragment_id, [p.pid for p in procs], node_name())
 
     pending: list[int] = []
 
-    def forward(signum, frame):  # noqa: ARG001
+    def forward(signum: int, frame: FrameType | None) -> None:
         pending.append(signum)
     old = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)} \
         if threading.current_thread() is threading.main_thread() else {}
     try:
-        while any(p.poll() is None for p in procs):
-            # a rank that has not installed its handlers yet would die of the signal: wait until all have
-            if pending and kv.check([f"ready/{r}" for r in ranks]):
-                for p in procs:
-                    if p.poll() is None:
-                        p.send_signal(pending[0])
-                pending.clear()
-            if any(p.poll() not in (None, 0) for p in procs):
-                break
-            # woken by a rank's exit at once (not at the next poll), or after 50 ms for forwarded signals
-            wait_any([p.sentinel for p in procs if p.poll() is None], timeout=0.05)
+        _wait_ranks(procs, ranks, kv, pending)
         if any(p.poll() not in (None, 0) for p in procs):
             _fail(cfg, jd, procs, ranks, logs)
         if 0 not in ranks:
@@ -120,7 +109,34 @@ def run_fragment(cfg: FragmentConfig, *, env: dict | None = None, ranks: list[in
         del server
 
 
-def _fail(cfg: FragmentConfig, jd: JobDir, procs: list, ranks: list[int], logs: list[Path]) -> None:
+def _start_ranks(cfg: FragmentConfig, jd: JobDir, cfg_file: Path, ranks: list[int], logs: list[Path],
+                 env: dict[str, str], store: str) -> list[_Rank]:
+    """The processes of ``ranks``, each told who it is (and its local index) as torchrun tells its workers, and
+    where the fragment's store is."""
+    procs = []
+    for i, r in enumerate(ranks):
+        e = {**os.environ, **env, "RANK": str(r), "WORLD_SIZE": str(cfg.world_size), "LOCAL_RANK": str(i),
+             "LOCAL_WORLD_SIZE": str(len(ranks)), "PARSL_BFT_STORE": store, "PARSL_BFT_FRAGMENT": cfg.fragment_id}
+        procs.append(_Rank(str(cfg_file), e, str(logs[i]), str(jd.path), cfg.fragment_id, r))
+    return procs
+
+
+def _wait_ranks(procs: list[_Rank], ranks: list[int], kv: Store, pending: list[int]) -> None:
+    """Until every rank has exited or one has failed, passing the ``pending`` signals on to them."""
+    while any(p.poll() is None for p in procs):
+        # a rank that has not installed its handlers yet would die of the signal: wait until all have
+        if pending and kv.check([f"ready/{r}" for r in ranks]):
+            for p in procs:
+                if p.poll() is None:
+                    p.send_signal(pending[0])
+            pending.clear()
+        if any(p.poll() not in (None, 0) for p in procs):
+            break
+        # woken by a rank's exit at once (not at the next poll), or after 50 ms for forwarded signals
+        wait_any([p.sentinel for p in procs if p.poll() is None], timeout=0.05)
+
+
+def _fail(cfg: FragmentConfig, jd: JobDir, procs: list[_Rank], ranks: list[int], logs: list[Path]) -> None:
     """The peers of a dead rank fail too (connection reset): give them a moment, then blame the rank that died
     of a signal (killed, reclaimed), else the first error record, before the ones that merely lost a peer."""
     deadline = time.monotonic() + 1.0
@@ -158,11 +174,11 @@ def run_gang_task(cfg: FragmentConfig, node_index: int, store: str) -> FragmentR
     return run_fragment(cfg, ranks=list(range(node_index * k, (node_index + 1) * k)), store=store)
 
 
-_CTX = None
+_CTX: ForkServerContext | None = None
 MAIN_ENV = "PARSL_BFT_FORKSERVER_MAIN"     # the parent's main module, for the forkserver to preload (rank_preload)
 
 
-def _rank_context():
+def _rank_context() -> ForkServerContext:
     """A forkserver that has imported torch, this module and the parent's main module once: ranks start in
     milliseconds instead of paying Python + torch start-up (seconds) for every fragment. (A process forked -
     without exec - from one that already started the forkserver cannot use it; Parsl's workers and launchers
@@ -206,7 +222,7 @@ def _die_with_forkserver() -> None:
     # every forkserver child gets a copy of the write end of the pipe whose EOF tells the forkserver that its
     # worker is gone (CPython's forkserver passes it on for nested use): while a rank holds it, the forkserver
     # never sees its worker die. A rank that starts processes of its own makes its own forkserver.
-    fs = getattr(forkserver, "_forkserver", None)
+    fs: Any = getattr(forkserver, "_forkserver", None)
     if getattr(fs, "_forkserver_alive_fd", None) is not None:
         try:
             os.close(fs._forkserver_alive_fd)
@@ -224,7 +240,7 @@ def _die_with_forkserver() -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-def _rank_entry(cfg_file: str, env: dict, log_path: str, job_dir: str, fragment: str, rank: int) -> None:
+def _rank_entry(cfg_file: str, env: dict[str, str], log_path: str, job_dir: str, fragment: str, rank: int) -> None:
     _die_with_forkserver()
     os.environ.clear()
     os.environ.update(env)
@@ -244,24 +260,30 @@ def _rank_entry(cfg_file: str, env: dict, log_path: str, job_dir: str, fragment:
 class _Rank:
     """One rank process (from the forkserver), with the few Popen-like calls the launcher uses."""
 
-    def __init__(self, cfg_file: str, env: dict, log_path: str, job_dir: str, fragment: str, rank: int):
+    def __init__(self, cfg_file: str, env: dict[str, str], log_path: str, job_dir: str, fragment: str,
+                 rank: int) -> None:
         self.p = _rank_context().Process(target=_rank_entry, args=(cfg_file, env, log_path, job_dir, fragment, rank),
                                          daemon=False)
         self.p.start()
-        self.pid = self.p.pid
+        assert self.p.pid is not None           # started
+        self.pid: int = self.p.pid
         self.sentinel = self.p.sentinel       # readable once the process has ended
 
-    def poll(self):
+    def poll(self) -> int | None:
+        """The exit code (negative: the signal that ended it), or None while it runs."""
         return self.p.exitcode
 
     def send_signal(self, sig: int) -> None:
+        """``sig`` to the rank, unless it has already gone."""
         try:
             os.kill(self.pid, sig)
         except ProcessLookupError:
             pass
 
     def kill(self) -> None:
+        """SIGKILL."""
         self.send_signal(signal.SIGKILL)
 
     def wait(self) -> None:
+        """Until it has exited."""
         self.p.join()

@@ -35,14 +35,14 @@ def _prepare_main() -> None:
         return
     from multiprocessing import process, spawn
 
-    process.current_process()._inheriting = True    # as in a child: a main that starts processes is refused
+    process.current_process()._inheriting = True  # type: ignore[attr-defined]   # as in a child: a main that starts processes is refused
     try:
         spawn.prepare(data)
     except (Exception, SystemExit) as e:        # the ranks then run it themselves, as they did: its error is theirs
         print(f"parsl-bft rank forkserver: could not preload the main module ({e!r}); each rank runs it",
               file=sys.stderr)
     finally:
-        del process.current_process()._inheriting
+        del process.current_process()._inheriting  # type: ignore[attr-defined]
 
 
 _prepare_main()

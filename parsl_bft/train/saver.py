@@ -1,0 +1,83 @@
+"""Rank 0's saves of a fragment, fenced: periodic ones written on a thread while training goes on, the final one
+when it stops, and the live progress report that says which save is the newest on disk."""
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from .checkpoint import BackgroundSave, CheckpointStore, TrainingState, finite_weights
+from .config import FragmentConfig, FragmentFailed
+from .protocol import JobDir, Progress
+
+
+class Saver:
+    """Rank 0's saves, fenced: a fragment of an older orchestrator life must not write. ``periodic`` saves are a
+    memory copy written on a thread while training goes on (a failed one fails the next save); ``save`` (the
+    final one, on a notice) waits for that write and skips writing the same step twice."""
+
+    def __init__(self, cfg: FragmentConfig, store: CheckpointStore, jd: JobDir) -> None:
+        self.cfg, self.store, self.jd = cfg, store, jd
+        self.background = BackgroundSave(self._write)
+        self._started: tuple[int, float] | None = None   # (step, time) of the state the background writes
+        self.durable: tuple[int, float] | None = None    # the same of the last save on disk
+        self._lock = threading.Lock()                    # progress is written by the loop and by the writer
+        self._progress: Progress | None = None
+
+    def _fenced(self) -> str | None:
+        """Why this fragment may no longer write the job's files, or None: a newer orchestrator life owns the job
+        (GENERATION), or it runs as a newer fragment (FRAGMENT: this one was given up for lost)."""
+        if self.cfg.generation is None:
+            return None
+        owner = self.jd.owner()
+        if owner is not None and owner != self.cfg.generation:
+            return f"fragment of {self.cfg.job} is stale (generation {self.cfg.generation}, the job is now at {owner})"
+        current = self.jd.current_fragment()
+        if current is not None and current != self.cfg.fragment_id:
+            return f"fragment {self.cfg.fragment_id} of {self.cfg.job} is stale (the job runs as {current} now)"
+        return None
+
+    def report(self, p: Progress) -> None:
+        """Live progress; its saved step is the newest save on disk (a background write reports when it lands).
+        A fenced-off fragment stops here (within a report interval) instead of training on for nobody."""
+        stale = self._fenced()
+        if stale:
+            raise FragmentFailed(f"{stale}: stopping")
+        with self._lock:
+            if self.durable is not None:
+                p = replace(p, saved_step=self.durable[0], saved_at=self.durable[1])
+            self.jd.write_progress(p)
+            self._progress = p
+
+    def periodic(self, state: TrainingState) -> bool:
+        """Start a background save; False while the last one still writes (try again next step)."""
+        if self.background.busy():
+            return False
+        self._started = (state.step, time.time())       # before the thread can finish and read it
+        return self.background.start(state)
+
+    def save(self, state: TrainingState) -> Path:
+        """The final save: waits for a background write; the step it already wrote is not written again."""
+        last = self.background.wait()
+        if last is not None and self.durable is not None and self.durable[0] == state.step:
+            return last
+        return self._write(state)
+
+    def _write(self, state: TrainingState) -> Path:
+        stale = self._fenced()
+        if stale:
+            raise FragmentFailed(f"{stale}: not saving")
+        bad = finite_weights(state.model)
+        if bad is not None:
+            raise FragmentFailed(f"job {self.cfg.job}: weight {bad} is not finite at step {state.step}: not saving "
+                                 "(the last finite checkpoint stays)")
+        path = self.store.save(state, fsync=self.cfg.fsync)
+        started = self._started
+        with self._lock:
+            self.durable = started if started is not None and started[0] == state.step else (state.step, time.time())
+            if self._progress is not None:
+                self._progress = replace(self._progress, saved_step=self.durable[0], saved_at=self.durable[1],
+                                         t=time.time())
+                self.jd.write_progress(self._progress)
+        return path
