@@ -6,11 +6,11 @@ at ``None`` where it is marked optional is not stored (older logs and `parsl-bft
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from enum import Enum
+from enum import StrEnum
 from typing import Any, ClassVar
 
 
-class EventKind(str, Enum):
+class EventKind(StrEnum):
     """What happened; the stored ``kind`` column."""
 
     START = "start"

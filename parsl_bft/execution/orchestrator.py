@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from ..control import Controller, Timeline
@@ -26,48 +26,28 @@ from ..jobs import JobSpec
 from ..nodes import local_name, node_id, site_of
 from ..scaling import ScalingCurve
 from ..train.checkpoint import CheckpointStore
-from ..train.config import FragmentConfig, StopReason
+from ..train.config import FragmentResult
 from ..train.protocol import JobDir
+from . import events
 from .checkpoint_policy import CheckpointPolicy
 from .clock import Clock, SystemClock
-from . import events
 from .errors import JobFailed, RunStopped, StateError, StateLocked
-from .htex import FragmentHandle, FragmentLost, SiteRunner
+from .fragments import (Collected, FragmentRunner, Outcome, Running, collect, failure_event, fragment_config,
+                        new_fragment_id, newest_step)
+from .htex import SiteRunner
 from .jobstore import JobRow, JobStore, damaged_advice
 from .layers import fragment_reported, job_layers
 from .pool import MultiPool, PoolEvent, SitePool
 from .protocols import IdlePool, Planner
-from .report import read_jobs
-from .signals import Terminated, sigterm_unwinds, stop_reason
+from .report import run_summary
+from .signals import sigterm_unwinds, stop_reason
 from .statedir import StateDir, lock_state_dir
-from .training_job import TrainingJob, check_job_name
+from .training_job import TrainingJob, check_job_name, submit_when_ready
 
 __all__ = ["JobFailed", "Orchestrator", "RunStopped", "StateLocked", "TrainingJob", "check_job_name",
            "lock_state_dir"]
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class _Running:
-    handle: FragmentHandle
-    nodes: int
-    fragment: str
-    site: str
-    launched: float                # unix time
-    resume_step: int               # the newest checkpoint when it was launched (what it restores)
-    interval_s: float              # its periodic checkpoint interval
-    stop_requested: bool = False
-    killed: bool = False           # we killed it (its node was reclaimed): a normal event, not a failure
-    placed: set[str] = field(default_factory=set)
-    doomed: set[str] = field(default_factory=set)    # its nodes the facility is taking back
-    gone: set[str] = field(default_factory=set)      # nodes that left while it ran (and did not come back)
-    freeze: int = 0                # layers it has frozen
-
-
-def _newest_step(d: Path) -> int:
-    paths = CheckpointStore(d).paths()
-    return int(paths[0].stem.split("-")[1]) if paths else 0
 
 
 class Orchestrator:
@@ -79,8 +59,10 @@ class Orchestrator:
                  executor: str = "bft_local", checkpoint_dir: str | Path | None = None, ranks_per_node: int = 1,
                  max_concurrent: int = 10, poll_s: float = 0.2, max_failures: int = 3, settle_s: float = 1.5,
                  warm_up: bool = True, weights: dict[str, float] | None = None,
-                 checkpoint_policy: CheckpointPolicy | None = None, state_lock=None, clock: Clock | None = None):
+                 checkpoint_policy: CheckpointPolicy | None = None, state_lock=None, clock: Clock | None = None,
+                 runners: Callable[[dict[str, SitePool]], dict[str, FragmentRunner]] | None = None):
         self.clock: Clock = clock or SystemClock()
+        self._make_runners = runners or self._site_runners      # tests: fragments without Parsl
         self.state = StateDir(state_dir)
         self.dir = self.state.root
         self._lock = state_lock or self.state.lock()     # state_lock: taken already (training_session)
@@ -103,12 +85,12 @@ class Orchestrator:
         self.curves: dict[str, ScalingCurve] = {}
         self.layers: dict = {}       # freezable job -> planner.freeze.LayerThroughput (execution/layers.py)
         self.futures: dict[str, Future] = {}
-        self.running: dict[str, _Running] = {}
+        self.running: dict[str, Running] = {}
         self.generation = uuid.uuid4().hex[:12]
         self.timeline = Timeline()
         self.pool_node_s = 0.0
         self.warm_up_s = 0.0
-        self._runners: dict[str, SiteRunner] = {}
+        self._runners: dict[str, FragmentRunner] = {}
         self._store = None
         self._thread: threading.Thread | None = None   # the loop, when it runs in the background (start())
         self._stopping = threading.Event()
@@ -133,12 +115,6 @@ class Orchestrator:
             self._lock.close()
             self._lock = None
 
-    def _rel(self, path: str | None) -> str | None:
-        return self.state.rel(path)
-
-    def _abs(self, path: str | None) -> str | None:
-        return self.state.abs(path)
-
     # --- the scientist's API -------------------------------------------------------------------------
     def submit(self, job: TrainingJob) -> Future:
         """Declare a job; the future resolves to the path of its final checkpoint. ``workload_args`` values may
@@ -162,26 +138,9 @@ class Orchestrator:
         return fut
 
     def _submit_after(self, job: TrainingJob, inputs: dict[str, Future]) -> Future:
-        out: Future = Future()
-        once = threading.Lock()
-
-        def ready(_):
-            if not all(f.done() for f in inputs.values()) or not once.acquire(blocking=False):
-                return
-            if self._stopping.is_set():
-                out.set_exception(RunStopped(f"job {job.name!r}: the run stopped before its inputs were ready"))
-                return
-            try:
-                args = {k: inputs[k].result() if k in inputs else v for k, v in job.workload_args.items()}
-                inner = self.submit(replace(job, workload_args=args))
-            except BaseException as e:  # noqa: BLE001 - an upstream failure or a bad spec reaches the job's future
-                out.set_exception(e)
-                return
-            inner.add_done_callback(lambda f: out.set_exception(f.exception()) if f.exception()
-                                    else out.set_result(f.result()))
-        for f in inputs.values():
-            f.add_done_callback(ready)
-        return out
+        return submit_when_ready(job, inputs, self.submit,
+                                 lambda: RunStopped(f"job {job.name!r}: the run stopped before its inputs were ready")
+                                 if self._stopping.is_set() else None)
 
     def start(self, *, progress=None) -> "Orchestrator":
         """Run the loop in the background: futures resolve on their own, Parsl apps can wait on them, and jobs
@@ -241,7 +200,7 @@ class Orchestrator:
         if row is None:
             self.db.add(job.name, asdict(job))
         if row and row.status == "done":
-            fut.set_result(self._abs(row.checkpoint))
+            fut.set_result(self.state.abs(row.checkpoint))
         return fut
 
     def pending_specs(self) -> list[JobSpec]:
@@ -267,12 +226,7 @@ class Orchestrator:
             if not self.wait(timeout_s):
                 return self.stop() or {}
             return self.summary(self.clock.monotonic() - self._started_at)
-        from ..train.launcher import serve_store
-
-        # loopback only unless ranks on other nodes (pilots) must reach it
-        gang = any(getattr(s.pool, "gang", False) for s in self.sites.values())
-        self._store = serve_store("" if gang else "127.0.0.1")
-        self._runners = {name: SiteRunner(name, s, self._store) for name, s in self.sites.items()}
+        self._runners = self._make_runners(self.sites)
         self._arrivals.clear()
         pending = self.pending_specs()
         ctl = Controller(pending, self.curves, self.planner, max_concurrent=self.max_concurrent, model_costs=False,
@@ -280,7 +234,7 @@ class Orchestrator:
         for spec in pending:
             self._fence(spec.name)
         self.db.record(events.Start(self.generation, [s.name for s in pending],
-                                {s.name: _newest_step(self.job_dir(s.name)) for s in pending}))
+                                {s.name: newest_step(self.job_dir(s.name)) for s in pending}))
         t_start = self.clock.monotonic()
         why = "done"
         with sigterm_unwinds():
@@ -300,6 +254,15 @@ class Orchestrator:
             finally:
                 self._shutdown(ctl, why)
         return self.summary(self.clock.monotonic() - t_start)
+
+    def _site_runners(self, sites: dict[str, SitePool]) -> dict[str, FragmentRunner]:
+        """The default runners: each site's Parsl apps, meeting at one rendezvous store served here (loopback
+        only unless ranks on other nodes, on pilots, must reach it)."""
+        from ..train.launcher import serve_store
+
+        gang = any(s.pool.gang for s in sites.values())
+        self._store = serve_store("" if gang else "127.0.0.1")
+        return {name: SiteRunner(name, s, self._store) for name, s in sites.items()}
 
     def _loop(self, ctl: Controller, t_start: float, progress, timeout_s: float | None, stay: bool) -> str:
         """Returns why it ended: every job done, timeout, or stopped (``stay``: keep going when all are done,
@@ -408,33 +371,29 @@ class Orchestrator:
         jd.clear_stop()
 
     def _launch(self, ctl: Controller, name: str, nodes: tuple[str, ...], site: str) -> None:
-        job = self.jobs[name]
         if site != self.job_site[name]:      # the job moves: its newest good checkpoint goes with it
             staged = CheckpointStore(self.job_dir(name)).stage_to(self.job_dir(name, site))
-            self.db.event("stage", job=name, to=site, checkpoint=str(staged) if staged else None)
+            self.db.record(events.Stage(name, site, str(staged) if staged else None))
             self.job_site[name] = site
             self.db.set_meta(f"site:{name}", site)
             self._fence(name)
         jd = JobDir(self.job_dir(name))
         jd.clear_stop()
         self.db.set_meta(f"dir:{name}", str(jd.path))      # where `parsl-bft status` finds its live progress
-        fragment = f"{name}-{uuid.uuid4().hex[:10]}"
+        fragment = new_fragment_id(name)
         jd.run_fragment(fragment)          # from now on only this fragment may save the job
         k = self.sites[site].ranks_per_node
-        hole_left = min((ctl.pool.get(n, math.inf) for n in nodes), default=math.inf) - time.monotonic()
+        hole_left = min((ctl.pool.get(n, math.inf) for n in nodes), default=math.inf) - self.clock.monotonic()
         interval = self.policy.interval(len(nodes), hole_left)
-        cfg = FragmentConfig(
-            job=name, workload=job.workload, checkpoint_dir=str(jd.path), world_size=len(nodes) * k,
-            global_batch=job.global_batch, total_samples=job.samples, workload_args=job.workload_args,
-            generation=self.generation, timeout_s=30.0, checkpoint_every_s=interval, fragment_id=fragment,
-            ranks_per_node=k, loop=job.loop, deterministic=job.deterministic,
-            freeze_layers=ctl.active[name].state.freeze if name in ctl.active else 0)   # planned level
-        resume = _newest_step(jd.path)
+        freeze = ctl.active[name].state.freeze if name in ctl.active else 0      # the planned level
+        cfg = fragment_config(self.jobs[name], jd, fragment=fragment, world_size=len(nodes) * k, ranks_per_node=k,
+                              generation=self.generation, interval_s=interval, freeze_layers=freeze)
+        resume = newest_step(jd.path)
         handle = self._runners[site].launch(cfg, tuple(map(local_name, nodes)))
-        self.running[name] = _Running(handle, len(nodes), fragment, site, time.time(), resume, interval,
-                                      freeze=cfg.freeze_layers)
-        self.db.event("launch", job=name, size=len(nodes), ranks=len(nodes) * k, fragment=fragment, nodes=list(nodes),
-                      resume_step=resume, checkpoint_every_s=round(interval, 2), **({"site": site} if site else {}))
+        self.running[name] = Running(handle, len(nodes), fragment, site, self.clock.time(), resume, interval,
+                                     freeze=freeze)
+        self.db.record(events.Launch(name, len(nodes), len(nodes) * k, fragment, list(nodes), resume,
+                                     round(interval, 2), site or None))
 
     def _request_stop(self, name: str, why: str) -> None:
         r = self.running.get(name)
@@ -476,106 +435,90 @@ class Orchestrator:
             if len(r.placed) == r.nodes:     # where its ranks run (the plan's nodes, or swapped within a group)
                 self.db.record(events.Placed(name, r.fragment, sorted(r.placed)))
 
-    def _lost(self, r: _Running) -> bool:
-        """A gang whose every started share ran on nodes that have left (their pilots ended or their worker pools
-        are gone), the others given up: its ranks are dead or fenced off (``JobDir.run_fragment``), so it is
-        collected now instead of when the executor notices (HTEX: a heartbeat threshold later)."""
-        return (self._runners[r.site].gang and bool(r.placed) and r.placed <= r.gone
-                and len(r.placed) + len(r.handle.abandoned) >= r.nodes)
-
     def _collect(self, ctl: Controller) -> bool:
+        """Collect every fragment that has ended (or lost all its nodes), account for it and settle its job;
+        True if any ended."""
         changed = False
         for name, r in list(self.running.items()):
-            nodes_gone = not r.handle.done() and self._lost(r)
-            if not (r.handle.done() or nodes_gone):
+            lost = not r.handle.done() and r.lost(self._runners[r.site].gang)
+            if not (r.handle.done() or lost):
                 continue
             del self.running[name]
             changed = True
             jd = JobDir(self.job_dir(name))
-            row = self.db.job(name)
-            a = ctl.active.get(name)
-            held_s = max(time.time() - r.launched, 0.0) * r.nodes
-            finished = False       # the user's training function returned on its own: the job is done
             try:
-                if nodes_gone:
-                    r.killed = True         # reclaimed: not the job's own failure
-                    raise FragmentLost(f"fragment {r.fragment}: every node it ran on has left "
-                                       f"({', '.join(sorted(r.placed))}); its ranks are gone or fenced off")
-                res = r.handle.result()
-                done, ckpt = res.samples_done, res.checkpoint
-                finished = res.stopped_by is StopReason.FINISHED
-                self.failures[name] = 0
-                k = self.sites[r.site].ranks_per_node
-                self.db.event("fragment-done", job=name, fragment=r.fragment, size=r.nodes, ranks=res.world_size,
-                              launched=r.launched, train_started=res.train_started, train_s=res.train_s,
-                              start_step=res.start_step, end_step=res.end_step, stopped_by=res.stopped_by,
-                              periodic_saves=res.periodic_saves, checkpoint_s=res.checkpoint_s)
-                self.policy.observe_save(res.periodic_save_s or res.checkpoint_s)
-                self.policy.observe_training(held_s, lost_without_notice=False)
-                if res.throughput > 0 and res.end_step > res.start_step:
-                    measured = {int(k): v for k, v in (self.db.meta(f"curve:{name}") or {}).items()}
-                    measured[res.world_size // k] = res.throughput      # the planner counts nodes
-                    self.curves[name] = ScalingCurve(name, measured)
-                    self.db.set_meta(f"curve:{name}", measured)
-                    if a is not None:
-                        a.state.curve = self.curves[name]
-                if a is not None:
-                    fragment_reported(a.state, res)
-                self.db.update(name, fragments=row.fragments + 1,
-                               train_node_s=row.train_node_s + res.train_s * r.nodes)
-            except Exception as e:   # a killed or failed fragment: resume from the last good checkpoint
-                r.killed |= type(e).__name__ == "ManagerLost"     # its node's worker pool died with the node
-                errors = jd.errors(r.fragment)
-                err = (f"{errors[0].summary()}\n(rank {errors[0].rank}'s output: "
-                       f"{jd.log_path(r.fragment, errors[0].rank)})" if errors else str(e))
-                fstore = CheckpointStore(jd.path)
-                st = fstore.latest(arrays=False)      # where it stands: attributes, not gigabytes ...
-                if st is not None and st.samples_done >= self.jobs[name].samples:
-                    st = fstore.latest()                 # ... but a result is handed out verified
-                done, ckpt = (st.samples_done, str(fstore.latest_path)) if st else (0, None)
-                without_notice = not r.stop_requested
-                p = jd.progress()
-                lost = {}
-                if p is not None and p.t >= r.launched and p.step >= r.resume_step:
-                    lost = {"lost_steps": p.step - p.saved_step, "lost_s": round(p.t - p.saved_at, 3)}
-                self.db.event("fragment-failed", job=name, fragment=r.fragment, error=err[-4000:],
-                              reclaimed=r.killed,
-                              without_notice=without_notice, resume_step=r.resume_step,
-                              saved_step=st.step if st else 0, checkpoint_every_s=round(r.interval_s, 2), **lost)
-                self.policy.observe_training(held_s, lost_without_notice=without_notice)
-                self.db.update(name, fragments=row.fragments + 1)
-                if not r.killed:       # in a row without progress: one that saved before it failed starts a new row
-                    progressed = st is not None and st.step > r.resume_step      # (a rank killed from outside)
-                    self.failures[name] = 1 if progressed else self.failures.get(name, 0) + 1
-                    if self.failures[name] >= self.max_failures:
-                        self._give_up(ctl, name, err)
-                        continue
+                c = collect(r, jd, lost=lost, job_samples=self.jobs[name].samples)
+                go_on = self._account(ctl, name, r, c, jd)
             finally:
                 jd.kill_ranks(r.fragment)                # stragglers of a failed share, on this host
                 jd.forget_fragment(r.fragment)
-            if not ckpt:
-                store = CheckpointStore(jd.path)
-                ckpt = str(store.latest_path) if store.latest(arrays=False) is not None else None
-            ckpt = self._abs(self._rel(ckpt))
-            self.db.update(name, samples_done=done, checkpoint=self._rel(ckpt),
-                           **({"node_s": a.node_seconds} if a is not None else {}))
-            if a is not None:
-                a.state.samples_done = done
-            if done >= self.jobs[name].samples or finished:
-                if a is not None:
-                    ctl.job_finished(name, time.monotonic())
-                self.db.update(name, status="done", size=0)
-                self.db.event("done", job=name, checkpoint=ckpt)
-                if not self.futures[name].done():
-                    self.futures[name].set_result(ckpt)
+            if go_on:
+                self._settle(ctl, name, jd, c)
         return changed
+
+    def _account(self, ctl: Controller, name: str, r: Running, c: Collected, jd: JobDir) -> bool:
+        """Record an ended fragment (event log, checkpoint policy, measured curve, crash-loop count); False if
+        its job gives up here (a crash loop)."""
+        row = self.db.job(name)
+        held_s = max(self.clock.time() - r.launched, 0.0) * r.nodes
+        if c.result is not None:
+            self._record_result(ctl, name, r, c.result)
+            self.policy.observe_training(held_s, lost_without_notice=False)
+            self.db.update(name, fragments=row.fragments + 1,
+                           train_node_s=row.train_node_s + c.result.train_s * r.nodes)
+            self.failures[name] = 0
+            return True
+        self.db.record(failure_event(name, r, c, jd))
+        self.policy.observe_training(held_s, lost_without_notice=not r.stop_requested)
+        self.db.update(name, fragments=row.fragments + 1)
+        if c.outcome is Outcome.FAILED:    # in a row without progress: one that saved before it failed starts a new row
+            progressed = c.stands is not None and c.stands.step > r.resume_step      # (a rank killed from outside)
+            self.failures[name] = 1 if progressed else self.failures.get(name, 0) + 1
+            if self.failures[name] >= self.max_failures:
+                self._give_up(ctl, name, c.error)
+                return False
+        return True
+
+    def _record_result(self, ctl: Controller, name: str, r: Running, res: FragmentResult) -> None:
+        k = self.sites[r.site].ranks_per_node
+        self.db.record(events.FragmentDone(
+            name, r.fragment, r.nodes, res.world_size, r.launched, res.train_started, res.train_s, res.start_step,
+            res.end_step, res.stopped_by, res.periodic_saves, res.checkpoint_s))
+        self.policy.observe_save(res.periodic_save_s or res.checkpoint_s)
+        if res.throughput > 0 and res.end_step > res.start_step:
+            measured = {int(n): v for n, v in (self.db.meta(f"curve:{name}") or {}).items()}
+            measured[res.world_size // k] = res.throughput      # the planner counts nodes
+            self.curves[name] = ScalingCurve(name, measured)
+            self.db.set_meta(f"curve:{name}", measured)
+            ctl.measured(name, self.curves[name])
+        if name in ctl.active:
+            fragment_reported(ctl.active[name].state, res)
+
+    def _settle(self, ctl: Controller, name: str, jd: JobDir, c: Collected) -> None:
+        """Where the job stands after its fragment: progress, newest checkpoint, and done when it is."""
+        ckpt = c.checkpoint
+        if not ckpt:
+            store = CheckpointStore(jd.path)
+            ckpt = str(store.latest_path) if store.latest(arrays=False) is not None else None
+        ckpt = self.state.abs(self.state.rel(ckpt))
+        a = ctl.active.get(name)
+        self.db.update(name, samples_done=c.samples_done, checkpoint=self.state.rel(ckpt),
+                       **({"node_s": a.node_seconds} if a is not None else {}))
+        ctl.progressed(name, c.samples_done)
+        if c.samples_done >= self.jobs[name].samples or c.outcome is Outcome.FINISHED:
+            if a is not None:
+                ctl.job_finished(name, self.clock.monotonic())
+            self.db.update(name, status="done", size=0)
+            self.db.record(events.Done(name, ckpt))
+            if not self.futures[name].done():
+                self.futures[name].set_result(ckpt)
 
     def _give_up(self, ctl: Controller, name: str, err: str) -> None:
         """A job whose fragments fail on their own (not by reclaims) max_failures times in a row, none saving a
         newer checkpoint than it started from (a crash loop), stops; its checkpoints stay, the error reaches the
         scientist through the future."""
         if name in ctl.active:
-            ctl.job_finished(name, time.monotonic())
+            ctl.job_finished(name, self.clock.monotonic())
         self.db.update(name, status="failed", size=0)
         self.db.record(events.Failed(name, err[-20_000:]))
         if not self.futures[name].done():
@@ -615,19 +558,6 @@ class Orchestrator:
         return JobDir(self.job_dir(name)).progress()
 
     def summary(self, wall_s: float) -> dict:
-        """The run's table: per job its status, samples, node-seconds held and spent training, fragments,
-        rescales, reclaims, final checkpoint and E_used (work at the one-node rate per node-second held)."""
-        rows = []
-        held = trained = work = 0.0
-        reclaims = [d["job"] for _, _, d in self.db.events("reclaim")]
-        for j in read_jobs(self.db, self.dir):
-            r, c = j.row, self.curves[j.name]
-            rows.append({"job": j.name, "status": r.status, "samples": r.samples_done, "node_s": r.node_s,
-                         "train_node_s": r.train_node_s, "fragments": r.fragments, "rescales": r.rescales,
-                         "reclaims": reclaims.count(j.name), "checkpoint": j.checkpoint,
-                         "e_used": (r.samples_done / c.rate(1)) / r.node_s if r.node_s else 0.0})
-            held += r.node_s
-            trained += r.train_node_s
-            work += r.samples_done / c.rate(1)
-        return {"wall_s": wall_s, "warm_up_s": self.warm_up_s, "jobs": rows, "pool_node_s": self.pool_node_s,
-                "held_node_s": held, "train_share": trained / held if held else 0.0, "e_used": work / held if held else 0.0}
+        """The run's table (``report.run_summary``)."""
+        return run_summary(self.db, self.dir, self.curves, wall_s=wall_s, warm_up_s=self.warm_up_s,
+                           pool_node_s=self.pool_node_s)

@@ -20,7 +20,7 @@ import math
 import time
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +37,7 @@ Where = dict[str, tuple[tuple[str, ...], float | None]]    # job id -> (its node
 LaneBlock = tuple[str, str]                                # (lane, Parsl block id) of a pilot
 
 
-class PilotState(str, Enum):
+class PilotState(StrEnum):
     """Where one pilot stands, as the pool sees it."""
 
     QUEUED = "queued"        # submitted; its nodes have not joined (queued, or running while worker pools connect)

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 from typing import Any, Protocol
 
 from ..planner.problem import JobState, Plan
 from ..topology import Topology
 
 
-class PoolEventKind(str, Enum):
+class PoolEventKind(StrEnum):
     """What happened to a pool's nodes (a str: ``ev.kind == "join"`` holds)."""
 
     JOIN = "join"          # idle nodes arrived: the orchestrator may plan onto them
@@ -22,7 +22,7 @@ class PoolEventKind(str, Enum):
         return self.value
 
 
-class NoticeReason(str, Enum):
+class NoticeReason(StrEnum):
     """What announced a pilot's notice (a str: stored as such in the event log)."""
 
     FACILITY_JOB = "a facility job is planned onto it"

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..scaling import ScalingCurve
 from ..train.protocol import JobDir, Progress
 from .errors import StateError
 from .jobstore import JobRow, JobStore, damaged_advice
@@ -76,3 +77,24 @@ def read_state(root: str | Path, *, last_events: int = 0) -> tuple[list[JobRepor
     finally:
         db.close()
     return jobs, events
+
+
+def run_summary(db: JobStore, root: Path, curves: dict[str, ScalingCurve], *, wall_s: float, warm_up_s: float,
+                pool_node_s: float) -> dict[str, Any]:
+    """A run's table: per job its status, samples, node-seconds held and spent training, fragments, rescales,
+    reclaims, final checkpoint and E_used (work at the job's one-node rate per node-second held); and the run's
+    totals (``train_share``: held node-time spent training)."""
+    rows = []
+    held = trained = work = 0.0
+    reclaims = [d["job"] for _, _, d in db.events("reclaim")]
+    for j in read_jobs(db, root):
+        r, c = j.row, curves[j.name]
+        rows.append({"job": j.name, "status": r.status, "samples": r.samples_done, "node_s": r.node_s,
+                     "train_node_s": r.train_node_s, "fragments": r.fragments, "rescales": r.rescales,
+                     "reclaims": reclaims.count(j.name), "checkpoint": j.checkpoint,
+                     "e_used": (r.samples_done / c.rate(1)) / r.node_s if r.node_s else 0.0})
+        held += r.node_s
+        trained += r.train_node_s
+        work += r.samples_done / c.rate(1)
+    return {"wall_s": wall_s, "warm_up_s": warm_up_s, "jobs": rows, "pool_node_s": pool_node_s,
+            "held_node_s": held, "train_share": trained / held if held else 0.0, "e_used": work / held if held else 0.0}

@@ -5,7 +5,10 @@ import json
 import math
 import os
 import re
-from dataclasses import dataclass, field
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -100,3 +103,31 @@ def check_json_args(job: TrainingJob) -> None:
             hint = "str(path)" if isinstance(v, os.PathLike) else "a str, number, bool, list or dict of those"
             raise ValueError(f"job {job.name!r}: workload_args[{k!r}] is a {type(v).__name__}, not a JSON value "
                              f"(they are stored with the job): pass {hint}") from None
+
+
+def submit_when_ready(job: TrainingJob, inputs: dict[str, Future], submit: Callable[[TrainingJob], Future],
+                      refused: Callable[[], BaseException | None]) -> Future:
+    """A job whose ``workload_args`` hold futures (``inputs``: a Parsl app preparing the data, another job's
+    checkpoint) is submitted once they have all resolved, with their results in place; the returned future
+    follows the job's. An upstream failure, a bad spec, or ``refused()`` (the run has stopped) reaches it."""
+    out: Future = Future()
+    once = threading.Lock()
+
+    def ready(_: Future) -> None:
+        if not all(f.done() for f in inputs.values()) or not once.acquire(blocking=False):
+            return
+        err = refused()
+        if err is not None:
+            out.set_exception(err)
+            return
+        try:
+            args = {k: inputs[k].result() if k in inputs else v for k, v in job.workload_args.items()}
+            inner = submit(replace(job, workload_args=args))
+        except BaseException as e:  # noqa: BLE001 - an upstream failure or a bad spec reaches the job's future
+            out.set_exception(e)
+            return
+        inner.add_done_callback(lambda f: out.set_exception(f.exception()) if f.exception()
+                                else out.set_result(f.result()))
+    for f in inputs.values():
+        f.add_done_callback(ready)
+    return out

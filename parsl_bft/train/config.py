@@ -6,13 +6,13 @@ from __future__ import annotations
 import json
 import uuid
 from dataclasses import asdict, dataclass, field
-from enum import Enum
+from enum import StrEnum
 from typing import Any
 
 from ..errors import ParslBftError
 
 
-class StopReason(str, Enum):
+class StopReason(StrEnum):
     """Why a fragment stopped. A str: the event log, reports and old comparisons read the plain values."""
 
     STEPS = "steps"           # its ``steps`` bound

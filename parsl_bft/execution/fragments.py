@@ -1,0 +1,163 @@
+"""Fragments as the orchestrator sees them: what it launched (``Running``), the configuration it launches with,
+and how an ended fragment is classified (``Outcome``) and accounted for.
+
+A fragment ends in one of four ways. It returns its result (``ENDED``; the user's loop returning on its own is
+``FINISHED``: the job is done). Or it fails: when its nodes were reclaimed (it was killed, its gang's shares were
+given up or lost with their nodes, or its worker pool died with its node) that is ``RECLAIMED``, a normal event
+that costs the job only the work since its last save; otherwise ``FAILED``, which counts towards the job's
+crash-loop limit. Either way the job resumes from its newest good checkpoint.
+"""
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import Any, Protocol
+
+from parsl.executors.high_throughput.errors import ManagerLost
+
+from ..train.checkpoint import CheckpointStore, TrainingState
+from ..train.config import FragmentConfig, FragmentResult, StopReason
+from ..train.protocol import JobDir
+from .events import FragmentFailedEvent
+from .htex import FragmentHandle, FragmentLost
+from .training_job import TrainingJob
+
+COLLECTIVE_TIMEOUT_S = 30.0      # a dead peer fails the fragment after this long, it does not hang
+
+
+class FragmentRunner(Protocol):
+    """How the orchestrator runs fragments at one site (``htex.SiteRunner``: Parsl apps)."""
+
+    gang: bool       # one task per node share (pilots), whose placement is read back
+
+    def launch(self, cfg: FragmentConfig, nodes: tuple[str, ...]) -> FragmentHandle:
+        """Start a fragment on ``nodes`` (names at the site)."""
+
+    def prime(self, nodes: list[str]) -> None:
+        """Nodes joined: prepare them for a first fragment."""
+
+    def placed(self, fragment: str, nodes: int) -> dict[int, str]:
+        """Node share index -> the node it landed on, for the shares that have said so."""
+
+    def warm_up(self, barrier_dir: Path, log: Callable[..., Any], stop: Callable[[], bool]) -> None:
+        """Start workers' rank processes before the pool does (where workers stay)."""
+
+
+class Outcome(StrEnum):
+    """How a fragment ended."""
+
+    ENDED = "ended"            # it saved its checkpoint and returned its result
+    FINISHED = "finished"      # ... and the user's training function returned on its own: the job is done
+    RECLAIMED = "reclaimed"    # it died because its nodes were reclaimed: not the job's own failure
+    FAILED = "failed"          # it failed on its own
+
+
+@dataclass
+class Running:
+    """A launched fragment and what the orchestrator knows of it."""
+
+    handle: FragmentHandle
+    nodes: int
+    fragment: str
+    site: str
+    launched: float                # unix time
+    resume_step: int               # the newest checkpoint when it was launched (what it restores)
+    interval_s: float              # its periodic checkpoint interval
+    stop_requested: bool = False
+    killed: bool = False           # we killed it (its node was reclaimed): a normal event, not a failure
+    placed: set[str] = field(default_factory=set)
+    doomed: set[str] = field(default_factory=set)    # its nodes the facility is taking back
+    gone: set[str] = field(default_factory=set)      # nodes that left while it ran (and did not come back)
+    freeze: int = 0                # layers it has frozen
+
+    def lost(self, gang: bool) -> bool:
+        """A gang whose every started share ran on nodes that have left (their pilots ended or their worker
+        pools are gone), the others given up: its ranks are dead or fenced off (``JobDir.run_fragment``), so it
+        is collected now instead of when the executor notices (HTEX: a heartbeat threshold later)."""
+        return (gang and bool(self.placed) and self.placed <= self.gone
+                and len(self.placed) + len(self.handle.abandoned) >= self.nodes)
+
+
+@dataclass
+class Collected:
+    """An ended fragment, classified: its result, or its error and where its job's checkpoints stand."""
+
+    outcome: Outcome
+    samples_done: int
+    checkpoint: str | None
+    result: FragmentResult | None = None
+    error: str = ""
+    stands: TrainingState | None = None      # the newest stored checkpoint's attributes (failures only)
+
+
+def new_fragment_id(job: str) -> str:
+    """A fresh fragment id: the job's name and a random suffix."""
+    return f"{job}-{uuid.uuid4().hex[:10]}"
+
+
+def fragment_config(job: TrainingJob, jd: JobDir, *, fragment: str, world_size: int, ranks_per_node: int,
+                    generation: str, interval_s: float, freeze_layers: int) -> FragmentConfig:
+    """What a fragment of ``job`` is launched with: train towards the job's budget from its newest checkpoint,
+    saving every ``interval_s``, fenced by ``generation`` and ``fragment``."""
+    return FragmentConfig(
+        job=job.name, workload=job.workload, checkpoint_dir=str(jd.path), world_size=world_size,
+        global_batch=job.global_batch, total_samples=job.samples, workload_args=job.workload_args,
+        generation=generation, timeout_s=COLLECTIVE_TIMEOUT_S, checkpoint_every_s=interval_s, fragment_id=fragment,
+        ranks_per_node=ranks_per_node, loop=job.loop, deterministic=job.deterministic, freeze_layers=freeze_layers)
+
+
+def newest_step(d: Path) -> int:
+    """The step of the newest checkpoint in a job directory (0: none)."""
+    paths = CheckpointStore(d).paths()
+    return int(paths[0].stem.split("-")[1]) if paths else 0
+
+
+def collect(r: Running, jd: JobDir, *, lost: bool, job_samples: int) -> Collected:
+    """Classify an ended fragment (``r.handle.done()``, or ``lost``: every node it ran on has left)."""
+    try:
+        if lost:
+            r.killed = True         # reclaimed: not the job's own failure
+            raise FragmentLost(f"fragment {r.fragment}: every node it ran on has left "
+                               f"({', '.join(sorted(r.placed))}); its ranks are gone or fenced off")
+        res = r.handle.result()
+    except Exception as e:   # a killed or failed fragment: resume from the last good checkpoint
+        r.killed |= isinstance(e, ManagerLost)     # its node's worker pool died with the node
+        st, done, ckpt = where_it_stands(jd, job_samples)
+        return Collected(Outcome.RECLAIMED if r.killed else Outcome.FAILED, done, ckpt,
+                         error=first_error(jd, r.fragment) or str(e), stands=st)
+    outcome = Outcome.FINISHED if res.stopped_by is StopReason.FINISHED else Outcome.ENDED
+    return Collected(outcome, res.samples_done, res.checkpoint, result=res)
+
+
+def first_error(jd: JobDir, fragment: str) -> str:
+    """The first failing rank's exception and traceback, with where its output is ("" if no rank recorded one)."""
+    errors = jd.errors(fragment)
+    if not errors:
+        return ""
+    return f"{errors[0].summary()}\n(rank {errors[0].rank}'s output: {jd.log_path(fragment, errors[0].rank)})"
+
+
+def where_it_stands(jd: JobDir, job_samples: int) -> tuple[TrainingState | None, int, str | None]:
+    """The newest good checkpoint's attributes, samples done and path. Attributes, not gigabytes, unless it
+    completes the job: a result is handed out verified."""
+    store = CheckpointStore(jd.path)
+    st = store.latest(arrays=False)
+    if st is not None and st.samples_done >= job_samples:
+        st = store.latest()
+    return (st, st.samples_done, str(store.latest_path)) if st else (None, 0, None)
+
+
+def failure_event(job: str, r: Running, c: Collected, jd: JobDir) -> FragmentFailedEvent:
+    """The event log's record of a fragment that ended without a result: with the steps and seconds of
+    training since its last save when its own progress report says (a report of this fragment's life)."""
+    p = jd.progress()
+    fresh = p is not None and p.t >= r.launched and p.step >= r.resume_step
+    return FragmentFailedEvent(
+        job, r.fragment, c.error[-4000:], reclaimed=r.killed, without_notice=not r.stop_requested,
+        resume_step=r.resume_step, saved_step=c.stands.step if c.stands else 0,
+        checkpoint_every_s=round(r.interval_s, 2),
+        lost_steps=p.step - p.saved_step if fresh and p else None,
+        lost_s=round(p.t - p.saved_at, 3) if fresh and p else None)

@@ -1,0 +1,145 @@
+"""The orchestrator's loop on simulated time: a scripted idle pool and fragments that 'train' at a fixed rate per
+node (no Parsl, no torch ranks), driven by an injected SimulatedClock. The decisions are the real orchestrator's:
+planning, launching, stop requests on a reclaim notice, collecting, crash-loop accounting, the event log."""
+from __future__ import annotations
+
+import time
+from concurrent.futures import Future
+from pathlib import Path
+
+import pytest
+
+from parsl_bft.execution.clock import SimulatedClock
+from parsl_bft.execution.errors import JobFailed
+from parsl_bft.execution.htex import FragmentHandle
+from parsl_bft.execution.orchestrator import Orchestrator, TrainingJob
+from parsl_bft.execution.protocols import PoolEvent
+from parsl_bft.planner import Planner
+from parsl_bft.train.config import FragmentConfig, FragmentFailed, FragmentResult, StopReason
+from parsl_bft.train.protocol import JobDir
+
+RATE = 100.0          # samples/s per node
+
+
+class ScriptedPool:
+    """Idle nodes that join, get a notice and leave at scripted simulated seconds after start()."""
+
+    gang = False
+    demand: int | None = None
+    topology = None
+
+    def __init__(self, clock: SimulatedClock, script: list[tuple[float, str, tuple[str, ...]]]):
+        self.clock, self.script, self.released = clock, sorted(script), []
+        self.t0 = 0.0
+
+    def start(self) -> None:
+        self.t0 = self.clock.monotonic()
+
+    def poll(self) -> list[PoolEvent]:
+        wall = self.clock.monotonic() - self.t0
+        due = [e for e in self.script if e[0] <= wall]
+        self.script = self.script[len(due):]
+        return [PoolEvent(kind, nodes, t) for t, kind, nodes in due]
+
+    def release(self, nodes) -> None:
+        self.released.extend(nodes)
+
+    def stop(self) -> None:
+        pass
+
+    def executor_label(self, node: str) -> str | None:
+        return None
+
+
+class SimulatedFragments:
+    """Fragments that advance RATE samples/s per node of simulated time, end at their job's budget or at the job
+    directory's STOP file (saving what they did), and fail at once for jobs listed in ``crash``."""
+
+    gang = False
+
+    def __init__(self, clock: SimulatedClock, crash: tuple[str, ...] = ()):
+        self.clock, self.crash = clock, crash
+        self.saved: dict[str, int] = {}
+        self.live: list[tuple[FragmentConfig, float, Future]] = []
+        self.launches: list[tuple[str, int]] = []
+        clock.on_sleep.append(lambda _: self.advance())
+
+    def launch(self, cfg: FragmentConfig, nodes: tuple[str, ...]) -> FragmentHandle:
+        fut: Future = Future()
+        self.launches.append((cfg.job, len(nodes)))
+        if cfg.job in self.crash:
+            fut.set_exception(FragmentFailed(f"{cfg.job}: ImportError in the user's model"))
+        else:
+            self.live.append((cfg, self.clock.monotonic(), fut))
+        return FragmentHandle([fut])
+
+    def advance(self) -> None:
+        for item in list(self.live):
+            cfg, t0, fut = item
+            start = self.saved.get(cfg.job, 0)
+            done = min(int(start + RATE * cfg.world_size * (self.clock.monotonic() - t0)), cfg.total_samples)
+            stop = JobDir(cfg.checkpoint_dir).stop_file.exists()
+            if done >= cfg.total_samples or stop:
+                self.saved[cfg.job] = done
+                self.live.remove(item)
+                fut.set_result(FragmentResult(
+                    cfg.job, cfg.world_size, 0, 1, done - start, done, 1.0, 0.0, 0.0, 0.0, 0.0,
+                    StopReason.DONE if done >= cfg.total_samples else StopReason.SIGNAL, 0.5, ""))
+
+    def prime(self, nodes) -> None:
+        pass
+
+    def placed(self, fragment: str, nodes: int) -> dict[int, str]:
+        return {}
+
+    def warm_up(self, barrier_dir: Path, log, stop) -> None:
+        pass
+
+
+def _orchestrator(tmp_path, clock, pool, fragments, **kw) -> Orchestrator:
+    return Orchestrator(tmp_path / "state", pool, Planner(method="dp", objective="throughput"), warm_up=False,
+                        clock=clock, poll_s=1.0, settle_s=2.0, runners=lambda sites: {n: fragments for n in sites},
+                        **kw)
+
+
+def test_a_notice_stops_the_fragment_on_that_node_and_the_jobs_finish_on_what_is_left(tmp_path):
+    clock = SimulatedClock()
+    pool = ScriptedPool(clock, [(0, "join", ("a", "b", "c", "d")), (100, "notice", ("d",)), (103, "leave", ("d",))])
+    frags = SimulatedFragments(clock)
+    orch = _orchestrator(tmp_path, clock, pool, frags)
+    futs = [orch.submit(TrainingJob(n, samples=60_000, min_nodes=1, max_nodes=2, global_batch=8, rate_guess=RATE))
+            for n in ("x", "y")]
+    real = time.monotonic()
+    summary = orch.run(timeout_s=10_000)
+    assert time.monotonic() - real < 60, "simulated time should cost little real time"
+    assert all(f.done() and f.exception() is None for f in futs)
+    assert {r["job"]: r["status"] for r in summary["jobs"]} == {"x": "done", "y": "done"}
+    reclaims = [d for _, _, d in orch.db.events("reclaim")]
+    assert [(d["by"], d["nodes"]) for d in reclaims][:1] == [("notice", ["d"])]
+    hit = reclaims[0]["job"]
+    stops = [d for _, _, d in orch.db.events("stop-request") if d["job"] == hit]
+    assert stops and stops[0]["why"] == "reclaim notice"
+    assert "d" in pool.released            # checkpointed: given back before it left
+    # each job first ran on 2 nodes; the one hit went on with 1, and 60k samples at 100/s/node took > 300 s
+    assert frags.launches[:2] == [("x", 2), ("y", 2)] or frags.launches[:2] == [("y", 2), ("x", 2)]
+    assert (hit, 1) in frags.launches
+    assert clock.monotonic() - 1_000.0 > 300
+    orch.close()
+
+
+def test_a_crash_loop_fails_the_job_after_max_failures_and_the_other_job_goes_on(tmp_path):
+    clock = SimulatedClock()
+    pool = ScriptedPool(clock, [(0, "join", ("a", "b"))])
+    frags = SimulatedFragments(clock, crash=("bad",))
+    orch = _orchestrator(tmp_path, clock, pool, frags, max_failures=3)
+    bad = orch.submit(TrainingJob("bad", samples=1_000, max_nodes=1, global_batch=8, rate_guess=RATE))
+    good = orch.submit(TrainingJob("good", samples=20_000, max_nodes=1, global_batch=8, rate_guess=RATE))
+    orch.run(timeout_s=10_000)
+    with pytest.raises(JobFailed, match="job bad: 3 fragments failed in a row without progress; last: .*ImportError"):
+        bad.result(timeout=0)
+    assert good.result(timeout=0) is None or good.exception() is None
+    assert [j for j, _ in frags.launches].count("bad") == 3
+    failed = [d for _, _, d in orch.db.events("fragment-failed")]
+    assert len(failed) == 3 and not any(d["reclaimed"] for d in failed)
+    assert orch.db.job("bad").status == "failed" and orch.db.job("good").status == "done"
+    orch.close()
