@@ -21,8 +21,9 @@ from parsl.executors.high_throughput.errors import ManagerLost
 from ..train.checkpoint import CheckpointStore, TrainingState
 from ..train.config import FragmentConfig, FragmentResult, StopReason
 from ..train.protocol import JobDir
-from .events import FragmentFailedEvent
+from .events import Abandon, FragmentFailedEvent, StopRequest
 from .htex import FragmentHandle, FragmentLost
+from .jobstore import JobStore
 from .training_job import TrainingJob
 
 COLLECTIVE_TIMEOUT_S = 30.0      # a dead peer fails the fragment after this long, it does not hang
@@ -91,6 +92,50 @@ class Collected:
     result: FragmentResult | None = None
     error: str = ""
     stands: TrainingState | None = None      # the newest stored checkpoint's attributes (failures only)
+
+
+class Fragments:
+    """The fragments running now, one per job, and the orchestrator's handles on them through their job
+    directories: fence, stop request, giving up waiting shares, kill. ``generation`` names this orchestrator's
+    life (a fragment of another life must not save)."""
+
+    def __init__(self, db: JobStore, job_dir: Callable[[str], Path]):
+        self.db, self.job_dir = db, job_dir
+        self.running: dict[str, Running] = {}
+        self.generation = uuid.uuid4().hex[:12]
+
+    def fence(self, name: str) -> None:
+        """Before (re)starting a job: fence off saves of a dead orchestrator's fragments, kill their ranks."""
+        jd = JobDir(self.job_dir(name))
+        jd.own(self.generation)
+        jd.kill_ranks()
+        jd.clear_stop()
+
+    def request_stop(self, name: str, why: str) -> None:
+        """Ask the job's running fragment to checkpoint and stop (once)."""
+        r = self.running.get(name)
+        if r and not r.stop_requested:
+            r.stop_requested = True
+            JobDir(self.job_dir(name)).request_stop()
+            self.db.record(StopRequest(name, why))
+
+    def abandon_waiting(self, name: str, all_or_none: bool) -> None:
+        """Shares of a gang still waiting for a worker when their nodes are reclaimed: give them up instead of
+        waiting for a new pilot in their group (FragmentHandle.abandon). On notice only if no share has started
+        (a started share would wait for its given-up peers until its rendezvous times out); once nodes are
+        gone, every share that has not started."""
+        r = self.running[name]
+        n = r.handle.abandon(all_or_none)
+        if n:
+            r.killed = True        # not the job's own failure
+            self.db.record(Abandon(name, r.fragment, n))
+
+    def kill(self, name: str) -> None:
+        """The node is gone: whatever did not stop in the notice period dies now (ranks on other hosts end
+        with their pilot)."""
+        r = self.running[name]
+        r.killed = True
+        JobDir(self.job_dir(name)).kill_ranks(r.fragment)
 
 
 def new_fragment_id(job: str) -> str:

@@ -15,7 +15,6 @@ import logging
 import math
 import threading
 import time
-import uuid
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import asdict, replace
@@ -32,8 +31,8 @@ from . import events
 from .checkpoint_policy import CheckpointPolicy
 from .clock import Clock, SystemClock
 from .errors import JobFailed, RunStopped, StateError, StateLocked
-from .fragments import (Collected, FragmentRunner, Outcome, Running, collect, failure_event, fragment_config,
-                        new_fragment_id, newest_step)
+from .fragments import (Collected, FragmentRunner, Fragments, Outcome, Running, collect, failure_event,
+                        fragment_config, new_fragment_id, newest_step)
 from .htex import SiteRunner
 from .jobstore import JobRow, JobStore, damaged_advice
 from .layers import fragment_reported, job_layers
@@ -42,7 +41,7 @@ from .protocols import IdlePool, Planner
 from .report import run_summary
 from .signals import sigterm_unwinds, stop_reason
 from .statedir import StateDir, lock_state_dir
-from .training_job import TrainingJob, check_job_name, submit_when_ready
+from .training_job import TrainingJob, check_job_name, check_same_spec, submit_when_ready
 
 __all__ = ["JobFailed", "Orchestrator", "RunStopped", "StateLocked", "TrainingJob", "check_job_name",
            "lock_state_dir"]
@@ -85,8 +84,9 @@ class Orchestrator:
         self.curves: dict[str, ScalingCurve] = {}
         self.layers: dict = {}       # freezable job -> planner.freeze.LayerThroughput (execution/layers.py)
         self.futures: dict[str, Future] = {}
-        self.running: dict[str, Running] = {}
-        self.generation = uuid.uuid4().hex[:12]
+        self.fragments = Fragments(self.db, self.job_dir)
+        self.running: dict[str, Running] = self.fragments.running
+        self.generation = self.fragments.generation
         self.timeline = Timeline()
         self.pool_node_s = 0.0
         self.warm_up_s = 0.0
@@ -124,13 +124,7 @@ class Orchestrator:
         if inputs:
             return self._submit_after(job, inputs)
         if job.name in self.jobs:
-            old, new = asdict(self.jobs[job.name]), asdict(job)
-            if old != new:
-                changed = ", ".join(f"{k} {old[k]!r} -> {new[k]!r}" for k in new if old.get(k) != new[k])
-                raise ValueError(f"job {job.name!r} already exists in {self.dir} with another spec ({changed}): "
-                                 "give the changed job a new name, use another state directory, or start afresh "
-                                 "with `parsl-bft run --new-run` (training_session(new_run=True)), which keeps the "
-                                 "old state aside")
+            check_same_spec(self.jobs[job.name], job, self.dir)
             return self.futures[job.name]
         job.check_submit(max(s.ranks_per_node for s in self.sites.values()))
         fut = self._add(job, None)
@@ -232,7 +226,7 @@ class Orchestrator:
         ctl = Controller(pending, self.curves, self.planner, max_concurrent=self.max_concurrent, model_costs=False,
                          layers=self.layers)
         for spec in pending:
-            self._fence(spec.name)
+            self.fragments.fence(spec.name)
         self.db.record(events.Start(self.generation, [s.name for s in pending],
                                 {s.name: newest_step(self.job_dir(s.name)) for s in pending}))
         t_start = self.clock.monotonic()
@@ -308,7 +302,7 @@ class Orchestrator:
         while self._arrivals:
             name = self._arrivals.pop(0)
             if not self.futures[name].done() and ctl.submit(self._spec(name)):
-                self._fence(name)
+                self.fragments.fence(name)
                 self.db.record(events.Submit(name))
                 changed = True
         return changed
@@ -326,13 +320,13 @@ class Orchestrator:
             r = self.running.get(a.name)
             if r is not None and set(ev.nodes) & set(a.state.nodes):
                 r.doomed.update(set(ev.nodes) & set(a.state.nodes))
-                self._request_stop(a.name, f"reclaim {ev.kind}")
-                self._abandon_waiting(a.name, all_or_none=ev.kind == "notice")
+                self.fragments.request_stop(a.name, f"reclaim {ev.kind}")
+                self.fragments.abandon_waiting(a.name, all_or_none=ev.kind == "notice")
         if ev.kind == "leave":
             for name, r in self.running.items():
                 r.gone.update(ev.nodes)
                 if r.doomed & set(ev.nodes):
-                    self._kill(name)
+                    self.fragments.kill(name)
             self._noticed.difference_update(ev.nodes)
         else:
             self._noticed.update(ev.nodes)
@@ -348,8 +342,8 @@ class Orchestrator:
 
     def _shutdown(self, ctl: Controller, why: str) -> None:
         for name in list(self.running):
-            self._request_stop(name, "shutdown")
-            self._abandon_waiting(name, all_or_none=True)      # nothing to save: no waiting for a worker
+            self.fragments.request_stop(name, "shutdown")
+            self.fragments.abandon_waiting(name, all_or_none=True)      # nothing to save: no waiting for a worker
         deadline = self.clock.monotonic() + 60
         try:
             while self.running and self.clock.monotonic() < deadline:
@@ -357,26 +351,19 @@ class Orchestrator:
                 self.clock.sleep(self.poll_s)
         finally:
             for name in list(self.running):        # did not stop in time: nothing may outlive us here
-                self._kill(name)
+                self.fragments.kill(name)
             self.pool.stop()
             self.db.set_meta("checkpoint-policy", self.policy.state())
             self.db.record(events.Stop(self.generation, why, sorted(self.running)))
 
     # --- fragments -----------------------------------------------------------------------------------
-    def _fence(self, name: str) -> None:
-        """Before (re)starting a job: fence off saves of a dead orchestrator's fragments, kill their ranks."""
-        jd = JobDir(self.job_dir(name))
-        jd.own(self.generation)
-        jd.kill_ranks()
-        jd.clear_stop()
-
     def _launch(self, ctl: Controller, name: str, nodes: tuple[str, ...], site: str) -> None:
         if site != self.job_site[name]:      # the job moves: its newest good checkpoint goes with it
             staged = CheckpointStore(self.job_dir(name)).stage_to(self.job_dir(name, site))
             self.db.record(events.Stage(name, site, str(staged) if staged else None))
             self.job_site[name] = site
             self.db.set_meta(f"site:{name}", site)
-            self._fence(name)
+            self.fragments.fence(name)
         jd = JobDir(self.job_dir(name))
         jd.clear_stop()
         self.db.set_meta(f"dir:{name}", str(jd.path))      # where `parsl-bft status` finds its live progress
@@ -394,31 +381,6 @@ class Orchestrator:
                                      freeze=freeze)
         self.db.record(events.Launch(name, len(nodes), len(nodes) * k, fragment, list(nodes), resume,
                                      round(interval, 2), site or None))
-
-    def _request_stop(self, name: str, why: str) -> None:
-        r = self.running.get(name)
-        if r and not r.stop_requested:
-            r.stop_requested = True
-            JobDir(self.job_dir(name)).request_stop()
-            self.db.record(events.StopRequest(name, why))
-
-    def _abandon_waiting(self, name: str, all_or_none: bool) -> None:
-        """Shares of a gang still waiting for a worker when their nodes are reclaimed: give them up instead of
-        waiting for a new pilot in their group (FragmentHandle.abandon). On notice only if no share has started
-        (a started share would wait for its given-up peers until its rendezvous times out); once nodes are
-        gone, every share that has not started."""
-        r = self.running[name]
-        n = r.handle.abandon(all_or_none)
-        if n:
-            r.killed = True        # not the job's own failure
-            self.db.record(events.Abandon(name, r.fragment, n))
-
-    def _kill(self, name: str) -> None:
-        """The node is gone: whatever did not stop in the notice period dies now (ranks on other hosts end
-        with their pilot)."""
-        r = self.running[name]
-        r.killed = True
-        JobDir(self.job_dir(name)).kill_ranks(r.fragment)
 
     def _follow_placement(self, ctl: Controller) -> None:
         """A gang's shares say which node they landed on: the books (who is hit by a reclaim) follow."""
@@ -533,7 +495,7 @@ class Orchestrator:
             want = a.state.size
             r = self.running.get(a.name)
             if r is not None and (r.nodes != want or (want and r.freeze != a.state.freeze)) and not r.stop_requested:
-                self._request_stop(a.name, f"rescale {r.nodes} -> {want}" if r.nodes != want else
+                self.fragments.request_stop(a.name, f"rescale {r.nodes} -> {want}" if r.nodes != want else
                                    f"freeze {r.freeze} -> {a.state.freeze} layers")
                 self.db.update(a.name, rescales=rows[a.name].rescales + 1)
             elif r is None and want > 0:

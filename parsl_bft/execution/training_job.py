@@ -8,7 +8,7 @@ import re
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -131,3 +131,15 @@ def submit_when_ready(job: TrainingJob, inputs: dict[str, Future], submit: Calla
     for f in inputs.values():
         f.add_done_callback(ready)
     return out
+
+
+def check_same_spec(stored: TrainingJob, new: TrainingJob, state_dir: Path) -> None:
+    """A job submitted again under a stored job's name must be the same job: say what changed and how to start
+    afresh."""
+    old, now = asdict(stored), asdict(new)
+    if old != now:
+        changed = ", ".join(f"{k} {old[k]!r} -> {now[k]!r}" for k in now if old.get(k) != now[k])
+        raise ValueError(f"job {new.name!r} already exists in {state_dir} with another spec ({changed}): "
+                         "give the changed job a new name, use another state directory, or start afresh "
+                         "with `parsl-bft run --new-run` (training_session(new_run=True)), which keeps the "
+                         "old state aside")
