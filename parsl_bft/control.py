@@ -11,16 +11,23 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import TYPE_CHECKING
 
 from .jobs import JobSpec
-from .planner.problem import JobState, Plan
+from .planner.problem import JobPlanner, JobState, Plan
 from .scaling import ScalingCurve
+
+if TYPE_CHECKING:
+    from .idle.predict import Predictor
+    from .planner.freeze import LayerThroughput
 
 
 @dataclass
 class ActiveJob:
+    """An admitted job's books: its planner state, when it was admitted, what rescales and reclaims cost it."""
+
     state: JobState
     admitted_at: float
     rescale_loss: float = 0.0       # samples
@@ -33,10 +40,12 @@ class ActiveJob:
 
     @property
     def name(self) -> str:
+        """The job's name."""
         return self.state.name
 
     @property
     def rate(self) -> float:
+        """Samples/s where it runs now (its size, freeze level and placement)."""
         return self.state.rate() * self.rate_scale
 
     def charge(self, samples: float, reclaim: bool) -> None:
@@ -59,7 +68,8 @@ class Timeline:
     idle: list[int] = field(default_factory=list)
     held: list[dict[str, int]] = field(default_factory=list)
 
-    def record(self, t: float, ctl: "Controller", group: Callable[[ActiveJob], str]) -> None:
+    def record(self, t: float, ctl: Controller, group: Callable[[ActiveJob], str]) -> None:
+        """Append one point: the time, the idle pool's size and the nodes each ``group`` of jobs holds."""
         held: dict[str, int] = {}
         for a in ctl.active.values():
             if a.state.size:
@@ -71,15 +81,18 @@ class Timeline:
 
 @dataclass
 class Controller:
+    """Who runs where: the waiting queue, the active jobs' books, the idle pool, and a re-plan that charges the
+    rescale costs. The simulator and the orchestrator drive it with events; only it writes its job records."""
+
     jobs: list[JobSpec]
     curves: dict[str, ScalingCurve]
-    planner: object
+    planner: JobPlanner
     max_concurrent: int = 10
     model_costs: bool = True     # the simulator charges modelled losses; the runtime's losses are real
     pool: dict[str, float] = field(default_factory=dict)        # idle node -> expected end of idleness
-    predictor: object | None = None   # idle.predict: predicted remaining idle time (else the ``until`` given)
-    layers: dict = field(default_factory=dict)    # model -> planner.freeze.LayerThroughput (layer elasticity)
-    waiting: deque = field(init=False)
+    predictor: Predictor | None = None   # idle.predict: predicted remaining idle time (else the ``until`` given)
+    layers: dict[str, LayerThroughput] = field(default_factory=dict)    # model -> its layer throughput
+    waiting: deque[JobSpec] = field(init=False)
     active: dict[str, ActiveJob] = field(default_factory=dict)
     done: list[ActiveJob] = field(default_factory=list)
     plans: int = 0
@@ -91,16 +104,19 @@ class Controller:
         self.waiting = deque(sorted(self.jobs, key=lambda j: (j.submit, j.name)))
 
     # --- events --------------------------------------------------------------------------------------
-    def nodes_joined(self, nodes, until=(), t: float | None = None) -> None:
-        until = list(until) or [math.inf] * len(nodes)
-        for n, u in zip(nodes, until):
+    def nodes_joined(self, nodes: Sequence[str], until: Iterable[float] = (), t: float | None = None) -> None:
+        """``nodes`` became idle (at ``t``), each until its ``until`` if known (none given: no known end)."""
+        ends = list(until) or [math.inf] * len(nodes)
+        for n, u in zip(nodes, ends):
             self.pool[n] = u
         if self.predictor is not None:
-            self.predictor.joined(nodes, t, until)
+            assert t is not None, "a predictor learns from when nodes come and go: pass t"
+            self.predictor.joined(nodes, t, ends)
 
-    def nodes_left(self, nodes, t: float | None = None) -> list[str]:
+    def nodes_left(self, nodes: Iterable[str], t: float | None = None) -> list[str]:
         """The facility took ``nodes`` back. Returns the names of jobs that lost nodes (charged t_down)."""
         if self.predictor is not None:
+            assert t is not None, "a predictor learns from when nodes come and go: pass t"
             self.predictor.left(nodes, t)
         gone = set(nodes)
         for n in gone:
@@ -115,7 +131,7 @@ class Controller:
                 hit.append(a.name)
         return hit
 
-    def bind(self, name: str, node: str, confirmed=()) -> None:
+    def bind(self, name: str, node: str, confirmed: Collection[str] = ()) -> None:
         """The executor put one of ``name``'s ranks on ``node`` (it cannot be told where): make the books say so.
         The job gives up a planned node no rank of it has ``confirmed``, to whoever held ``node`` (job or pool)."""
         s = self.active[name].state
@@ -158,22 +174,27 @@ class Controller:
         return sum(a.state.spec.max_nodes for a in self.active.values()) + sum(j.max_nodes for j in self.waiting)
 
     def job_finished(self, name: str, t: float) -> None:
+        """``name`` finished at ``t``: it leaves the active jobs (its nodes go back to the plan) for ``done``."""
         a = self.active.pop(name)
         a.finished_at = t
         a.state.nodes = ()
         self.done.append(a)
 
     def admit(self, t: float) -> None:
+        """Start the waiting jobs submitted by ``t``, in submit order, while fewer than max_concurrent run."""
         while self.waiting and len(self.active) < self.max_concurrent and self.waiting[0].submit <= t:
             spec = self.waiting.popleft()
             self.active[spec.name] = ActiveJob(JobState(spec, self.curves[spec.model],
                                                         layers=self.layers.get(spec.model)), admitted_at=t)
 
     def next_submit(self) -> float:
+        """When the next waiting job could be admitted (inf: none waits, or no room for one)."""
         return self.waiting[0].submit if self.waiting and len(self.active) < self.max_concurrent else math.inf
 
     # --- planning ------------------------------------------------------------------------------------
     def replan(self, t: float) -> Plan | None:
+        """Admit what is due, ask the planner for sizes and nodes, charge every rescale, apply the plan
+        (None: no active job)."""
         self.admit(t)
         if not self.active:
             return None
@@ -200,4 +221,5 @@ class Controller:
 
     @property
     def allocated(self) -> int:
+        """Nodes the active jobs hold."""
         return sum(a.state.size for a in self.active.values())

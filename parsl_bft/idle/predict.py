@@ -13,10 +13,28 @@ Interface (duck-typed, used by ``control.Controller``):
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Sequence
+from typing import Any, Protocol
 
 import numpy as np
 
 PREDICTORS = ("history", "easy", "clairvoyant", "none")
+
+
+class Predictor(Protocol):
+    """The interface ``control.Controller`` uses (the module docstring says what each call means)."""
+
+    def joined(self, nodes: Sequence[str], t: float, until: Iterable[float] = ()) -> None:
+        """``nodes`` became idle at ``t``."""
+        ...
+
+    def left(self, nodes: Iterable[str], t: float) -> None:
+        """``nodes`` were taken back at ``t``."""
+        ...
+
+    def remaining(self, t: float, nodes: Iterable[str]) -> dict[str, float]:
+        """Predicted idle seconds left per node (a node left out: unknown)."""
+        ...
 
 
 class NoPrediction:
@@ -24,13 +42,14 @@ class NoPrediction:
 
     name = "none"
 
-    def joined(self, nodes, t, until=()) -> None:
-        pass
+    def joined(self, nodes: Sequence[str], t: float, until: Iterable[float] = ()) -> None:
+        """Nothing to learn from a join."""
 
-    def left(self, nodes, t) -> None:
-        pass
+    def left(self, nodes: Iterable[str], t: float) -> None:
+        """Nothing to learn from a reclaim."""
 
-    def remaining(self, t: float, nodes) -> dict[str, float]:
+    def remaining(self, t: float, nodes: Iterable[str]) -> dict[str, float]:
+        """Nothing is known: no node has a prediction."""
         return {}
 
 
@@ -42,15 +61,18 @@ class Clairvoyant(NoPrediction):
     def __init__(self) -> None:
         self.until: dict[str, float] = {}
 
-    def joined(self, nodes, t, until=()) -> None:
+    def joined(self, nodes: Sequence[str], t: float, until: Iterable[float] = ()) -> None:
+        """Remember each node's real end of idleness (``until``; none given: never ends)."""
         for n, u in zip(nodes, list(until) or [math.inf] * len(nodes)):
             self.until[n] = u
 
-    def left(self, nodes, t) -> None:
+    def left(self, nodes: Iterable[str], t: float) -> None:
+        """Forget the nodes taken back."""
         for n in nodes:
             self.until.pop(n, None)
 
-    def remaining(self, t, nodes):
+    def remaining(self, t: float, nodes: Iterable[str]) -> dict[str, float]:
+        """The real idle time left of each node whose end is known."""
         return {n: self.until[n] - t for n in nodes if self.until.get(n, math.inf) < math.inf}
 
 
@@ -68,23 +90,27 @@ class HoleHistory(NoPrediction):
         self._new: list[float] = []
         self._sorted = np.zeros(0)
 
-    def joined(self, nodes, t, until=()) -> None:
+    def joined(self, nodes: Sequence[str], t: float, until: Iterable[float] = ()) -> None:
+        """Note when each node's hole began (``until`` is not looked at: the future is unknown)."""
         for n in nodes:
             self.since[n] = t
 
-    def left(self, nodes, t) -> None:
+    def left(self, nodes: Iterable[str], t: float) -> None:
+        """Each node's hole ended at ``t``: its length joins the history."""
         for n in nodes:
             s = self.since.pop(n, None)
             if s is not None:
                 self._new.append(t - s)
 
     def lengths(self) -> np.ndarray:
+        """The completed hole lengths seen so far, sorted."""
         if self._new:
             self._sorted = np.sort(np.concatenate([self._sorted, self._new]))
             self._new = []
         return self._sorted
 
     def predict_ages(self, age: np.ndarray) -> np.ndarray:
+        """Predicted idle time left of holes that have lasted ``age`` seconds (the class docstring's rule)."""
         L = self.lengths()
         lo = np.searchsorted(L, age, side="right")
         longer = len(L) - lo
@@ -92,12 +118,13 @@ class HoleHistory(NoPrediction):
         out = np.where(longer >= self.min_samples, (L[idx] if len(L) else 0.0) - age, age)
         return np.maximum(out, self.floor)
 
-    def remaining(self, t, nodes):
-        nodes = [n for n in nodes if n in self.since]
-        if not nodes:
+    def remaining(self, t: float, nodes: Iterable[str]) -> dict[str, float]:
+        """Predicted idle time left of each node whose hole start is known."""
+        known = [n for n in nodes if n in self.since]
+        if not known:
             return {}
-        age = t - np.array([self.since[n] for n in nodes])
-        return dict(zip(nodes, self.predict_ages(age).tolist()))
+        age = t - np.array([self.since[n] for n in known])
+        return dict(zip(known, self.predict_ages(age).tolist()))
 
 
 class EasyReservations(HoleHistory):
@@ -109,16 +136,18 @@ class EasyReservations(HoleHistory):
 
     name = "easy"
 
-    def __init__(self, plan_times: np.ndarray, plan_ends: np.ndarray, **kw) -> None:
+    def __init__(self, plan_times: np.ndarray, plan_ends: np.ndarray, **kw: Any) -> None:
         super().__init__(**kw)
         self.plan_times = np.asarray(plan_times, dtype=float)
         self.plan_ends = np.asarray(plan_ends, dtype=float)
 
     def reservation(self, t: float) -> float:
+        """The head job's planned start as the scheduler saw it at ``t`` (inf: no reservation)."""
         i = int(np.searchsorted(self.plan_times, t, side="right")) - 1
         return float(self.plan_ends[i]) if i >= 0 else math.inf
 
-    def remaining(self, t, nodes):
+    def remaining(self, t: float, nodes: Iterable[str]) -> dict[str, float]:
+        """The hole-history prediction, capped at the current reservation."""
         out = super().remaining(t, nodes)
         r = self.reservation(t)
         if r < math.inf:
@@ -127,7 +156,7 @@ class EasyReservations(HoleHistory):
         return out
 
 
-def make_predictor(kind: str, schedule=None):
+def make_predictor(kind: str, schedule: object = None) -> NoPrediction:
     """``kind``: history | easy (needs an EASY ``schedule`` with a reservation timeline) | clairvoyant | none."""
     if kind == "none":
         return NoPrediction()

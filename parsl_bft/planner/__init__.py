@@ -11,8 +11,18 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .methods import METHODS
-    from .objectives import (OBJECTIVES, DeadlineAware, MaxMinFair, Objective, ProportionalFair, Speedup, Throughput,
-                             UserDefined, Weighted, make_objective)
+    from .objectives import (
+        OBJECTIVES,
+        DeadlineAware,
+        MaxMinFair,
+        Objective,
+        ProportionalFair,
+        Speedup,
+        Throughput,
+        UserDefined,
+        Weighted,
+        make_objective,
+    )
     from .placement import Placement, place
     from .planner import Planner, build_problem
     from .problem import JobState, Plan, SizeProblem

@@ -9,7 +9,7 @@ nodes and made horizon-aware planning lose to horizon-blind planning.
 from __future__ import annotations
 
 import math
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Sequence, Set
 
 import numpy as np
 
@@ -25,6 +25,7 @@ class Cohorts:
         self.last = -math.inf
 
     def update(self, pool: Sequence[str], now: float) -> dict[str, float]:
+        """The pool shown at ``now``: node -> its cohort (the time it was first seen idle)."""
         if now < self.last:
             self.key = {}
         self.last = now
@@ -54,7 +55,7 @@ class CohortHazard:
         self.w[idx] = -np.expm1(-t_fwd / np.maximum(free[idx], 1e-9)) / t_fwd
         self.cum = np.concatenate([[0.0], np.cumsum(self.w)])
 
-    def __call__(self, own: set, held_size: int, sizes: np.ndarray) -> np.ndarray:
+    def __call__(self, own: Set[Hashable], held_size: int, sizes: np.ndarray) -> np.ndarray:
         """``own``: cohorts of the job's nodes; sizes -> hazard of growing from ``held_size`` to each size."""
         extra = np.minimum(np.maximum(sizes.astype(np.int64) - held_size, 0), len(self.w))
         h = self.cum[extra]

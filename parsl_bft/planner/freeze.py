@@ -48,11 +48,17 @@ Without statistics (a job that has not trained yet) only level 0 is allowed: not
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
 from ..scaling import LayerProfile, ScalingCurve
+
+if TYPE_CHECKING:
+    from ..jobs import JobSpec
+    from .problem import JobState
 
 # priors (the model fitted to BERT_PROFILE, gamma fixed at 0: the three points cannot tell gamma from omega)
 BETA0, GAMMA0, OMEGA0 = 0.92, 0.0, 1.2
@@ -95,7 +101,7 @@ class LayerThroughput:
         par = np.minimum(rates[n] / (n * rates[1]), 1.0)
         return par, 1.0 - par
 
-    def _columns(self, ns: np.ndarray, fs) -> np.ndarray:
+    def _columns(self, ns: np.ndarray, fs: Sequence[int]) -> np.ndarray:
         """saved(n, f) = columns @ (beta, gamma, omega)."""
         sigma = np.array([self._sigma[f] for f in fs])
         q = np.array([self.profile.shares[f][1] for f in fs])
@@ -132,6 +138,7 @@ class LayerThroughput:
 
     @property
     def params(self) -> tuple[float, float, float]:
+        """The fitted (beta, gamma, omega) of the throughput model."""
         return self.beta, self.gamma, self.omega
 
     def predict(self, n: int, f: int, params: tuple[float, float, float] | None = None) -> float:
@@ -157,6 +164,7 @@ class LayerThroughput:
         return float(self.speedups(np.array([n]), f)[0])
 
     def rate(self, n: int, f: int) -> float:
+        """Samples/s on ``n`` nodes with the first ``f`` layers frozen."""
         return self.curve.rate(n) * self.speedup(n, f) if n > 0 else 0.0
 
     def heldout(self) -> dict[tuple[int, int], tuple[float, float]]:
@@ -190,16 +198,20 @@ class GradStats:
     energy: tuple[float, ...] | None = None
 
     @classmethod
-    def from_dict(cls, d: dict | None) -> "GradStats | None":
+    def from_dict(cls, d: dict[str, Any] | None) -> GradStats | None:
         """From a fragment's report: None until two intervals are complete."""
         if not d or not d.get("prev") or not d.get("now"):
             return None
 
-        def vec(k):
+        def vec(k: str) -> tuple[float, ...] | None:
             return tuple(float(x) for x in d[k]) if d.get(k) and len(d[k]) == len(d["now"]) else None
-        return cls(vec("prev"), vec("now"), vec("signal"), vec("signal_prev"), vec("energy"))
+        # prev and now were checked present above; the recorder reports them for the same layers
+        return cls(cast(tuple[float, ...], vec("prev")), cast(tuple[float, ...], vec("now")), vec("signal"),
+                   vec("signal_prev"), vec("energy"))
 
     def plasticity(self) -> np.ndarray:
+        """Per layer: how much its gradient's L1 norm changed between the two intervals, relative (inf: none
+        before)."""
         prev, now = np.array(self.prev), np.array(self.now)
         with np.errstate(divide="ignore", invalid="ignore"):
             return np.where(prev > 0, np.abs(prev - now) / prev, np.inf)
@@ -234,7 +246,7 @@ def penalty_curve(stats: GradStats | None, n_layers: int) -> np.ndarray:
     return np.minimum(1.0, np.concatenate([[0.0], np.cumsum(cost)[:-1]]))
 
 
-def allowed_levels(spec, current: int, penalty: np.ndarray, spent: float, remaining_share: float,
+def allowed_levels(spec: JobSpec, current: int, penalty: np.ndarray, spent: float, remaining_share: float,
                    levels: list[int]) -> list[int]:
     """Levels a job may run at next: those within its budget if it stayed there to the end, and only up unless it
     may unfreeze - but the budget comes first: a job whose current level no longer fits (the penalty of a frozen
@@ -263,7 +275,7 @@ class FreezeChoice:
     current: np.ndarray | None
 
 
-def best_levels(job, sizes: np.ndarray, model: LayerThroughput | None) -> FreezeChoice:
+def best_levels(job: JobState, sizes: np.ndarray, model: LayerThroughput | None) -> FreezeChoice:
     """The level that maximises effective progress at each size (ties: the lower level)."""
     k = len(sizes)
     if model is None or (job.spec.freeze == "off" and not job.freeze):
@@ -284,10 +296,10 @@ def best_levels(job, sizes: np.ndarray, model: LayerThroughput | None) -> Freeze
     return FreezeChoice(best_f, best_x, factor(job.freeze) if job.freeze in levels else None)
 
 
-def heldout_errors(rows: list[tuple]) -> dict[str, float | None]:
+def heldout_errors(rows: list[tuple[Any, ...]]) -> dict[str, float | None]:
     """Per model, ``LayerThroughput.heldout_mape`` of scaling rows with freeze columns
     ((model, nodes, samples/s, freeze, layers, frozen_compute, frozen_params), as ``write_scaling_csv`` takes)."""
-    out = {}
+    out: dict[str, float | None] = {}
     for model in sorted({r[0] for r in rows}):
         mine = [r for r in rows if r[0] == model]
         curve = ScalingCurve(model, {r[1]: r[2] for r in mine if r[3] == 0})
@@ -297,7 +309,7 @@ def heldout_errors(rows: list[tuple]) -> dict[str, float | None]:
     return out
 
 
-def charge_budget(job, progress_share: float) -> None:
+def charge_budget(job: JobState, progress_share: float) -> None:
     """Spend a job's accuracy budget for ``progress_share`` of its run trained at its current level (the
     simulator as it advances, the runtime when a fragment reports)."""
     if job.freeze and job.layers is not None and progress_share > 0:

@@ -14,8 +14,9 @@ from dataclasses import dataclass, replace
 import numpy as np
 import pulp
 
-from .planner import Planner, build_problem
+from .objectives import Objective
 from .placement import place
+from .planner import Planner, build_problem
 from .problem import JobState, Plan, site_of
 
 
@@ -28,8 +29,11 @@ class MultiSitePlanner:
 
     def plan(self, jobs: list[JobState], pool: list[str], now: float = 0.0,
              remaining: dict[str, float] | None = None) -> Plan:
+        """One plan over every site's pool: each job at one site (or none), moving only when it pays."""
         t0 = time.perf_counter()
         p = self.planner
+        objective = p.objective
+        assert isinstance(objective, Objective)       # the Planner made one in its __post_init__
         sites = sorted({site_of(n) for n in pool})
         by_site = {s: [n for n in pool if site_of(n) == s] for s in sites}
         where = {j.name: site_of(j.nodes[0]) if j.nodes else None for j in jobs}
@@ -38,10 +42,10 @@ class MultiSitePlanner:
             """The jobs as site s sees them: holding their nodes there, nothing elsewhere."""
             return [replace(j, nodes=j.nodes if where[j.name] == s else ()) for j in js]
         # utility at the current size: what stopping (t_down) and moving (+ move_s) cost per second
-        u_now = [float(p.objective.utility(j, np.array([j.size]), now)[0]) if j.size else 0.0 for j in jobs]
+        u_now = [float(objective.utility(j, np.array([j.size]), now)[0]) if j.size else 0.0 for j in jobs]
         options: list[list[tuple[str, int, float]]] = [[] for _ in jobs]     # per job: (site, k, value)
         for s in sites:
-            prob = build_problem(at(s, jobs), len(by_site[s]), p.objective, p.t_fwd, now)
+            prob = build_problem(at(s, jobs), len(by_site[s]), objective, p.t_fwd, now)
             for i, (j, a, v) in enumerate(zip(jobs, prob.allowed, prob.value)):
                 leave = (j.spec.t_down + self.move_s) * u_now[i] if where[j.name] not in (None, s) else 0.0
                 options[i] += [(s, int(k), float(val) - leave) for k, val in zip(a, v) if k > 0]

@@ -9,13 +9,17 @@ inverse ratio. Nothing here imports Parsl; the planner's placement and the simul
 """
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..topology import Topology
 from .contention.model import CommParams, contention, iteration_time
+
+if TYPE_CHECKING:
+    from .problem import JobState
 
 # fp32 gradient of each model of the ImageNet mix (parameters x 4 bytes), GB; torchvision's parameter counts
 GRADIENT_GB = {"alexnet": 0.244, "vgg16": 0.553, "resnet18": 0.047, "densenet": 0.032, "mnasnet": 0.0177,
@@ -37,6 +41,7 @@ class NetworkCost:
     xi1: float = 1.0
     xi2: float = 1.0
     overhead_s: float = 1e-3
+    params: CommParams = field(init=False, repr=False, compare=False)     # the contention model's, from the above
 
     def __post_init__(self) -> None:
         if self.samples_per_node_iter <= 0 or self.default_gradient_gb < 0:
@@ -47,6 +52,7 @@ class NetworkCost:
         object.__setattr__(self, "params", p)
 
     def grad(self, model: str) -> float:
+        """The gradient size (GB) of ``model``."""
         m = model.lower()
         return next((v for k, v in self.gradient_gb.items() if m.startswith(k)), self.default_gradient_gb)
 
@@ -73,7 +79,8 @@ class NetworkCost:
         return self._factor(np.asarray(sizes, float), np.asarray(spans), np.asarray(p), self.grad(model),
                             np.asarray(rates, float))
 
-    def _factor(self, n, spans, p, grad, rate) -> np.ndarray:
+    def _factor(self, n: np.ndarray, spans: np.ndarray, p: np.ndarray, grad: np.ndarray | float,
+                rate: np.ndarray) -> np.ndarray:
         with np.errstate(divide="ignore", invalid="ignore"):
             t_meas = np.where(rate > 0, n * self.samples_per_node_iter / rate, 0.0)
         inside = iteration_time(n, 1, 0, grad, 0.0, self.params)
@@ -82,7 +89,8 @@ class NetworkCost:
         return np.where((n > 1) & (spans > 1) & (t_here > 0), t_meas / np.where(t_here > 0, t_here, 1.0), 1.0)
 
 
-def size_factors(net: NetworkCost, jobs: Sequence, pool: Sequence[str]):
+def size_factors(net: NetworkCost, jobs: Sequence[JobState],
+                 pool: Sequence[str]) -> Callable[[JobState, np.ndarray], np.ndarray]:
     """For the planner's values: ``f(job, sizes) -> factors`` predicting each size's network factor if the job
     keeps its groups and grows compactly (into its own groups' free nodes, then the groups with the most free
     nodes), contending with the spread jobs already on those groups. ``jobs`` are the planner's JobStates."""
@@ -96,7 +104,7 @@ def size_factors(net: NetworkCost, jobs: Sequence, pool: Sequence[str]):
     groups_of = {j.name: {topo.group(n) for n in j.nodes} for j in jobs}
     spread = {name: gs for name, gs in groups_of.items() if len(gs) > 1}
 
-    def f(job, sizes: np.ndarray) -> np.ndarray:
+    def f(job: JobState, sizes: np.ndarray) -> np.ndarray:
         sizes = np.asarray(sizes)
         own: dict[str, int] = {}
         for n in job.nodes:

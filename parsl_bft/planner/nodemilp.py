@@ -15,9 +15,11 @@ from .problem import JobState, SizeProblem
 
 def solve_node_milp(p: SizeProblem, jobs: list[JobState], pool: list[str], solver: str = "cbc",
                     time_limit: float = 60.0) -> tuple[dict[str, tuple[str, ...]], str]:
+    """BFTrainer's node-level model: a binary per (job, node), so the solver picks sizes and nodes at once (no
+    node a job keeps moves). Small pools only; ``p`` gives each job's allowed sizes and their values."""
     prob = pulp.LpProblem("bft_nodes", pulp.LpMaximize)
     x = {(j, n): pulp.LpVariable(f"x_{j}_{i}", cat=pulp.LpBinary) for j in range(len(jobs)) for i, n in enumerate(pool)}
-    obj = []
+    obj: list[tuple[pulp.LpVariable, float]] = []
     for j, (job, a, v) in enumerate(zip(jobs, p.allowed, p.value)):
         lam = [pulp.LpVariable(f"l_{j}_{i}", cat=pulp.LpBinary) for i in range(len(a))]
         u = pulp.LpVariable(f"u_{j}", cat=pulp.LpBinary)
@@ -33,7 +35,8 @@ def solve_node_milp(p: SizeProblem, jobs: list[JobState], pool: list[str], solve
         prob += pulp.lpSum(x[j, n] for j in range(len(jobs))) <= 1
     prob += pulp.lpSum(x.values()) <= p.capacity
     prob.setObjective(pulp.LpAffineExpression(obj))
-    s = pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit) if solver == "cbc" else pulp.HiGHS(msg=False, timeLimit=time_limit)
+    s = pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit) if solver == "cbc" else \
+        pulp.HiGHS(msg=False, timeLimit=time_limit)
     prob.solve(s)
     if prob.sol_status not in (pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible):
         raise RuntimeError(f"node-level MILP gave no usable solution: {pulp.LpStatus[prob.status]}")

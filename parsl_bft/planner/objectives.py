@@ -7,8 +7,8 @@ that reach the best achievable minimum (see ``restrict``) and then maximises spe
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import numpy as np
 
@@ -21,9 +21,11 @@ class Objective:
     name = "objective"
 
     def utility(self, job: JobState, ks: np.ndarray, now: float) -> np.ndarray:
+        """What one second of ``job`` on each number of nodes in ``ks`` is worth at ``now``."""
         raise NotImplementedError
 
     def restrict(self, jobs: list[JobState], allowed: list[np.ndarray], capacity: int) -> list[np.ndarray]:
+        """The sizes each job may take (default: all of ``allowed``)."""
         return allowed
 
     def __repr__(self) -> str:
@@ -35,7 +37,8 @@ class Throughput(Objective):
 
     name = "throughput"
 
-    def utility(self, job, ks, now):
+    def utility(self, job: JobState, ks: np.ndarray, now: float) -> np.ndarray:
+        """The measured samples/s at each size."""
         return job.curve.table(max(1, int(ks.max())))[ks]
 
 
@@ -44,7 +47,8 @@ class Speedup(Objective):
 
     name = "speedup"
 
-    def utility(self, job, ks, now):
+    def utility(self, job: JobState, ks: np.ndarray, now: float) -> np.ndarray:
+        """Each size's rate over the job's one-node rate."""
         t = job.curve.table(max(1, int(ks.max())))
         return t[ks] / t[1]
 
@@ -58,7 +62,8 @@ class Weighted(Objective):
     weights: dict[str, float] = field(default_factory=dict)
     name = "weighted"
 
-    def utility(self, job, ks, now):
+    def utility(self, job: JobState, ks: np.ndarray, now: float) -> np.ndarray:
+        """The base objective's utility times the job's weight."""
         return self.weights.get(job.name, job.spec.weight) * self.base.utility(job, ks, now)
 
 
@@ -67,7 +72,8 @@ class ProportionalFair(Objective):
 
     name = "proportional"
 
-    def utility(self, job, ks, now):
+    def utility(self, job: JobState, ks: np.ndarray, now: float) -> np.ndarray:
+        """log(1 + speedup) at each size."""
         t = job.curve.table(max(1, int(ks.max())))
         return np.log1p(t[ks] / t[1])
 
@@ -78,10 +84,12 @@ class MaxMinFair(Objective):
 
     name = "maxmin"
 
-    def utility(self, job, ks, now):
+    def utility(self, job: JobState, ks: np.ndarray, now: float) -> np.ndarray:
+        """Speedup (the fairness is in ``restrict``)."""
         return Speedup().utility(job, ks, now)
 
-    def restrict(self, jobs, allowed, capacity):
+    def restrict(self, jobs: list[JobState], allowed: list[np.ndarray], capacity: int) -> list[np.ndarray]:
+        """Only the sizes at or above those that reach the largest achievable minimum speedup."""
         speed = [Speedup().utility(j, a, 0.0) for j, a in zip(jobs, allowed)]
         candidates = sorted({float(x) for s in speed for x in s}, reverse=True)
 
@@ -114,7 +122,8 @@ class DeadlineAware(Objective):
     default_urgency: float = 1.0
     name = "deadline"
 
-    def utility(self, job, ks, now):
+    def utility(self, job: JobState, ks: np.ndarray, now: float) -> np.ndarray:
+        """Speedup times urgency and a bonus for nearly finished jobs."""
         c = job.curve
         if job.spec.deadline is not None:
             left = max(job.spec.deadline - now, 60.0)
@@ -132,7 +141,8 @@ class AverageJCT(Objective):
 
     name = "jct"
 
-    def utility(self, job, ks, now):
+    def utility(self, job: JobState, ks: np.ndarray, now: float) -> np.ndarray:
+        """The share of the job's remaining work one second at each size does."""
         return job.curve.table(max(1, int(ks.max())))[ks] / max(job.remaining, 1.0)
 
 
@@ -143,7 +153,8 @@ class UserDefined(Objective):
     fn: Callable[[JobState, int], float] = lambda job, k: float(k)
     name = "user"
 
-    def utility(self, job, ks, now):
+    def utility(self, job: JobState, ks: np.ndarray, now: float) -> np.ndarray:
+        """``fn(job, k)`` at each size (0 at size 0)."""
         return np.array([self.fn(job, int(k)) if k else 0.0 for k in ks], dtype=float)
 
 
@@ -154,6 +165,7 @@ OBJECTIVES: dict[str, Callable[[], Objective]] = {
 
 
 def make_objective(name: str | Objective) -> Objective:
+    """An objective by its name in ``OBJECTIVES`` (an Objective passes through)."""
     if isinstance(name, Objective):
         return name
     try:
@@ -162,5 +174,5 @@ def make_objective(name: str | Objective) -> Objective:
         raise ValueError(f"unknown objective {name!r}; choose from {', '.join(OBJECTIVES)}") from None
 
 
-__all__ = ["AverageJCT", "Objective", "Throughput", "Speedup", "Weighted", "ProportionalFair", "MaxMinFair", "DeadlineAware",
-           "UserDefined", "make_objective", "OBJECTIVES"]
+__all__ = ["OBJECTIVES", "AverageJCT", "DeadlineAware", "MaxMinFair", "Objective", "ProportionalFair", "Speedup",
+           "Throughput", "UserDefined", "Weighted", "make_objective"]

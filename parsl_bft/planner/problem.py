@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -10,7 +11,10 @@ from ..jobs import JobSpec
 from ..nodes import site_of
 from ..scaling import ScalingCurve
 
-__all__ = ["JobState", "Plan", "SizeProblem", "site_of"]
+if TYPE_CHECKING:
+    from .freeze import LayerThroughput
+
+__all__ = ["JobPlanner", "JobState", "Plan", "SizeProblem", "site_of"]
 
 
 @dataclass
@@ -23,8 +27,8 @@ class JobState:
     samples_done: float = 0.0
     freeze: int = 0                      # layers frozen now (layer elasticity, planner/freeze.py)
     accuracy_spent: float = 0.0          # of spec.accuracy_budget, by the penalty of the levels it trained at
-    grad_stats: dict | None = None       # the last per-layer gradient statistics its fragments reported
-    layers: object | None = None         # a freeze.LayerThroughput when its model was measured with layers frozen
+    grad_stats: dict[str, Any] | None = None   # the last per-layer gradient statistics its fragments reported
+    layers: LayerThroughput | None = None      # when its model was measured with layers frozen
 
     def rate(self, n: int | None = None) -> float:
         """Samples/s on n nodes (default: its own) at its freeze level."""
@@ -33,14 +37,17 @@ class JobState:
 
     @property
     def name(self) -> str:
+        """The job's name (its spec's)."""
         return self.spec.name
 
     @property
     def size(self) -> int:
+        """Nodes it holds now."""
         return len(self.nodes)
 
     @property
     def remaining(self) -> float:
+        """Samples still to train."""
         return max(self.spec.samples - self.samples_done, 0.0)
 
 
@@ -60,6 +67,7 @@ class Plan:
     freeze: dict[str, int] = field(default_factory=dict)   # layers each job should have frozen (layer elasticity)
 
     def changed(self, jobs: list[JobState]) -> list[str]:
+        """The jobs whose size this plan changes (each pays a rescale)."""
         return [j.name for j in jobs if self.sizes.get(j.name, 0) != j.size]
 
 
@@ -80,6 +88,7 @@ class SizeProblem:
     capacity: int
 
     def objective(self, sizes: dict[str, int]) -> float:
+        """The value of one size per job (-inf if a size is not allowed): what the solvers maximise."""
         total = 0.0
         for n, a, v in zip(self.names, self.allowed, self.value):
             idx = np.flatnonzero(a == sizes.get(n, 0))
@@ -88,7 +97,7 @@ class SizeProblem:
             total += float(v[idx[0]])
         return total
 
-    def tie_broken(self, eps: float = TIE_EPS) -> "SizeProblem":
+    def tie_broken(self, eps: float = TIE_EPS) -> SizeProblem:
         """The same problem with exact ties broken one way for every exact solver: a node is worth
         eps * (J - j) more to the j-th job (list order: admission order), so earlier jobs win ties. Speedup
         objectives tie often (every model's U(1) is 1: which job gets a lone node is a tie), and a MILP and a DP
@@ -100,5 +109,16 @@ class SizeProblem:
         return SizeProblem(self.names, self.allowed, value, self.capacity)
 
     def feasible(self, sizes: dict[str, int]) -> bool:
+        """Whether ``sizes`` fits the capacity with an allowed size for every job."""
         return (sum(sizes.values()) <= self.capacity
                 and all(sizes.get(n, 0) in set(a.tolist()) for n, a in zip(self.names, self.allowed)))
+
+
+class JobPlanner(Protocol):
+    """What the Controller asks of a planner (``Planner``, ``MultiSitePlanner``): a plan for the active jobs
+    over the idle pool at ``now``, given each node's expected idle time left where known."""
+
+    def plan(self, jobs: list[JobState], pool: list[str], now: float = 0.0,
+             remaining: dict[str, float] | None = None) -> Plan:
+        """One plan: a size and nodes per job."""
+        ...

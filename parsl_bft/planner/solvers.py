@@ -3,11 +3,15 @@ from __future__ import annotations
 
 import heapq
 import time
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import numpy as np
 import pulp
 
 from .problem import SizeProblem
+
+T = TypeVar("T")
 
 SMALL = 20_000           # capacity x sizes below which the reference DP is quickest
 CORE_TRY = 1e-5          # first core: sizes within this fraction of the bound of their job's priced choice
@@ -188,7 +192,9 @@ def solve_milp(p: SizeProblem, solver: str = "highs", time_limit: float = 10.0) 
     Raises RuntimeError when there is no solution to use (the caller falls back to the DP).
     """
     prob = pulp.LpProblem("bft_sizes", pulp.LpMaximize)
-    obj, cap_terms, zs = [], [], []
+    obj: list[tuple[pulp.LpVariable, float]] = []
+    cap_terms: list[tuple[pulp.LpVariable, int]] = []
+    zs: list[list[pulp.LpVariable]] = []
     for j, (a, v) in enumerate(zip(p.allowed, p.value)):
         z = [pulp.LpVariable(f"z_{j}_{i}", cat=pulp.LpBinary) for i in range(len(a))]
         zs.append(z)
@@ -259,7 +265,8 @@ def solve_equal_share(p: SizeProblem, order: list[int] | None = None) -> tuple[d
     return {n: sizes[n] for n in p.names}, "heuristic"
 
 
-def timed(fn, *args, **kw):
+def timed(fn: Callable[..., T], *args: Any, **kw: Any) -> tuple[T, float]:
+    """``fn(*args, **kw)`` and the seconds it took (the benchmarks time solvers with it)."""
     t = time.perf_counter()
     out = fn(*args, **kw)
     return out, time.perf_counter() - t

@@ -18,10 +18,13 @@ from .problem import JobState
 
 
 class CompactPlacement(Placement):
+    """Span as few topology groups as possible (the module docstring says how)."""
+
     def __init__(self, topology: Topology) -> None:
         self.topology = topology
 
     def release(self, job: JobState, count: int, remaining: dict[str, float]) -> list[str]:
+        """Give back nodes from the groups where the job has the fewest, soonest-leaving first."""
         by = self.topology.by_group(job.nodes)
         order = sorted(range(job.size), key=lambda i: (len(by[self.topology.group(job.nodes[i])]),
                                                        remaining.get(job.nodes[i], float("inf")), -i))
@@ -41,6 +44,7 @@ class CompactPlacement(Placement):
         return out
 
     def grow(self, job: JobState, free: list[str], count: int, remaining: dict[str, float]) -> list[str]:
+        """Take free nodes in the job's own groups first, then in the groups with the most free nodes."""
         free_by = self._free_groups(free, remaining)
         own = set(self.topology.group(n) for n in job.nodes)
         order = sorted(free_by, key=lambda g: (g not in own, -len(free_by[g]), g))
@@ -48,6 +52,8 @@ class CompactPlacement(Placement):
 
 
 class BcoPlacement(CompactPlacement):
+    """SJF-BCO's placement at node granularity (the module docstring says how)."""
+
     def __init__(self, topology: Topology, lam: float = 1.0) -> None:
         if lam < 1:
             raise ValueError(f"lambda must be >= 1, got {lam}")
@@ -56,9 +62,11 @@ class BcoPlacement(CompactPlacement):
         self.alloc: dict[str, tuple[str, ...]] = {}
 
     def grow_order(self, jobs: list[JobState], sizes: dict[str, int]) -> list[JobState]:
+        """Smallest new size first (SJF)."""
         return sorted(jobs, key=lambda j: (sizes[j.name], j.name))
 
     def observe(self, alloc: dict[str, tuple[str, ...]]) -> None:
+        """Remember who holds what: spread jobs make groups busy for the next grow."""
         self.alloc = dict(alloc)
 
     def _spread_users(self, me: str) -> dict[str, int]:
@@ -74,6 +82,7 @@ class BcoPlacement(CompactPlacement):
         return use
 
     def grow(self, job: JobState, free: list[str], count: int, remaining: dict[str, float]) -> list[str]:
+        """A small job fills the tightest fitting group (FA-FFP); a large one the least contended (LBSGF)."""
         free_by = self._free_groups(free, remaining)
         own = {self.topology.group(n) for n in job.nodes}
         fits = [g for g in free_by if len(free_by[g]) >= count]
@@ -97,6 +106,7 @@ PLACEMENTS = ("oblivious", "compact", "sjf-bco")
 
 
 def make_placement(name: str, topology: Topology | None) -> Placement:
+    """A placement by its name in ``PLACEMENTS`` (compact and sjf-bco need a ``topology``)."""
     if name not in PLACEMENTS:
         raise ValueError(f"unknown placement {name!r}; choose from {', '.join(PLACEMENTS)}")
     if name == "oblivious":

@@ -18,6 +18,8 @@ from .model import contention, iteration_time, iterations_per_slot
 
 @dataclass
 class Schedule:
+    """A policy's answer: the order jobs are queued in and the GPUs each job runs on."""
+
     order: list[int]
     gpus: list[np.ndarray]          # per job (indexed by job id): its global GPU ids
     fifo: bool = False              # no job starts before the one before it in ``order``
@@ -25,15 +27,19 @@ class Schedule:
 
 @dataclass
 class Outcome:
+    """When each job started and ended (slots), as the engine ran a schedule."""
+
     start: np.ndarray
     end: np.ndarray
 
     @property
     def makespan(self) -> int:
+        """The slot the last job ends in."""
         return int(self.end.max())
 
     @property
-    def mean_jct(self) -> float:      # all jobs arrive at t = 0
+    def mean_jct(self) -> float:
+        """Mean job completion time (every job arrives at t = 0, so its end)."""
         return float(self.end.mean())
 
 
@@ -47,15 +53,21 @@ def layout(inst: Instance, gpus: list[np.ndarray]) -> tuple[np.ndarray, np.ndarr
     return spans, split
 
 
-def run(inst: Instance, sched: Schedule) -> Outcome:
-    n = inst.n_jobs
-    if sorted(sched.order) != list(range(n)):
+def _check(inst: Instance, sched: Schedule) -> None:
+    """A schedule lists every job once, each on as many distinct, existing GPUs as it needs."""
+    if sorted(sched.order) != list(range(inst.n_jobs)):
         raise ValueError("Schedule.order must list every job exactly once")
-    for j in range(n):
+    for j in range(inst.n_jobs):
         g = np.asarray(sched.gpus[j])
         if len(g) != inst.gpus[j] or len(np.unique(g)) != len(g) or g.min() < 0 or g.max() >= inst.n_gpus:
             raise ValueError(f"job {j}: needs {inst.gpus[j]} distinct GPU ids in 0..{inst.n_gpus - 1}, got "
                              f"{g.tolist()}")
+
+
+def run(inst: Instance, sched: Schedule) -> Outcome:
+    """Play ``sched`` on ``inst`` event by event (the module docstring's rules): when each job starts and ends."""
+    n = inst.n_jobs
+    _check(inst, sched)
     spans, split = layout(inst, sched.gpus)
     # each job waits for the previous user of each of its GPUs
     last = np.full(inst.n_gpus, -1)

@@ -24,6 +24,7 @@ class Instance:
     grad: np.ndarray
     compute: np.ndarray
     params: CommParams = field(default_factory=CommParams)
+    server_of: np.ndarray = field(init=False, repr=False, compare=False)   # GPU id -> its server
 
     def __post_init__(self) -> None:
         n = len(self.gpus)
@@ -42,14 +43,17 @@ class Instance:
 
     @property
     def n_jobs(self) -> int:
+        """Jobs in the instance."""
         return len(self.gpus)
 
     @property
     def n_gpus(self) -> int:
+        """GPUs over all servers."""
         return int(np.sum(self.server_gpus))
 
     @property
     def n_servers(self) -> int:
+        """Servers in the cluster."""
         return len(self.server_gpus)
 
     def slots(self, j: int, servers: int, p: int) -> int:

@@ -28,6 +28,8 @@ from .model import iteration_time, iterations_per_slot
 
 @dataclass
 class MilpResult:
+    """The optimal (or best found) makespan, the solver's status and the schedule that reaches it."""
+
     makespan: int
     status: str
     schedule: Schedule
@@ -74,7 +76,7 @@ def solve_optimal(inst: Instance, horizon: int, *, time_limit: float = 60.0) -> 
                     m += X[j, i, t + 1] - St[j, i, t + 1] <= X[j, i, t]
                 m += St[j, i, t] <= X[j, i, t]
                 m += R[j, i, t] <= ips[j, i][min(1, len(ips[j, i]) - 1)] * X[j, i, t]
-                m += C >= (t + 1) * X[j, i, t]
+                m += C >= (t + 1) * X[j, i, t]       # noqa: SIM300 (C is the makespan variable)
     for s in range(S):
         for t in range(H):
             m += pulp.lpSum(opts[j][i][s] * X[j, i, t] for j in range(J) for i in range(len(opts[j]))) \
@@ -97,7 +99,7 @@ def solve_optimal(inst: Instance, horizon: int, *, time_limit: float = 60.0) -> 
     status = pulp.LpStatus[m.status]
     if status != "Optimal":
         raise RuntimeError(f"MILP for {J} jobs / {S} servers / {H} slots: {status} (horizon too short?)")
-    return MilpResult(int(round(C.value())), status.lower(), _to_schedule(inst, opts, X, St, H))
+    return MilpResult(round(C.value()), status.lower(), _to_schedule(inst, opts, X, St, H))
 
 
 def _solver(pulp, time_limit: float):

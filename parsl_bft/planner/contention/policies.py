@@ -46,6 +46,7 @@ class Books:
         self.order: list[int] = []
 
     def place(self, j: int, g: np.ndarray) -> float:
+        """Book job ``j`` on GPUs ``g`` from the slot they are all free; returns how many slots it runs."""
         inst = self.inst
         servers = np.unique(inst.server_of[g])
         start = float(self.free[g].max())
@@ -63,6 +64,7 @@ class Books:
         return d
 
     def schedule(self) -> Schedule:
+        """What was booked so far, as a Schedule for the engine."""
         return Schedule(list(self.order), list(self.gpus))
 
 
@@ -188,11 +190,14 @@ def _rho0(inst: Instance) -> np.ndarray:
 
 
 def kappa_choices(inst: Instance) -> list[int]:
+    """The spread thresholds SJF-BCO tries: every job size in the instance."""
     return sorted(set(inst.gpus.tolist()))
 
 
 @dataclass
 class BcoResult:
+    """SJF-BCO's best schedule, how it ran, the (theta, kappa) that gave it and every trial on the way."""
+
     schedule: Schedule
     outcome: Outcome
     theta: float
@@ -220,7 +225,7 @@ def sjf_bco(inst: Instance, *, horizon: int = 1200, kappas: list[int] | None = N
             s = sjf_bco_trial(inst, theta, k, lam)
             out = run(inst, s) if s is not None else None
             log.append((theta, k, out.makespan if out else None))
-            if out is not None and (top is None or out.makespan < top.outcome.makespan):
+            if s is not None and out is not None and (top is None or out.makespan < top.outcome.makespan):
                 top = BcoResult(s, out, theta, k, 0)
         return top
 
