@@ -17,11 +17,11 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
-from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from ..sites import DEFAULT_SITE, Site, load_site
 from .run import RunSettings, current_settings
+from .signals import sigterm_unwinds
 from .site_runtime import SiteRuntime, check_sites, checkpoint_dir, make_planner, make_pool, site_topology
 
 if TYPE_CHECKING:
@@ -100,22 +100,18 @@ def training_session(state_dir: str | Path, site: SiteArg | Sequence[SiteArg] = 
                    initialize_logging=first.initialize_logging,
                    run_dir=str(Path(state_dir).resolve() / "runinfo")) as dfk:  # pilot scripts, notice marks
         orch = _orchestrator(state_dir, runtimes, dfk, orchestrator_kw)
-        old_term = None
-        if threading.current_thread() is threading.main_thread():   # SIGTERM unwinds the session like Ctrl-C
-            old_term = signal.signal(signal.SIGTERM, _interrupt)
         if progress is None and settings.progress:
             from .live import LiveBars
             progress = LiveBars()
-        try:
-            with progress if isinstance(progress, AbstractContextManager) else nullcontext():
-                yield orch.start(progress=progress)  # futures resolve on their own; run() waits for the jobs
-        finally:
+        with sigterm_unwinds():        # SIGTERM unwinds the session like Ctrl-C
             try:
-                orch.stop()     # running fragments checkpoint, pilots are given back
+                with progress if isinstance(progress, AbstractContextManager) else nullcontext():
+                    yield orch.start(progress=progress)  # futures resolve on their own; run() waits for the jobs
             finally:
-                orch.close()    # the state directory's lock goes with the session
-                if old_term is not None:
-                    signal.signal(signal.SIGTERM, old_term)
+                try:
+                    orch.stop()     # running fragments checkpoint, pilots are given back
+                finally:
+                    orch.close()    # the state directory's lock goes with the session
 
 
 def _orchestrator(state_dir: str | Path, runtimes: list[SiteRuntime], dfk: DataFlowKernel,
@@ -182,7 +178,3 @@ def _children_ignore_sigint() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGINT, old)
-
-
-def _interrupt(signum: int, frame: FrameType | None) -> None:  # noqa: ARG001
-    raise KeyboardInterrupt("SIGTERM")
