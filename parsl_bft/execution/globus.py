@@ -61,7 +61,7 @@ class LocalEndpointExecutor(Executor):
         def done(f: Future[str]) -> None:
             try:
                 outer.set_result(s.deserialize(f.result()))
-            except BaseException as e:   # noqa: BLE001 - the task's own exception reaches the caller
+            except BaseException as e:   # the task's own exception reaches the caller
                 outer.set_exception(e)
         inner.add_done_callback(done)
         return outer
