@@ -14,148 +14,177 @@ shrink until a job ends).
 from __future__ import annotations
 
 import heapq
+from collections.abc import Callable
 
 import numpy as np
 
 from .swf import Schedule, SwfTrace
 
 
-def easy_schedule(trace: SwfTrace, *, backfill_depth: int | None = 500, progress=None) -> Schedule:
+def easy_schedule(trace: SwfTrace, *, backfill_depth: int | None = 500,
+                  progress: Callable[[int], object] | None = None) -> Schedule:
     """Replay ``trace`` on its capacity. ``backfill_depth`` caps how many queued jobs one backfill pass
     examines, like Slurm's bf_max_job_test (default 500 there too); None = all.
     ``progress(jobs_submitted)`` is called now and then."""
-    n = len(trace)
-    submit = trace.submit.tolist()
-    run = trace.run.tolist()
-    size_a = trace.size.astype(np.int64)
-    est_a = trace.estimate.astype(float)
-    size = size_a.tolist()
-    cap = trace.capacity
-    start = np.full(n, np.nan)
-    reservation = np.full(n, np.nan)
-    free = cap
-    queue = np.empty(0, dtype=np.int64)
-    ends: list[tuple[float, int]] = []           # heap of (actual end, job)
-    # running jobs sorted by estimated end: r_end[:m], their sizes and ids (at most `cap` run at once)
-    r_end = np.empty(cap + 1)
-    r_size = np.empty(cap + 1, dtype=np.int64)
-    r_job = np.empty(cap + 1, dtype=np.int64)
-    m = 0
-    next_arrival = 0
-    depth = backfill_depth or n
-    shadow, extra = np.inf, 0
-    res_t: list[float] = []                      # the reservation timeline: from res_t[i], the head's planned
-    res_v: list[float] = []                      # start is res_v[i] (inf: no job waits)
+    r = _Replay(trace, backfill_depth)
+    n = r.n
+    tick = 0
+    while r.next_arrival < n or r.ends:
+        t = min(r.submit[r.next_arrival] if r.next_arrival < n else np.inf, r.ends[0][0] if r.ends else np.inf)
+        completed, first_new = r.arrive(t)
+        if progress is not None and r.next_arrival >= tick:
+            progress(r.next_arrival)
+            tick = r.next_arrival + 4096
+        r.schedule(t, completed, first_new)
+    if progress is not None:
+        progress(n)
+    return Schedule(trace.capacity, trace.submit.copy(), r.start, r.start + trace.run, trace.size.copy(),
+                    "easy", trace.cores_per_node, r.reservation,
+                    reservation_timeline=(np.array(r.res_t), np.array(r.res_v)))   # what it knew, when (predict.py)
 
-    def note(t: float, v: float) -> None:
+
+class _Replay:
+    """One replay's state: the queue (job ids, submit order), the running jobs sorted by estimated end and the
+    head's reservation (``shadow``: when it may start; ``extra``: nodes it will not need then)."""
+
+    def __init__(self, trace: SwfTrace, backfill_depth: int | None) -> None:
+        n = self.n = len(trace)
+        self.submit = trace.submit.tolist()
+        self.run = trace.run.tolist()
+        self.size_a = trace.size.astype(np.int64)
+        self.est_a = trace.estimate.astype(float)
+        self.size = self.size_a.tolist()
+        cap = trace.capacity
+        self.start = np.full(n, np.nan)
+        self.reservation = np.full(n, np.nan)
+        self.free = cap
+        self.queue = np.empty(0, dtype=np.int64)
+        self.ends: list[tuple[float, int]] = []           # heap of (actual end, job)
+        # running jobs sorted by estimated end: r_end[:m], their sizes and ids (at most `cap` run at once)
+        self.r_end = np.empty(cap + 1)
+        self.r_size = np.empty(cap + 1, dtype=np.int64)
+        self.r_job = np.empty(cap + 1, dtype=np.int64)
+        self.m = 0
+        self.next_arrival = 0
+        self.depth = backfill_depth or n
+        self.shadow, self.extra = np.inf, 0
+        self.res_t: list[float] = []                      # the reservation timeline: from res_t[i], the head's
+        self.res_v: list[float] = []                      # planned start is res_v[i] (inf: no job waits)
+
+    def note(self, t: float, v: float) -> None:
+        """The head's planned start is ``v`` from ``t`` on."""
+        res_t, res_v = self.res_t, self.res_v
         if res_t and res_t[-1] == t:
             res_v[-1] = v
         elif not res_v or res_v[-1] != v:
             res_t.append(t)
             res_v.append(v)
 
-    def launch(j: int, t: float) -> None:
-        nonlocal free, m
-        start[j] = t
-        free -= size[j]
-        heapq.heappush(ends, (t + run[j], j))
-        e = t + est_a[j]
-        pos = int(np.searchsorted(r_end[:m], e, side="right"))
-        for arr, v in ((r_end, e), (r_size, size[j]), (r_job, j)):
+    def launch(self, j: int, t: float) -> None:
+        """Start job ``j`` at ``t``."""
+        self.start[j] = t
+        self.free -= self.size[j]
+        heapq.heappush(self.ends, (t + self.run[j], j))
+        e = t + self.est_a[j]
+        m = self.m
+        pos = int(np.searchsorted(self.r_end[:m], e, side="right"))
+        for arr, v in ((self.r_end, e), (self.r_size, self.size[j]), (self.r_job, j)):
             arr[pos + 1:m + 1] = arr[pos:m]
             arr[pos] = v
-        m += 1
+        self.m = m + 1
 
-    def finish(j: int) -> None:
-        nonlocal free, m
-        free += size[j]
-        pos = int(np.searchsorted(r_end[:m], start[j] + est_a[j], side="left"))
-        while r_job[pos] != j:
+    def finish(self, j: int) -> None:
+        """Job ``j`` ended: its nodes are free."""
+        self.free += self.size[j]
+        m = self.m
+        pos = int(np.searchsorted(self.r_end[:m], self.start[j] + self.est_a[j], side="left"))
+        while self.r_job[pos] != j:
             pos += 1
-        for arr in (r_end, r_size, r_job):
+        for arr in (self.r_end, self.r_size, self.r_job):
             arr[pos:m - 1] = arr[pos + 1:m]
-        m -= 1
+        self.m = m - 1
 
-    def backfill(window: np.ndarray, t: float) -> np.ndarray:
-        """Start what fits in ``window`` (positions in queue); return the positions started."""
-        nonlocal extra
-        q = queue[window]
-        ws, we = size_a[q], est_a[q]
-        cand = np.flatnonzero((ws <= free) & ((t + we <= shadow) | (ws <= extra)))
-        started = []
-        for c in cand.tolist():
-            k = int(ws[c])
-            if k > free:
-                continue
-            if t + we[c] <= shadow:
-                launch(int(q[c]), t)
-            elif k <= extra:
-                extra -= k
-                launch(int(q[c]), t)
-            else:
-                continue
-            started.append(window[c])
-            if free == 0:
-                break
-        return np.array(started, dtype=np.int64)
-
-    tick = 0
-    while next_arrival < n or ends:
-        t = min(submit[next_arrival] if next_arrival < n else np.inf, ends[0][0] if ends else np.inf)
+    def arrive(self, t: float) -> tuple[bool, int]:
+        """End the jobs due by ``t`` and queue the ones submitted by then: whether any ended, and where in the
+        queue the new ones begin."""
         completed = False
+        ends = self.ends
         while ends and ends[0][0] <= t:
-            finish(heapq.heappop(ends)[1])
+            self.finish(heapq.heappop(ends)[1])
             completed = True
-        first_new = len(queue)
-        a = next_arrival
-        while next_arrival < n and submit[next_arrival] <= t:
-            next_arrival += 1
-        if next_arrival > a:
-            queue = np.concatenate([queue, np.arange(a, next_arrival)])
-        if progress is not None and next_arrival >= tick:
-            progress(next_arrival)
-            tick = next_arrival + 4096
+        first_new = len(self.queue)
+        a = self.next_arrival
+        while self.next_arrival < self.n and self.submit[self.next_arrival] <= t:
+            self.next_arrival += 1
+        if self.next_arrival > a:
+            self.queue = np.concatenate([self.queue, np.arange(a, self.next_arrival)])
+        return completed, first_new
+
+    def schedule(self, t: float, completed: bool, first_new: int) -> None:
+        """Start the queue's head while it fits, reserve for the head that does not, then backfill."""
+        queue, size = self.queue, self.size
         if not len(queue):
-            note(t, np.inf)
-            continue
+            self.note(t, np.inf)
+            return
         h = 0
-        while h < len(queue) and size[queue[h]] <= free:
-            launch(int(queue[h]), t)
+        while h < len(queue) and size[queue[h]] <= self.free:
+            self.launch(int(queue[h]), t)
             h += 1
         if h:
-            queue = queue[h:]
+            queue = self.queue = queue[h:]
             first_new = 0
         if not len(queue):
-            note(t, np.inf)
-            continue
+            self.note(t, np.inf)
+            return
         head = int(queue[0])
-        full_pass = completed or first_new == 0 or np.isnan(reservation[head])
-        if full_pass:
-            # reservation: the earliest estimated end by which enough nodes are free for the head
-            need = size[head] - free
-            cum = np.cumsum(r_size[:m])
-            i = int(np.searchsorted(cum, need))
-            if i < m:
-                shadow = float(r_end[i])
-                # every job ending by the shadow time frees its nodes, ties included
-                extra = free + int(cum[np.searchsorted(r_end[:m], shadow, side="right") - 1]) - size[head]
-            else:
-                shadow, extra = np.inf, 0
-            if np.isnan(reservation[head]):
-                reservation[head] = shadow
-            note(t, shadow)
+        if completed or first_new == 0 or np.isnan(self.reservation[head]):
+            self.reserve(head, t)
             lo = 1
         else:
             lo = max(1, first_new)
-        hi = min(len(queue), depth + 1)
-        if free == 0 or lo >= hi:
-            continue
-        started = backfill(np.arange(lo, hi), t)
+        hi = min(len(queue), self.depth + 1)
+        if self.free == 0 or lo >= hi:
+            return
+        started = self.backfill(np.arange(lo, hi), t)
         if len(started):
-            queue = np.delete(queue, started)
-    if progress is not None:
-        progress(n)
-    out = Schedule(cap, trace.submit.copy(), start, start + trace.run, trace.size.copy(), "easy",
-                   trace.cores_per_node, reservation)
-    out.reservation_timeline = (np.array(res_t), np.array(res_v))   # what the scheduler knew, when (predict.py)
-    return out
+            self.queue = np.delete(queue, started)
+
+    def reserve(self, head: int, t: float) -> None:
+        """The head's reservation: the earliest estimated end by which enough nodes are free for it."""
+        m, free = self.m, self.free
+        need = self.size[head] - free
+        cum = np.cumsum(self.r_size[:m])
+        i = int(np.searchsorted(cum, need))
+        if i < m:
+            self.shadow = float(self.r_end[i])
+            # every job ending by the shadow time frees its nodes, ties included
+            self.extra = free + int(cum[np.searchsorted(self.r_end[:m], self.shadow, side="right") - 1]) \
+                - self.size[head]
+        else:
+            self.shadow, self.extra = np.inf, 0
+        if np.isnan(self.reservation[head]):
+            self.reservation[head] = self.shadow
+        self.note(t, self.shadow)
+
+    def backfill(self, window: np.ndarray, t: float) -> np.ndarray:
+        """Start what fits in ``window`` (positions in queue); return the positions started."""
+        q = self.queue[window]
+        ws, we = self.size_a[q], self.est_a[q]
+        shadow = self.shadow
+        cand = np.flatnonzero((ws <= self.free) & ((t + we <= shadow) | (ws <= self.extra)))
+        started = []
+        for c in cand.tolist():
+            k = int(ws[c])
+            if k > self.free:
+                continue
+            if t + we[c] <= shadow:
+                self.launch(int(q[c]), t)
+            elif k <= self.extra:
+                self.extra -= k
+                self.launch(int(q[c]), t)
+            else:
+                continue
+            started.append(window[c])
+            if self.free == 0:
+                break
+        return np.array(started, dtype=np.int64)

@@ -6,11 +6,12 @@ the remaining idle time of each node (horizon awareness), statistics and plots.
 from __future__ import annotations
 
 import csv
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from ..csvio import csv_reader, open_text
 from ..errors import BadRows, InputError
@@ -58,15 +59,19 @@ class IdleIntervals:
 
     @property
     def n_nodes(self) -> int:
+        """Nodes observed (idle at least once)."""
         return len(self.names)
 
     @property
     def span(self) -> float:
+        """Seconds observed."""
         return self.t1 - self.t0
 
     @classmethod
-    def build(cls, names: list[str], node, start, end, t0: float | None = None, t1: float | None = None,
-              source: str = "") -> "IdleIntervals":
+    def build(cls, names: list[str], node: ArrayLike, start: ArrayLike, end: ArrayLike, t0: float | None = None,
+              t1: float | None = None, source: str = "") -> IdleIntervals:
+        """Intervals from unsorted per-row arrays: empty ones dropped, touching ones of a node merged, the span
+        [t0, t1) from the data unless given."""
         node = np.asarray(node, dtype=np.int64)
         start = np.asarray(start, dtype=float)
         end = np.asarray(end, dtype=float)
@@ -82,7 +87,7 @@ class IdleIntervals:
         return cls(names, node, start, end, float(t0), float(t1), source)
 
     # --- selections -------------------------------------------------------------------------
-    def window(self, t_start: float | None, t_end: float | None) -> "IdleIntervals":
+    def window(self, t_start: float | None, t_end: float | None) -> IdleIntervals:
         """Clip to [t_start, t_end)."""
         a = self.t0 if t_start is None else max(self.t0, t_start)
         b = self.t1 if t_end is None else min(self.t1, t_end)
@@ -94,7 +99,7 @@ class IdleIntervals:
         out.masked = [(max(x, a), min(y, b)) for x, y in (self.masked or []) if y > a and x < b]
         return out
 
-    def first_nodes(self, n: int) -> "IdleIntervals":
+    def first_nodes(self, n: int) -> IdleIntervals:
         """Keep the first n nodes (``names`` is in order of first appearance)."""
         if n < 1:
             raise ValueError(f"--nodes must be >= 1, got {n}")
@@ -110,6 +115,7 @@ class IdleIntervals:
         return step_count(self.start, self.end)
 
     def idle_node_seconds(self) -> float:
+        """Node-seconds idle over the span."""
         return float(np.sum(self.end - self.start))
 
     def events(self) -> Iterator[IdleEvent]:
@@ -139,7 +145,8 @@ class IdleIntervals:
                             tuple(end[j].tolist()))
 
 
-def _merge_touching(node, start, end):
+def _merge_touching(node: np.ndarray, start: np.ndarray,
+                    end: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Merge overlapping or touching intervals of the same node (input sorted by node, start).
 
     Vectorised: shifting each node's times by node * (span + 1) turns "running max of end within a node"
@@ -168,46 +175,14 @@ def read_idle_intervals(path: str | Path, *, lenient: bool = False) -> IdleInter
     ends: list[float] = []
     with open_text(path) as fh:
         reader = csv_reader(fh, path)
-        try:
-            header = [h.strip() for h in next(reader)]
-        except StopIteration:
-            raise InputError(p, 1, None, "empty file: expected header node,idle_start,idle_end") from None
-        missing = [c for c in INTERVAL_COLUMNS if c not in header]
-        if missing:
-            raise InputError(p, 1, missing[0], f"missing column(s) {', '.join(missing)}; header is {','.join(header)}")
-        ci, cs, ce = (header.index(c) for c in INTERVAL_COLUMNS)
-        width = len(header)
+        cols = _columns(reader, p)
         for row in reader:
             if not row:
                 continue
-            line = reader.line_num
-            try:
-                if len(row) != width:
-                    raise InputError(p, line, None, f"expected {width} fields, found {len(row)}")
-                s = float(row[cs])
-                e = float(row[ce])
-            except ValueError:
-                for c, f in ((cs, "idle_start"), (ce, "idle_end")):
-                    try:
-                        float(row[c])
-                    except ValueError:
-                        bad.add(InputError(p, line, f, f"not a number: {row[c]!r}"))
-                        break
+            got = _interval(row, reader.line_num, cols, p, bad)
+            if got is None:
                 continue
-            except InputError as err:
-                bad.add(err)
-                continue
-            if not (abs(s) <= MAX_TIME and abs(e) <= MAX_TIME):      # NaN, inf, absurd
-                f, t = ("idle_start", row[cs]) if not abs(s) <= MAX_TIME else ("idle_end", row[ce])
-                bad.add(InputError(p, line, f, f"not a finite time of at most {MAX_TIME:g} s: {t!r}"))
-                continue
-            if not e >= s:
-                bad.add(InputError(p, line, "idle_end", f"idle_end {row[ce]} is before idle_start {row[cs]}"))
-                continue
-            name = row[ci].strip()
-            if not name:
-                bad.add(InputError(p, line, "node", "empty node name"))
-                continue
+            name, s, e = got
             k = index.get(name)
             if k is None:
                 k = index[name] = len(index)
@@ -222,7 +197,55 @@ def read_idle_intervals(path: str | Path, *, lenient: bool = False) -> IdleInter
     return IdleIntervals.build(list(index), nodes, starts, ends, source=p)
 
 
+def _columns(reader: csv_reader, p: str) -> tuple[int, int, int, int]:
+    """From the header: the node, idle_start and idle_end columns, and how many fields a row has."""
+    try:
+        header = [h.strip() for h in next(reader)]
+    except StopIteration:
+        raise InputError(p, 1, None, "empty file: expected header node,idle_start,idle_end") from None
+    missing = [c for c in INTERVAL_COLUMNS if c not in header]
+    if missing:
+        raise InputError(p, 1, missing[0], f"missing column(s) {', '.join(missing)}; header is {','.join(header)}")
+    ci, cs, ce = (header.index(c) for c in INTERVAL_COLUMNS)
+    return ci, cs, ce, len(header)
+
+
+def _interval(row: list[str], line: int, cols: tuple[int, int, int, int], p: str,
+              bad: BadRows) -> tuple[str, float, float] | None:
+    """One row's (node, start, end), or None with the damage recorded in ``bad``."""
+    ci, cs, ce, width = cols
+    try:
+        if len(row) != width:
+            raise InputError(p, line, None, f"expected {width} fields, found {len(row)}")
+        s = float(row[cs])
+        e = float(row[ce])
+    except ValueError:
+        for c, f in ((cs, "idle_start"), (ce, "idle_end")):
+            try:
+                float(row[c])
+            except ValueError:
+                bad.add(InputError(p, line, f, f"not a number: {row[c]!r}"))
+                break
+        return None
+    except InputError as err:
+        bad.add(err)
+        return None
+    if not (abs(s) <= MAX_TIME and abs(e) <= MAX_TIME):      # NaN, inf, absurd
+        f, t = ("idle_start", row[cs]) if not abs(s) <= MAX_TIME else ("idle_end", row[ce])
+        bad.add(InputError(p, line, f, f"not a finite time of at most {MAX_TIME:g} s: {t!r}"))
+        return None
+    if not e >= s:
+        bad.add(InputError(p, line, "idle_end", f"idle_end {row[ce]} is before idle_start {row[cs]}"))
+        return None
+    name = row[ci].strip()
+    if not name:
+        bad.add(InputError(p, line, "node", "empty node name"))
+        return None
+    return name, s, e
+
+
 def write_idle_intervals(path: str | Path, iv: IdleIntervals) -> None:
+    """Write ``iv`` as ``node,idle_start,idle_end`` (what ``read_idle_intervals`` reads back)."""
     with open(path, "w", newline="") as fh:
         w = csv.writer(fh)
         w.writerow(INTERVAL_COLUMNS)

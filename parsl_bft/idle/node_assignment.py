@@ -23,8 +23,9 @@ def assign_nodes(s: Schedule, *, t0: float | None = None, t1: float | None = Non
     Jobs take the nodes that have been free longest (FIFO), so idleness spreads over the machine as on a real
     one and any slice of N nodes (``--nodes N``) is a fair sample; lowest-id-first would make the first nodes
     almost never idle. Core logs pack jobs onto nodes: whole free nodes for whole multiples, the best-fitting
-    partly used node for the rest, so that small jobs leave as many nodes completely free as they can. Span: first start .. last submit by default (after the last submit the queue
-    only drains, which is not idle capacity anyone would have had).
+    partly used node for the rest, so that small jobs leave as many nodes completely free as they can. Span:
+    first start .. last submit by default (after the last submit the queue only drains, which is not idle
+    capacity anyone would have had).
 
     Recorded logs are sometimes a little inconsistent (theta_2022: 9 instants, 0.003% of the time, above
     capacity). A job that starts when too few nodes are free gets the free ones and the shortfall is counted;
@@ -106,25 +107,26 @@ class _NodePool:
             got.append((k, cpn))
             c -= cpn
         while c > 0:
-            k = None
+            node: int | None = None
             for f in range(c, cpn):                  # best fit among partly used nodes
-                k = self._pop_partial(f)
-                if k is not None:
+                node = self._pop_partial(f)
+                if node is not None:
                     break
-            if k is None and self.full:
-                k = self.full.popleft()
-                self._occupy(k, t)
-            if k is None:                            # fragmented: spill over the fullest partial nodes
+            if node is None and self.full:
+                node = self.full.popleft()
+                self._occupy(node, t)
+            if node is None:                         # fragmented: spill over the fullest partial nodes
                 for f in range(cpn - 1, 0, -1):
-                    k = self._pop_partial(f)
-                    if k is not None:
+                    node = self._pop_partial(f)
+                    if node is not None:
                         break
-            use = min(c, self.free[k])
-            self.free[k] -= use
+            assert node is not None, "free_total said enough cores were free"
+            use = min(c, self.free[node])
+            self.free[node] -= use
             c -= use
-            got.append((k, use))
-            if 0 < self.free[k]:
-                heapq.heappush(self.partial[self.free[k]], k)
+            got.append((node, use))
+            if self.free[node] > 0:
+                heapq.heappush(self.partial[self.free[node]], node)
         return got
 
     def give(self, held: list[tuple[int, int]], t: float) -> None:

@@ -5,7 +5,7 @@ EASY-backfill replay of the same jobs (easy.py).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -28,6 +28,8 @@ class Schedule:
     kind: str
     cores_per_node: int = 1
     reservation: np.ndarray | None = None  # EASY: the first reservation made for a job at the queue head
+    # EASY: what the scheduler knew, when: from times[i] on, the head's planned start is starts[i] (inf: none)
+    reservation_timeline: tuple[np.ndarray, np.ndarray] | None = field(default=None, repr=False, compare=False)
 
     def waiting_count(self) -> tuple[np.ndarray, np.ndarray]:
         """Step function of jobs waiting in the queue: (times, count from times[i] on)."""

@@ -2,8 +2,9 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
@@ -22,12 +23,14 @@ class IdleSource:
 
 
 def is_swf(path: str | Path) -> bool:
+    """Whether ``path`` names an SWF job log (else it is read as idle intervals)."""
     name = Path(path).name.lower()
     return ".swf" in name
 
 
 def load_source(path: str | Path, *, schedule: str = "recorded", units: str = "auto",
-                variant: str = "auto", lenient: bool = False, progress=None) -> IdleSource:
+                variant: str = "auto", lenient: bool = False,
+                progress: Callable[[int], object] | None = None) -> IdleSource:
     """Load an SWF log (replayed as ``schedule``: recorded | easy) or an idle-interval CSV."""
     p = str(path)
     if not is_swf(p):
@@ -73,9 +76,10 @@ def parse_time(text: str, origin: float) -> float:
     try:
         dt = datetime.fromisoformat(s)
     except ValueError:
-        raise ValueError(f"not a time: {text!r} (use unix seconds, 2022-03-01[T12:00], or +2d from the start)") from None
+        raise ValueError(f"not a time: {text!r} (use unix seconds, 2022-03-01[T12:00], or +2d from the "
+                         "start)") from None
     if dt.tzinfo is None:
-        dt = dt.replace(tzinfo=timezone.utc)
+        dt = dt.replace(tzinfo=UTC)
     return dt.timestamp()
 
 
@@ -119,7 +123,7 @@ def mask_outages(iv: IdleIntervals, *, threshold: float = 0.9, min_duration: flo
             node.append(iv.node[k:k + 1])
             start.append(np.array([max(iv.start[k], live_a[p])]))
             end.append(np.array([min(iv.end[k], live_b[p])]))
-    node, start, end = np.concatenate(node), np.concatenate(start), np.concatenate(end)
-    out = IdleIntervals.build(iv.names, node, start, end, iv.t0, iv.t1, iv.source)
+    out = IdleIntervals.build(iv.names, np.concatenate(node), np.concatenate(start), np.concatenate(end), iv.t0,
+                              iv.t1, iv.source)
     out.masked = periods
     return out

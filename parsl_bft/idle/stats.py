@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import numpy as np
 
@@ -11,6 +12,8 @@ from .swf import Schedule
 
 @dataclass
 class IdleStats:
+    """What ``parsl-bft idle`` reports about a source's idle capacity (fractions of node-time, hole shapes)."""
+
     nodes: int
     span_s: float
     masked_s: float
@@ -23,14 +26,16 @@ class IdleStats:
     events_per_hour: float
     intervals: int
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
+        """The statistics as plain data (for JSON)."""
         return asdict(self)
 
 
 PCTS = (50, 90, 99)
 
 
-def _step_integral(times: np.ndarray, values: np.ndarray, t_end: float, weight_mask=None) -> float:
+def _step_integral(times: np.ndarray, values: np.ndarray, t_end: float,
+                   weight_mask: np.ndarray | None = None) -> float:
     dt = np.diff(np.append(times, t_end))
     v = values if weight_mask is None else values * weight_mask
     return float(np.sum(v * dt))
@@ -42,10 +47,10 @@ def _weighted_percentiles(values: np.ndarray, weights: np.ndarray) -> dict[str, 
     order = np.argsort(values)
     v, w = values[order], weights[order]
     cw = np.cumsum(w) / w.sum()
-    return {f"p{p}": float(v[min(np.searchsorted(cw, p / 100), len(v) - 1)]) for p in PCTS}
+    return {f"p{p}": float(v[min(int(np.searchsorted(cw, p / 100)), len(v) - 1)]) for p in PCTS}
 
 
-def _masked_at(times: np.ndarray, periods) -> np.ndarray:
+def _masked_at(times: np.ndarray, periods: list[tuple[float, float]] | None) -> np.ndarray:
     m = np.zeros(len(times), dtype=bool)
     for a, b in periods or []:
         m |= (times >= a) & (times < b)
@@ -107,7 +112,7 @@ def plot_idle(masked: IdleIntervals, path: str, schedule: Schedule | None = None
     ax.step(hours(np.append(times, masked.t1)) / scale, np.append(counts, counts[-1] if len(counts) else 0),
             where="post", lw=0.6, color="tab:blue", label="idle nodes")
     for a, b in masked.masked or []:
-        ax.axvspan(hours(a) / scale, hours(b) / scale, color="0.85", lw=0, label="_outage")
+        ax.axvspan(float(hours(a)) / scale, float(hours(b)) / scale, color="0.85", lw=0, label="_outage")
     ax.set_xlabel(f"{unit} since start")
     ax.set_ylabel("idle nodes")
     ax.set_ylim(0, masked.n_nodes)

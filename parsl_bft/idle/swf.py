@@ -21,8 +21,22 @@ from ..csvio import open_text
 from ..errors import BadRows, InputError
 from .node_assignment import assign_nodes
 from .schedule import Schedule, peak_usage, recorded_schedule
-from .swf_format import (F_ALLOC, F_AVGCPU, F_ID, F_REQPROCS, F_REQTIME, F_RUN, F_SUBMIT, F_WAIT, FIELD_NAMES,
-                         MAX_CORES_PER_NODE, MAX_NODES, MAX_VALUE, SwfTrace, field_label)
+from .swf_format import (
+    F_ALLOC,
+    F_AVGCPU,
+    F_ID,
+    F_REQPROCS,
+    F_REQTIME,
+    F_RUN,
+    F_SUBMIT,
+    F_WAIT,
+    FIELD_NAMES,
+    MAX_CORES_PER_NODE,
+    MAX_NODES,
+    MAX_VALUE,
+    SwfTrace,
+    field_label,
+)
 
 __all__ = ["FIELD_NAMES", "F_ALLOC", "F_AVGCPU", "F_ID", "F_REQPROCS", "F_REQTIME", "F_RUN", "F_SUBMIT", "F_WAIT",
            "MAX_CORES_PER_NODE", "MAX_NODES", "MAX_VALUE", "Schedule", "SwfTrace", "assign_nodes", "peak_usage",

@@ -30,6 +30,9 @@ SETTLED = 0.05       # the signal share at which a layer counts as settled
 
 @dataclass(frozen=True)
 class FreezeProfile:
+    """A job's synthetic layer-settling schedule (the module docstring's model), and the statistics its
+    fragments would report every ``interval`` of progress."""
+
     settle: tuple[float, ...]        # progress at which each layer's signal share falls to SETTLED (inf: never)
     noise: tuple[float, ...]         # each layer's noise energy (its share of the parameters)
     interval: float = 0.02

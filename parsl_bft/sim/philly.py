@@ -50,10 +50,10 @@ def read_philly(path: str | Path, curves: dict[str, ScalingCurve], *, n_jobs: in
     p = str(path)
     bad = BadRows(False)
     rows = []
-    t0 = dt.datetime.fromisoformat(start).replace(tzinfo=dt.timezone.utc).timestamp()
+    t0 = dt.datetime.fromisoformat(start).replace(tzinfo=dt.UTC).timestamp()
     for line, row in read_rows(path, PHILLY_COLUMNS, bad):
         try:
-            t = dt.datetime.fromisoformat(row["timestamp"]).replace(tzinfo=dt.timezone.utc).timestamp()
+            t = dt.datetime.fromisoformat(row["timestamp"]).replace(tzinfo=dt.UTC).timestamp()
         except ValueError:
             raise InputError(p, line, "timestamp", f"not a date and time: {row['timestamp']!r}") from None
         d = parse_number(p, line, "duration", row["duration"], strictly_positive=True)

@@ -3,22 +3,32 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..control import ActiveJob, Controller, Timeline
 from ..errors import ParslBftError
-from ..idle.intervals import IdleIntervals
-from ..idle.predict import make_predictor
+from ..idle.intervals import IdleEvent, IdleIntervals
+from ..idle.predict import Predictor, make_predictor
 from ..jobs import JobSet
 from ..planner.freeze import LayerThroughput, charge_budget
-from .freezing import synthetic_profile
+from ..planner.problem import JobPlanner
+from .freezing import FreezeProfile, synthetic_profile
+
+if TYPE_CHECKING:
+    from ..idle.schedule import Schedule
+    from ..planner.netcost import NetworkCost
 
 
 @dataclass
 class SimResult:
+    """A replay's outcome: the span replayed, the node-seconds idle and allocated, every job's books, the
+    planner's solve times, the timeline for plots and the configuration it ran with."""
+
     start: float
     end: float
     idle_node_s: float
@@ -28,12 +38,13 @@ class SimResult:
     solve_times: list[float]
     jobs: list[ActiveJob]
     timeline: Timeline
-    config: dict
+    config: dict[str, Any]
     comm_node_s: float = 0.0        # allocated node-seconds weighted by the network's rate factor
-    ceiling: dict | None = None     # metrics of the same replay with free rescales and reclaims (the limit)
+    ceiling: dict[str, Any] | None = None    # metrics of the same replay with free rescales and reclaims (the limit)
     frozen_node_s: float = 0.0      # allocated node-seconds of jobs running with layers frozen
 
-    def metrics(self) -> dict:
+    def metrics(self) -> dict[str, Any]:
+        """The headline numbers: e_idle, e_used, utilisation, losses, plans and solve times, JCT and makespan."""
         work = sum(a.state.samples_done / a.state.curve.rate(1) for a in self.jobs)
         st = np.array(self.solve_times) if self.solve_times else np.zeros(1)
         return {
@@ -57,7 +68,7 @@ class SimResult:
             **self.jct_metrics(),
         }
 
-    def jct_metrics(self) -> dict:
+    def jct_metrics(self) -> dict[str, Any]:
         """Average job completion time (arrival to end; jobs still running at the end count until then),
         makespan, jobs over their accuracy budget, and the share of node-seconds trained with layers frozen."""
         jct = [(a.finished_at if a.finished_at is not None else self.end) - a.state.spec.submit for a in self.jobs]
@@ -69,15 +80,17 @@ class SimResult:
                                              for a in self.jobs)),
                 "frozen_share": self.frozen_node_s / self.allocated_node_s if self.allocated_node_s else 0.0}
 
-    def job_rows(self) -> list[dict]:
+    def job_rows(self) -> list[dict[str, Any]]:
+        """One row per job: its progress, costs and freeze level at the end."""
         return [{"name": a.name, "model": a.state.spec.model, "samples_done": a.state.samples_done,
                  "samples": a.state.spec.samples, "finished_at": a.finished_at, "admitted_at": a.admitted_at,
                  "node_s": a.node_seconds, "rescales": a.rescales, "reclaims": a.reclaims,
                  "rescale_loss": a.rescale_loss, "reclaim_loss": a.reclaim_loss, "submit": a.state.spec.submit,
                  "freeze_level": a.state.freeze, "accuracy_spent": a.state.accuracy_spent} for a in self.jobs]
 
-    def per_model(self) -> list[dict]:
-        rows: dict[str, dict] = {}
+    def per_model(self) -> list[dict[str, Any]]:
+        """Per model: jobs, finished, samples, node-seconds and the e_used they reached."""
+        rows: dict[str, dict[str, Any]] = {}
         for a in self.jobs:
             r = rows.setdefault(a.state.spec.model, {"model": a.state.spec.model, "jobs": 0, "finished": 0,
                                                      "samples": 0.0, "node_s": 0.0, "work_1node_s": 0.0})
@@ -90,7 +103,8 @@ class SimResult:
             r["e_used"] = r["work_1node_s"] / r["node_s"] if r["node_s"] else 0.0
         return sorted(rows.values(), key=lambda r: r["model"])
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
+        """Everything for the JSON report: the metrics, the configuration, per model and per job."""
         return {**self.metrics(), "config": self.config, "per_model": self.per_model(), "jobs": self.job_rows()}
 
 
@@ -125,13 +139,14 @@ def placed_in_window(jobset: JobSet, intervals: IdleIntervals, duration: float |
 
 
 def _utc(t: float) -> str:
-    return datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%d %H:%M UTC")
 
 
-def simulate(intervals: IdleIntervals, jobset: JobSet, planner, *, max_concurrent: int = 10,
-             duration: float | None = None, progress=None, submits: str = "absolute",
-             config: dict | None = None, network=None, predict="history", schedule=None,
-             ceiling: bool = False, freeze: bool = True, freeze_profiles: dict | None = None,
+def simulate(intervals: IdleIntervals, jobset: JobSet, planner: JobPlanner, *, max_concurrent: int = 10,
+             duration: float | None = None, progress: Callable[[float], object] | None = None,
+             submits: str = "absolute", config: dict[str, Any] | None = None, network: NetworkCost | None = None,
+             predict: str | Predictor = "history", schedule: Schedule | None = None, ceiling: bool = False,
+             freeze: bool = True, freeze_profiles: dict[str, FreezeProfile] | None = None,
              until_done: bool = False) -> SimResult:
     """Replay ``intervals`` from their first event, for ``duration`` seconds or to their end.
 
@@ -173,21 +188,40 @@ def simulate(intervals: IdleIntervals, jobset: JobSet, planner, *, max_concurren
                 if j.freeze != "off" and j.model in jobset.layers}
     ctl = Controller(jobset.jobs, jobset.curves, planner, max_concurrent=max_concurrent, predictor=predictor,
                      layers=layers)
-    tl = Timeline()
-    t = start
-    idle_s = alloc_s = comm_s = frozen_s = 0.0
-    peak: dict[str, float] = {}           # the furthest each freezable job's training has got
-    n_events = 0
-    pending = first
+    r = _Replay(ctl, events, first, profiles, network)
+    while r.t < end:
+        if r.step(end, until_done):
+            break
+        if progress is not None:
+            progress((r.t - start) / (end - start) if end > start else 1.0)
+    jobs = ctl.done + list(ctl.active.values())
+    return SimResult(start, r.t if until_done else end, r.idle_s, r.alloc_s, r.n_events, ctl.plans,
+                     ctl.solve_times, jobs, r.tl, config or {}, r.comm_s if network is not None else r.alloc_s,
+                     bound, r.frozen_s)
 
-    def finish_time(a: ActiveJob) -> float:
+
+class _Replay:
+    """The replay between events: the clock, the Controller, the next idle event and the node-seconds counted."""
+
+    def __init__(self, ctl: Controller, events: Iterator[IdleEvent], first: IdleEvent,
+                 profiles: dict[str, FreezeProfile], network: NetworkCost | None) -> None:
+        self.ctl, self.events, self.profiles, self.network = ctl, events, profiles, network
+        self.pending: IdleEvent | None = first
+        self.t = first.time
+        self.tl = Timeline()
+        self.idle_s = self.alloc_s = self.comm_s = self.frozen_s = 0.0
+        self.peak: dict[str, float] = {}           # the furthest each freezable job's training has got
+        self.n_events = 0
+
+    def finish_time(self, a: ActiveJob) -> float:
+        """When ``a`` finishes at its current rate."""
         r = a.rate
-        return t + a.state.remaining / r if r > 0 else math.inf
+        return self.t + a.state.remaining / r if r > 0 else math.inf
 
-    def next_report(a: ActiveJob) -> float:
+    def next_report(self, a: ActiveJob) -> float:
         """When a freezable job's fragments next report statistics (every ``interval`` of its progress): the
         planner looks again then, as the runtime does when a fragment ends."""
-        prof, r = profiles.get(a.name), a.rate
+        prof, r, t = self.profiles.get(a.name), a.rate, self.t
         if prof is None or r <= 0:
             return math.inf
         x = a.state.samples_done / a.state.spec.samples
@@ -198,55 +232,56 @@ def simulate(intervals: IdleIntervals, jobset: JobSet, planner, *, max_concurren
             k += 1
         return at
 
-    while t < end:
-        # apply everything that happens at t
-        if pending is not None and pending.time <= t:
-            ctl.nodes_left(pending.left, t)
-            ctl.nodes_joined(pending.joined, pending.joined_until, t)
-            n_events += 1
-            pending = next(events, None)
+    def step(self, end: float, until_done: bool) -> bool:
+        """Apply everything that happens at the current time, re-plan, and advance to the next instant something
+        happens (at most ``end``). True when the replay is over before ``end``."""
+        ctl, t = self.ctl, self.t
+        if self.pending is not None and self.pending.time <= t:
+            ctl.nodes_left(self.pending.left, t)
+            ctl.nodes_joined(self.pending.joined, self.pending.joined_until, t)
+            self.n_events += 1
+            self.pending = next(self.events, None)
         # done: within rounding of its work, or so close that its end is not a later time (Unix-epoch times
         # of an idle trace resolve ~0.2 us: the last crumb of work would otherwise take a zero-length step forever)
         for a in [a for a in ctl.active.values()
-                  if a.state.remaining <= 1e-9 * a.state.spec.samples or finish_time(a) <= t]:
+                  if a.state.remaining <= 1e-9 * a.state.spec.samples or self.finish_time(a) <= t]:
             ctl.job_finished(a.name, t)
         if until_done and not ctl.active and not ctl.waiting:
-            break
+            return True
         for a in ctl.active.values():          # what the job's fragments would have reported by now
-            if a.name in profiles:             # (a charged pause costs time, it does not untrain the model)
-                peak[a.name] = max(peak.get(a.name, 0.0), a.state.samples_done / a.state.spec.samples)
-                a.state.grad_stats = profiles[a.name].stats(peak[a.name])
+            if a.name in self.profiles:        # (a charged pause costs time, it does not untrain the model)
+                self.peak[a.name] = max(self.peak.get(a.name, 0.0), a.state.samples_done / a.state.spec.samples)
+                a.state.grad_stats = self.profiles[a.name].stats(self.peak[a.name])
         ctl.replan(t)
-        if network is not None:
+        if self.network is not None:
             running = [a for a in ctl.active.values() if a.state.size]
-            f = network.factors([(a.state.spec.model, a.state.nodes, a.state.curve.rate(a.state.size))
-                                 for a in running])
+            f = self.network.factors([(a.state.spec.model, a.state.nodes, a.state.curve.rate(a.state.size))
+                                      for a in running])
             for a, x in zip(running, f):
                 a.rate_scale = float(x)
-        tl.record(t, ctl, lambda a: a.state.spec.model)
-        # advance to the next instant something happens
-        nxt = min(pending.time if pending is not None else math.inf, ctl.next_submit(),
-                  min((finish_time(a) for a in ctl.active.values()), default=math.inf),
-                  min((next_report(a) for a in ctl.active.values()), default=math.inf), end)
+        self.tl.record(t, ctl, lambda a: a.state.spec.model)
+        nxt = min(self.pending.time if self.pending is not None else math.inf, ctl.next_submit(),
+                  min((self.finish_time(a) for a in ctl.active.values()), default=math.inf),
+                  min((self.next_report(a) for a in ctl.active.values()), default=math.inf), end)
         nxt = max(nxt, t)
-        dt = nxt - t
+        self.advance(nxt - t)
+        if nxt == t and self.pending is None and not any(a.state.remaining <= 0 for a in ctl.active.values()):
+            return True
+        self.t = nxt
+        return False
+
+    def advance(self, dt: float) -> None:
+        """``dt`` seconds of training at the planned sizes, and of node-seconds counted."""
+        ctl = self.ctl
         for a in ctl.active.values():
             if a.state.size:
                 step = min(a.state.spec.samples - a.state.samples_done, a.rate * dt)
                 if a.state.freeze:             # new progress at this level spends budget; retraining what a
                     charge_budget(a.state, (a.state.samples_done + step) / a.state.spec.samples  # charged pause
-                                  - peak.get(a.name, 0.0))                                        # lost does not
-                    frozen_s += a.state.size * dt
+                                  - self.peak.get(a.name, 0.0))                                   # lost does not
+                    self.frozen_s += a.state.size * dt
                 a.state.samples_done += step
                 a.node_seconds += a.state.size * dt
-                comm_s += a.state.size * dt * a.rate_scale
-        idle_s += len(ctl.pool) * dt
-        alloc_s += ctl.allocated * dt
-        if nxt == t and pending is None and not any(a.state.remaining <= 0 for a in ctl.active.values()):
-            break
-        t = nxt
-        if progress is not None:
-            progress((t - start) / (end - start) if end > start else 1.0)
-    jobs = ctl.done + list(ctl.active.values())
-    return SimResult(start, t if until_done else end, idle_s, alloc_s, n_events, ctl.plans, ctl.solve_times, jobs, tl,
-                     config or {}, comm_s if network is not None else alloc_s, bound, frozen_s)
+                self.comm_s += a.state.size * dt * a.rate_scale
+        self.idle_s += len(ctl.pool) * dt
+        self.alloc_s += ctl.allocated * dt
