@@ -15,11 +15,15 @@ MAX_BYTES = 6 << 20          # one Globus Compute task carries at most 10 MB, ba
 
 @dataclass(frozen=True)
 class Bundle:
+    """What a submission ships: the workflow's name, the files it needs (by path relative to its folder) and
+    its arguments."""
+
     workflow: str                 # relative to the workflow's folder, like every name in files
     files: dict[str, bytes]
     args: tuple[str, ...]
 
     def digest(self, site: str | None) -> str:
+        """A hash of everything shipped and the remote site: the same submission has the same digest."""
         h = hashlib.sha256(json.dumps([self.workflow, list(self.args), site]).encode())
         for name in sorted(self.files):
             h.update(name.encode() + b"\0" + hashlib.sha256(self.files[name]).digest())
@@ -34,7 +38,7 @@ class Bundle:
 def _named_files(source: str, folder: Path) -> set[Path]:
     """Local modules the workflow imports and files it names in string literals ('my_model.py:Net', 'data.csv'),
     when they exist in its folder or below."""
-    found = set()
+    found: set[Path] = set()
     for node in ast.walk(ast.parse(source)):
         names = []
         if isinstance(node, ast.Import):

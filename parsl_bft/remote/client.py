@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import os
 import threading
+from collections.abc import Iterator
 from concurrent.futures import Future
 from contextlib import contextmanager
 from pathlib import Path
@@ -29,11 +30,11 @@ class RemoteError(ParslBftError):
 
 
 class NotLoggedIn(RemoteError):
-    pass
+    """No Globus login on this machine: ``globus-compute-endpoint login`` (or the SDK's login) first."""
 
 
 class EndpointUnavailable(RemoteError):
-    pass
+    """The site's Globus Compute endpoint is not online: start it at the facility."""
 
 
 class RemoteJobFailed(RemoteError):
@@ -43,7 +44,7 @@ class RemoteJobFailed(RemoteError):
 def check_login():
     """The SDK's own app, if it can work without a prompt: client credentials in the environment or tokens from
     an earlier login. Otherwise a clear error - never the interactive login the SDK would start by itself."""
-    from globus_compute_sdk.sdk.auth.globus_app import get_globus_app   # the SDK's own choice of identity
+    from globus_compute_sdk.sdk.auth.globus_app import get_globus_app  # the SDK's own choice of identity
     from globus_sdk import UserApp
 
     try:
@@ -98,6 +99,7 @@ def connect(endpoint_id: str):
 
 
 def endpoint_site(site: Site | str | Path) -> Site:
+    """The site (loaded if a path), checked to name the Globus Compute endpoint runs are submitted through."""
     s = site if isinstance(site, Site) else load_site(site)
     if not s.globus_compute_endpoint:
         raise SiteError(f"site '{s.name}' names no globus_compute_endpoint: runs are submitted through one "
@@ -125,7 +127,7 @@ class RemoteSession:
             out = fut.result(timeout=self.call_timeout_s)
         except TimeoutError:
             raise RemoteError(f"the endpoint did not answer {op} within {self.call_timeout_s:.0f} s") from None
-        except Exception as e:          # noqa: BLE001 - the SDK's task failure, whatever its class
+        except Exception as e:          # the SDK's task failure, whatever its class
             raise RemoteError(f"{op} failed at the endpoint: {' '.join(str(e).split())[-500:]}") from None
         if "error" in out:
             raise RemoteError(out["error"])
@@ -138,6 +140,7 @@ class RemoteSession:
         return self.submit_bundle(make_bundle(workflow, args, files), run_id)
 
     def submit_bundle(self, bundle: Bundle, run_id: str | None = None) -> RemoteRun:
+        """``submit`` for a bundle made already: start it (or resume it) at the facility under ``run_id``."""
         digest = bundle.digest(self.remote.site)
         run_id = facility.check_run_id(run_id or bundle.run_id(self.remote.site))
         request = {"workflow": bundle.workflow, "args": list(bundle.args), "site": self.remote.site,
@@ -182,7 +185,10 @@ class RemoteSession:
 
 
 class RemoteRun:
-    def __init__(self, session: RemoteSession, run_id: str):
+    """One run at the facility, seen from the laptop: its status, logs and cancel, and futures that resolve
+    when its jobs or the whole run end."""
+
+    def __init__(self, session: RemoteSession, run_id: str) -> None:
         self.session = session
         self.run_id = run_id
         self.last: dict | None = None
@@ -198,6 +204,7 @@ class RemoteRun:
         return st
 
     def logs(self, offset: int | None = None) -> dict:
+        """The session's log from ``offset`` on (None: its tail), and the offset to ask from next."""
         return self.session.call("logs", self.run_id, offset)
 
     def cancel(self) -> dict:
@@ -222,9 +229,11 @@ class RemoteRun:
         return self._done
 
     def result(self, timeout: float | None = None) -> dict:
+        """Wait (at most ``timeout`` s) for the run to end: its last status."""
         return self.done().result(timeout)
 
     def waiting(self) -> bool:
+        """Whether a future handed out is still unresolved (the session's poller then keeps asking)."""
         with self._lock:
             return any(not f.done() for f in [*self._jobs.values(), *([self._done] if self._done else [])])
 
@@ -303,7 +312,7 @@ class RemoteRun:
 
 
 @contextmanager
-def remote_session(site: Site | str | Path, poll_s: float = 30.0):
+def remote_session(site: Site | str | Path, poll_s: float = 30.0) -> Iterator[RemoteSession]:
     """A session with the site's Globus Compute endpoint (checked: logged in, endpoint known and online)."""
     s = endpoint_site(site)
     session = RemoteSession(s, connect(str(s.globus_compute_endpoint)), poll_s=poll_s)

@@ -4,14 +4,22 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from contextlib import AbstractContextManager
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from ..errors import UsageError
 from .facility import END_STATES
 from .registry import known_runs, remember
 
+if TYPE_CHECKING:
+    from rich.console import Console
 
-def add_parsers(sub) -> None:
+    from .client import RemoteSession
+
+
+def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add submit, logs, cancel and fetch to the ``parsl-bft`` command line."""
     s = sub.add_parser("submit", help="start a workflow at a facility through its Globus Compute endpoint; "
                        "prints the run id")
     _submit_options(s)
@@ -37,19 +45,20 @@ def add_parsers(sub) -> None:
             p.add_argument("--out", help="folder for the checkpoints (default: ./RUN_ID)")
 
 
-def _submit_options(p) -> None:
+def _submit_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--site", help="a site file naming the facility's globus_compute_endpoint (required)")
     p.add_argument("--file", action="append", default=[], help="another file to ship (in the workflow's folder; "
                    "the files the workflow names are found by themselves)")
     p.add_argument("--run-id", help="name the run (default: the workflow's name and a digest of what is shipped)")
 
 
-def add_site_arg(p) -> None:
+def add_site_arg(p: argparse.ArgumentParser) -> None:
+    """``--site``: the endpoint's site file (stored as ``remote_site``; ``run --site`` means another thing)."""
     p.add_argument("--site", dest="remote_site", help="the endpoint's site file (default: the one the run id was "
                    "submitted with from this machine)")
 
 
-def wants_remote(args) -> bool:
+def wants_remote(args: argparse.Namespace) -> bool:
     """``parsl-bft status X`` means a remote run when --site is given (the endpoint's site file), or X is a run
     id submitted from here and no local directory of that name exists."""
     if getattr(args, "remote_site", None):
@@ -57,7 +66,7 @@ def wants_remote(args) -> bool:
     return not Path(args.state).exists() and args.state in known_runs()
 
 
-def _session(args):
+def _session(args: argparse.Namespace) -> AbstractContextManager[RemoteSession]:
     from .client import remote_session
 
     site = args.remote_site or known_runs().get(args.run_id)
@@ -70,7 +79,8 @@ def _say(text: str) -> None:
     print(text, file=sys.stderr)
 
 
-def cmd_submit(args) -> int:
+def cmd_submit(args: argparse.Namespace) -> int:
+    """Ship a workflow to the facility named by --site and start it there; prints the run id."""
     # no abbreviations: a workflow's own --run or --s after the workflow is the workflow's, not --run-id / --site
     after = argparse.ArgumentParser(prog="parsl-bft submit", add_help=False, allow_abbrev=False)
     _submit_options(after)                 # parsl-bft submit W.py --site S.yaml ARGS, as with parsl-bft run
@@ -91,13 +101,15 @@ def cmd_submit(args) -> int:
         run = remote.submit_bundle(bundle, run_id=args.run_id)
     remember(run.run_id, args.site)
     st = run.last
+    assert st is not None                  # submit_bundle keeps the start's answer
     verb = "started" if st["started"] else f"already submitted ({st['state']}): nothing started"
     _say(f"run {run.run_id}: {verb}; at the facility in {st['folder']} on {st['host']}")
     print(run.run_id)
     return 0
 
 
-def print_status(st: dict, console) -> None:
+def print_status(st: dict[str, Any], console: Console) -> None:
+    """A run's status as one line and a table of its jobs."""
     from rich.table import Table
 
     code = f", exit code {st['exit_code']}" if st["exit_code"] is not None else ""
@@ -112,7 +124,8 @@ def print_status(st: dict, console) -> None:
     console.print(t)
 
 
-def cmd_remote_status(args) -> int:
+def cmd_remote_status(args: argparse.Namespace) -> int:
+    """A remote run's status: its state and each job's progress."""
     from rich.console import Console
 
     args.run_id = args.state
@@ -121,7 +134,8 @@ def cmd_remote_status(args) -> int:
     return 0
 
 
-def cmd_logs(args) -> int:
+def cmd_logs(args: argparse.Namespace) -> int:
+    """Print the run's session log (--follow: until the session ends)."""
     with _session(args) as remote:
         run = remote.run(args.run_id)
         out = run.logs()
@@ -136,7 +150,8 @@ def cmd_logs(args) -> int:
     return 0
 
 
-def cmd_cancel(args) -> int:
+def cmd_cancel(args: argparse.Namespace) -> int:
+    """Ask the run to checkpoint and stop (--wait: until it has)."""
     with _session(args) as remote:
         run = remote.run(args.run_id)
         st = run.cancel()
@@ -147,7 +162,7 @@ def cmd_cancel(args) -> int:
     return 0
 
 
-def cmd_fetch(args) -> int:
+def cmd_fetch(args: argparse.Namespace) -> int:
     """One line per finished job: its name and its final checkpoint (at the facility, or the copy here)."""
     with _session(args) as remote:
         run = remote.run(args.run_id)

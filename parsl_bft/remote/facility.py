@@ -23,7 +23,9 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path, PurePosixPath
+from typing import Any
 
 from ..errors import ParslBftError
 
@@ -45,6 +47,7 @@ def check_run_id(run_id: str) -> str:
 
 
 def run_dir(runs_dir: str, run_id: str) -> Path:
+    """The folder of run ``run_id`` under ``runs_dir`` (the id checked first)."""
     return Path(os.path.expanduser(runs_dir)) / check_run_id(run_id)
 
 
@@ -147,8 +150,8 @@ def _state_dirs(work: Path) -> list[Path]:
 
 
 def _jobs(d: Path) -> list[dict]:
-    from ..execution.report import read_jobs
     from ..execution.jobstore import JobStore
+    from ..execution.report import read_jobs
 
     rows = []
     work = d / "work"
@@ -229,7 +232,8 @@ def _checkpoint(runs_dir: str, run_id: str, state: str, job: str) -> Path:
     raise FacilityError(f"run {run_id}: no checkpoint of job {job!r} in state directory {state!r}")
 
 
-def checkpoint_digest(runs_dir: str, run_id: str, state: str, job: str) -> dict:
+def checkpoint_digest(runs_dir: str, run_id: str, state: str, job: str) -> dict[str, Any]:
+    """Path, size and SHA-256 of a job's final checkpoint: what a fetch checks its copy against."""
     p = _checkpoint(runs_dir, run_id, state, job)
     h = hashlib.sha256()
     with open(p, "rb") as f:
@@ -239,16 +243,17 @@ def checkpoint_digest(runs_dir: str, run_id: str, state: str, job: str) -> dict:
 
 
 def checkpoint_chunk(runs_dir: str, run_id: str, state: str, job: str, offset: int) -> bytes:
+    """CHUNK bytes of a job's final checkpoint from ``offset`` (a fetch copies it chunk by chunk)."""
     with open(_checkpoint(runs_dir, run_id, state, job), "rb") as f:
         f.seek(offset)
         return f.read(CHUNK)
 
 
-_OPS = {"start": start_run, "status": run_status, "logs": run_logs, "cancel": cancel_run,
-        "digest": checkpoint_digest, "chunk": checkpoint_chunk}
+_OPS: dict[str, Callable[..., Any]] = {"start": start_run, "status": run_status, "logs": run_logs,
+                                       "cancel": cancel_run, "digest": checkpoint_digest, "chunk": checkpoint_chunk}
 
 
-def call(op: str, *args):
+def call(op: str, *args: Any) -> dict[str, Any]:
     """The one function the laptop sends: ``{"ok": result}``, or ``{"error": message}`` for a refusal - a
     message, not an exception, because the SDK turns a task's exception into its traceback text."""
     try:

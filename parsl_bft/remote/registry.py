@@ -10,6 +10,7 @@ from pathlib import Path
 
 
 def registry_path() -> Path:
+    """Where the run id -> site file map lives."""
     return Path(os.environ.get("PARSL_BFT_HOME") or Path.home() / ".parsl-bft") / "remote-runs.json"
 
 
@@ -28,6 +29,7 @@ def remember(run_id: str, site_file: str | Path) -> None:
 
 
 def known_runs() -> dict[str, str]:
+    """Run id -> the site file it was submitted with (empty when none, or the file is unreadable)."""
     try:
         runs = json.loads(registry_path().read_text())
     except (FileNotFoundError, ValueError):

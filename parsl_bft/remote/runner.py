@@ -23,7 +23,7 @@ from typing import Any
 from ..errors import ParslBftError
 
 
-def _stop(signum: int, frame: FrameType | None) -> None:  # noqa: ARG001
+def _stop(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt("SIGTERM")    # before and after the training session too: end with exit.json
 
 
@@ -99,7 +99,7 @@ def main(argv: list[str]) -> int:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
     except KeyboardInterrupt:
         code = 130
-    except BaseException:                 # noqa: BLE001 - the workflow's error goes to the log, the code to exit.json
+    except BaseException:                 # the workflow's error goes to the log, the code to exit.json
         traceback.print_exc()
     finally:
         sys.stdout.flush()
