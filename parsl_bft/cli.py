@@ -5,12 +5,21 @@ import argparse
 import json
 import sys
 import warnings
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .csvio import check_output_path
 from .errors import ParslBftError, UsageError
 
-def _console():
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from .idle.intervals import IdleIntervals
+    from .idle.sources import IdleSource
+
+
+def _console() -> Console:
     from rich.console import Console
     return Console(stderr=False)
 
@@ -27,7 +36,8 @@ def _add_source_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lenient", action="store_true", help="skip bad rows (and say how many) instead of failing")
 
 
-def load_selected(args, progress=None):
+def load_selected(args: argparse.Namespace, progress: Callable[[int], object] | None = None
+                  ) -> tuple[IdleSource, IdleIntervals, IdleIntervals]:
     """Load the source named by args and apply --window, --nodes and outage masking."""
     from .idle.sources import load_source, mask_outages, parse_window
 
@@ -44,7 +54,8 @@ def load_selected(args, progress=None):
     return src, raw, masked
 
 
-def cmd_idle(args) -> int:
+def cmd_idle(args: argparse.Namespace) -> int:
+    """Idle-capacity statistics of a job log or idle-interval file, as a table (and JSON, a plot)."""
     from rich.table import Table
 
     from .idle.stats import idle_stats, plot_idle
@@ -78,7 +89,8 @@ def cmd_idle(args) -> int:
     return 0
 
 
-def cmd_jobs(args) -> int:
+def cmd_jobs(args: argparse.Namespace) -> int:
+    """Check a job set and summarise each model's measured scaling."""
     from rich.table import Table
 
     from .jobs import load_jobset
@@ -87,14 +99,14 @@ def cmd_jobs(args) -> int:
     t = Table(title=f"{len(js.jobs)} jobs, {len(js.curves)} models")
     for c in ("model", "jobs", "P(1) samples/s", "P(64)", "speedup@64", "serial fraction (Amdahl fit)"):
         t.add_column(c)
-    for m, c in sorted(js.curves.items()):
-        t.add_row(m, str(sum(j.model == m for j in js.jobs)), f"{c.rate(1):,.0f}", f"{c.rate(64):,.0f}",
-                  f"{c.speedup(64):.1f}", f"{c.serial_fraction:.4f}")
+    for m, curve in sorted(js.curves.items()):
+        t.add_row(m, str(sum(j.model == m for j in js.jobs)), f"{curve.rate(1):,.0f}", f"{curve.rate(64):,.0f}",
+                  f"{curve.speedup(64):.1f}", f"{curve.serial_fraction:.4f}")
     _console().print(t)
     return 0
 
 
-def cmd_demo(args) -> int:
+def cmd_demo(args: argparse.Namespace) -> int:
     """The README's main command: training on an emulated idle pool of the local machine."""
     from .execution.demo import run_demo
 
@@ -106,7 +118,7 @@ def cmd_demo(args) -> int:
     return 0
 
 
-def _refuse_unused_source_options(args) -> None:
+def _refuse_unused_source_options(args: argparse.Namespace) -> None:
     """Options that the chosen source would ignore: a user who sets them expects an effect and would get none."""
     swf_only = {"--schedule": args.schedule != "recorded", "--units": args.units != "auto",
                 "--swf-variant": args.swf_variant != "auto"}
@@ -124,7 +136,8 @@ def _refuse_unused_source_options(args) -> None:
         raise UsageError(f"{', '.join(unused)}: not used here: {why}")
 
 
-def cmd_simulate(args) -> int:
+def cmd_simulate(args: argparse.Namespace) -> int:
+    """Replay idle capacity and train a job set on it with the chosen planner; print the metrics."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from .idle.sources import parse_duration
@@ -152,12 +165,11 @@ def cmd_simulate(args) -> int:
                       network=network if args.placement != "oblivious" else None)
     jobset = load_jobset(args.jobs, args.scaling, lenient=args.lenient)
     if args.cluster is not None:    # a dedicated cluster: free from the first submit until every job is done
-        from types import SimpleNamespace
-
+        from .idle.sources import IdleSource
         from .sim.philly import dedicated_cluster
         t0 = min(j.submit for j in jobset.jobs)
         masked = dedicated_cluster(args.cluster, t0, t0 + 365 * 86400.0)
-        src = SimpleNamespace(description=masked.source, schedule=None)
+        src = IdleSource(masked, None, masked.source)
     else:
         with console.status(f"reading {args.source} ..."):
             src, _, masked = load_selected(args)
@@ -184,7 +196,8 @@ def cmd_simulate(args) -> int:
     return 0
 
 
-def cmd_profile(args) -> int:
+def cmd_profile(args: argparse.Namespace) -> int:
+    """Measure a workload's samples/s on each rank count here, and its rescale costs."""
     from rich.progress import Progress
     from rich.table import Table
 
@@ -224,14 +237,14 @@ def cmd_profile(args) -> int:
         t.add_row(str(p.ranks), str(p.freeze), f"{p.samples_per_sec:,.1f}", f"{p.restore_s:.3f}",
                   f"{p.rendezvous_s:.3f}", f"{p.checkpoint_s:.3f}", f"{p.launch_s:.2f}")
     console.print(t)
-    t_up, t_down = rescale_costs(pts)
+    t_up, _t_down = rescale_costs(pts)
     console.print(f"rescale cost estimate: t_up = t_down = {t_up:.1f} s (use these in the jobs file)")
     if args.out:
         write_profile(args.out, args.model or args.workload, pts, layers)
         console.print(f"wrote {args.out}")
     if layers:
         from .planner.freeze import heldout_errors
-        for model, err in heldout_errors([(args.model or args.workload, p.ranks, p.samples_per_sec, p.freeze,
+        for _model, err in heldout_errors([(args.model or args.workload, p.ranks, p.samples_per_sec, p.freeze,
                                            layers[0], *layers[1][p.freeze]) for p in pts]).items():
             console.print(f"layer-aware throughput model: held-out error {err:.1%} (leave-one-out over the frozen "
                           "points)" if err is not None else "layer-aware throughput model: measure >= 2 frozen "
@@ -251,7 +264,7 @@ def _freeze_levels(text: str | None) -> list[int] | None:
     return sorted(set(levels) | {0})      # level 0 makes the curve the others are predicted from
 
 
-def cmd_run(args) -> int:
+def cmd_run(args: argparse.Namespace) -> int:
     """Run a scientist's workflow file (a Python script using parsl_bft's API) as __main__."""
     path = Path(args.workflow)
     if not path.exists():
@@ -279,7 +292,7 @@ def cmd_run(args) -> int:
     return 0
 
 
-def cmd_status(args) -> int:
+def cmd_status(args: argparse.Namespace) -> int:
     """Per-job progress, nodes held and efficiency so far, from an orchestrator's state directory."""
     from .remote.commands import cmd_remote_status, wants_remote
     if wants_remote(args):              # a run id submitted through Globus Compute (parsl-bft submit)
@@ -306,12 +319,13 @@ def cmd_status(args) -> int:
     for j in jobs:
         if j.row.status == "failed":
             _console().print(Text.assemble((f"{j.name} failed: ", "bold red"), j.error or ""))
-    for ts, kind, d in last:
+    for _ts, kind, d in last:
         _console().print(f"  {kind:15} {json.dumps(d)[:100]}")
     return 0
 
 
-def cmd_sites(args) -> int:
+def cmd_sites(args: argparse.Namespace) -> int:
+    """Validate site files, print the Parsl Config one builds (show), or the field reference (schema)."""
     from .sites import SiteError, load_site
 
     if args.action == "schema":       # the reference of every field (docs/site-files.md)
@@ -341,10 +355,45 @@ def cmd_sites(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The command line: one subcommand per ``cmd_*`` function."""
     p = argparse.ArgumentParser(prog="parsl-bft", description="Train DNNs on the idle nodes of supercomputers.")
     p.add_argument("--debug", action="store_true", help="show the traceback of an error, not just its message")
     sub = p.add_subparsers(dest="cmd", required=True)
+    _add_runtime_parsers(sub)
 
+    i = sub.add_parser("idle", help="idle-capacity statistics and plot of an SWF log or idle-interval CSV")
+    i.add_argument("source", help="*.swf[.gz] job log or node,idle_start,idle_end CSV[.gz]")
+    _add_source_args(i)
+    i.add_argument("--plot", help="write idle nodes over time to this PNG")
+    i.add_argument("--json", help="write the statistics to this JSON file")
+    i.set_defaults(func=cmd_idle)
+
+    _add_simulate_parser(sub)
+
+    pr = sub.add_parser("profile", help="measure a workload's samples/s on 1..k ranks and its rescale overheads")
+    pr.add_argument("workload", help="images | lm | package.module:factory")
+    pr.add_argument("--ranks", default="1,2", help="comma-separated rank counts (default 1,2)")
+    pr.add_argument("--steps", type=int, default=20)
+    pr.add_argument("--global-batch", type=int, default=64)
+    pr.add_argument("--freeze-layers", type=int, default=0)
+    pr.add_argument("--freeze-levels", help="measure with each of these numbers of layers frozen (e.g. 0,1,2) "
+                    "and write the freeze columns the planner's layer elasticity reads")
+    pr.add_argument("--model", help="model name to write in the CSV (default: the workload)")
+    pr.add_argument("--out", help="write a *.scaling.csv here")
+    pr.set_defaults(func=cmd_profile)
+
+    j = sub.add_parser("jobs", help="check and summarise a job set (X.jobs.csv + X.scaling.csv, or YAML)")
+    j.add_argument("jobs")
+    j.add_argument("--scaling")
+    j.add_argument("--lenient", action="store_true")
+    j.set_defaults(func=cmd_jobs)
+    for sp in sub.choices.values():          # --debug also after the command (parsl-bft idle --debug X)
+        sp.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    return p
+
+
+def _add_runtime_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """demo, run, status and sites, and the remote commands (submit, logs, cancel, fetch)."""
     d = sub.add_parser("demo", help="the main demo on the embedded default (the local machine)")
     d.add_argument("--out", default="out/demo", help="folder for plots and JSON")
     d.add_argument("--speedup", type=float, default=30.0, help="replay the trace this many times faster")
@@ -375,13 +424,8 @@ def build_parser() -> argparse.ArgumentParser:
     si.add_argument("files", nargs="*")
     si.set_defaults(func=cmd_sites)
 
-    i = sub.add_parser("idle", help="idle-capacity statistics and plot of an SWF log or idle-interval CSV")
-    i.add_argument("source", help="*.swf[.gz] job log or node,idle_start,idle_end CSV[.gz]")
-    _add_source_args(i)
-    i.add_argument("--plot", help="write idle nodes over time to this PNG")
-    i.add_argument("--json", help="write the statistics to this JSON file")
-    i.set_defaults(func=cmd_idle)
 
+def _add_simulate_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     s = sub.add_parser("simulate", help="replay idle capacity from a log and train a job set on it (model)")
     src = s.add_mutually_exclusive_group(required=True)
     src.add_argument("--idle-intervals", metavar="FILE", help="node,idle_start,idle_end CSV[.gz]")
@@ -421,27 +465,6 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--plot", help="write idle nodes and allocations over time to this PNG")
     s.set_defaults(func=cmd_simulate)
 
-    pr = sub.add_parser("profile", help="measure a workload's samples/s on 1..k ranks and its rescale overheads")
-    pr.add_argument("workload", help="images | lm | package.module:factory")
-    pr.add_argument("--ranks", default="1,2", help="comma-separated rank counts (default 1,2)")
-    pr.add_argument("--steps", type=int, default=20)
-    pr.add_argument("--global-batch", type=int, default=64)
-    pr.add_argument("--freeze-layers", type=int, default=0)
-    pr.add_argument("--freeze-levels", help="measure with each of these numbers of layers frozen (e.g. 0,1,2) "
-                    "and write the freeze columns the planner's layer elasticity reads")
-    pr.add_argument("--model", help="model name to write in the CSV (default: the workload)")
-    pr.add_argument("--out", help="write a *.scaling.csv here")
-    pr.set_defaults(func=cmd_profile)
-
-    j = sub.add_parser("jobs", help="check and summarise a job set (X.jobs.csv + X.scaling.csv, or YAML)")
-    j.add_argument("jobs")
-    j.add_argument("--scaling")
-    j.add_argument("--lenient", action="store_true")
-    j.set_defaults(func=cmd_jobs)
-    for sp in sub.choices.values():          # --debug also after the command (parsl-bft idle --debug X)
-        sp.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
-    return p
-
 
 def _one_line(e: BaseException) -> str:
     return " ".join(str(e).split()) or type(e).__name__
@@ -453,7 +476,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     warnings.simplefilter("default")
     warnings.filterwarnings("ignore", category=DeprecationWarning)   # library deprecations are not the user's
-    warnings.formatwarning = lambda msg, *a, **k: f"warning: {msg}\n"  # type: ignore[assignment]
+    warnings.formatwarning = lambda msg, *a, **k: f"warning: {msg}\n"
     try:
         return args.func(args)
     except (ParslBftError, ValueError) as e:

@@ -8,8 +8,9 @@ import math
 import os
 import stat
 import zlib
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Iterator
+from typing import IO
 
 from .errors import BadRows, InputError
 
@@ -36,7 +37,7 @@ def check_input_file(path: str | Path) -> Path:
 class _Guarded:
     """Lines of a text file; a decompression or decoding error becomes an InputError naming the file and line."""
 
-    def __init__(self, path: Path, fh: io.TextIOBase):
+    def __init__(self, path: Path, fh: IO[str]) -> None:
         self.path, self.fh, self.line = path, fh, 0
 
     def _fail(self, e: BaseException) -> InputError:
@@ -44,7 +45,7 @@ class _Guarded:
             "not UTF-8 text" if isinstance(e, UnicodeDecodeError) else "cannot read"
         return InputError(str(self.path), self.line + 1, None, f"{what} ({type(e).__name__}: {e})")
 
-    def __iter__(self):
+    def __iter__(self) -> _Guarded:
         return self
 
     def __next__(self) -> str:
@@ -66,10 +67,10 @@ class _Guarded:
     def close(self) -> None:
         self.fh.close()
 
-    def __enter__(self):
+    def __enter__(self) -> _Guarded:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 
@@ -87,14 +88,15 @@ def open_text(path: str | Path) -> _Guarded:
 class csv_reader:
     """csv.reader whose own errors (a field over the size limit, a bad quote) name the file and line."""
 
-    def __init__(self, fh, path: str | Path):
+    def __init__(self, fh: Iterable[str], path: str | Path) -> None:
         self._r, self.path = csv.reader(fh), str(path)
 
     @property
     def line_num(self) -> int:
+        """The line the last row read ended on (csv.reader's count: a quoted field may span lines)."""
         return self._r.line_num
 
-    def __iter__(self):
+    def __iter__(self) -> csv_reader:
         return self
 
     def __next__(self) -> list[str]:

@@ -34,13 +34,14 @@ class BadRows:
     without counting it, and keeps the first few errors to show.
     """
 
-    def __init__(self, lenient: bool, keep: int = 5):
+    def __init__(self, lenient: bool, keep: int = 5) -> None:
         self.lenient = lenient
         self.count = 0
         self.examples: list[InputError] = []
         self._keep = keep
 
     def add(self, err: InputError) -> None:
+        """A damaged row: raised at once, or (lenient) counted and kept as an example."""
         if not self.lenient:
             raise err
         self.count += 1
@@ -54,6 +55,7 @@ class BadRows:
             warnings.warn(self.summary(), stacklevel=3)
 
     def summary(self) -> str:
+        """One line: how many rows were skipped and the first few reasons ("" when none)."""
         if not self.count:
             return ""
         first = "; ".join(str(e) for e in self.examples)

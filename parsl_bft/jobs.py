@@ -4,6 +4,7 @@ from __future__ import annotations
 import csv
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
+from typing import Any
 
 from .csvio import parse_number, read_rows, read_small_text
 from .errors import BadRows, InputError
@@ -76,7 +77,10 @@ class JobSpec:
 
 
 class JobSpecError(ValueError):
-    def __init__(self, field: str, msg: str, problem: str = ""):
+    """A job spec that cannot run: ``field`` names the offending field, ``problem`` says what is wrong with it
+    (the message names the job too)."""
+
+    def __init__(self, field: str, msg: str, problem: str = "") -> None:
         super().__init__(msg)
         self.field, self.problem = field, problem or msg
 
@@ -108,10 +112,13 @@ class JobSet:
                                      "freeze while something still trains")
 
     def curve(self, job: JobSpec) -> ScalingCurve:
+        """The throughput curve of ``job``'s model."""
         return self.curves[job.model]
 
 
 def read_jobs_csv(path: str | Path, *, lenient: bool = False) -> list[JobSpec]:
+    """Jobs from a ``*.jobs.csv`` (``JOB_COLUMNS``, optional columns too); errors name the file, line and field
+    (``lenient``: damaged rows are skipped and counted instead)."""
     p = str(path)
     bad = BadRows(lenient)
     jobs: list[JobSpec] = []
@@ -119,8 +126,9 @@ def read_jobs_csv(path: str | Path, *, lenient: bool = False) -> list[JobSpec]:
     for line, row in read_rows(path, JOB_COLUMNS, bad):
         try:
             if row["name"] in seen:
-                raise InputError(p, line, "name", f"duplicate job name {row['name']!r} (first on line {seen[row['name']]})")
-            num = {f: parse_number(p, line, f, row[f], kind=int) for f in ("min_nodes", "max_nodes")}
+                raise InputError(p, line, "name",
+                                 f"duplicate job name {row['name']!r} (first on line {seen[row['name']]})")
+            num: dict[str, Any] = {f: parse_number(p, line, f, row[f], kind=int) for f in ("min_nodes", "max_nodes")}
             num.update({f: parse_number(p, line, f, row[f]) for f in ("t_up", "t_down", "samples", "submit")})
             if row.get("weight"):
                 num["weight"] = parse_number(p, line, "weight", row["weight"])
@@ -133,7 +141,7 @@ def read_jobs_csv(path: str | Path, *, lenient: bool = False) -> list[JobSpec]:
             if row.get("unfreeze"):
                 num["unfreeze"] = _parse_bool(p, line, "unfreeze", row["unfreeze"])
             try:
-                job = JobSpec(name=row["name"], model=row["model"], **num)  # type: ignore[arg-type]
+                job = JobSpec(name=row["name"], model=row["model"], **num)
             except JobSpecError as e:
                 raise InputError(p, line, e.field, str(e)) from None
         except InputError as e:
@@ -145,7 +153,7 @@ def read_jobs_csv(path: str | Path, *, lenient: bool = False) -> list[JobSpec]:
     return jobs
 
 
-def _parse_bool(source: str, line: int, field_name: str, text) -> bool:
+def _parse_bool(source: str, line: int, field_name: str, text: object) -> bool:
     v = str(text).strip().lower()
     if v in ("true", "yes", "1"):
         return True
@@ -155,6 +163,7 @@ def _parse_bool(source: str, line: int, field_name: str, text) -> bool:
 
 
 def write_jobs_csv(path: str | Path, jobs: list[JobSpec]) -> None:
+    """Write ``jobs`` as a ``*.jobs.csv`` (optional columns only where a job sets them)."""
     extra = [c for c in OPTIONAL_COLUMNS if any(getattr(j, c) != OPTIONAL_DEFAULTS[c] for j in jobs)]
     with open(path, "w", newline="") as fh:
         w = csv.writer(fh)
@@ -164,7 +173,7 @@ def write_jobs_csv(path: str | Path, jobs: list[JobSpec]) -> None:
             w.writerow([d[c] if d[c] is not None else "" for c in JOB_COLUMNS + extra])
 
 
-def jobs_from_dicts(items: list[dict], source: str = "<python>") -> list[JobSpec]:
+def jobs_from_dicts(items: list[Any], source: str = "<python>") -> list[JobSpec]:
     """Build jobs from plain dicts (YAML, JSON or a workflow), naming the entry and field on error."""
     known = {f.name for f in fields(JobSpec)}
     out = []
@@ -194,7 +203,7 @@ def jobs_from_dicts(items: list[dict], source: str = "<python>") -> list[JobSpec
     return out
 
 
-def load_yaml(p: Path):
+def load_yaml(p: Path) -> Any:
     """A YAML document from a small regular file; syntax errors, nesting deep enough to exhaust the stack and
     unreadable bytes are InputErrors naming the file (and line)."""
     import yaml

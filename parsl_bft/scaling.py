@@ -75,6 +75,7 @@ class ScalingCurve:
 
     @property
     def serial_fraction(self) -> float:
+        """Amdahl's serial fraction s of the fit P(n) = a n / (1 + s (n - 1))."""
         return self._s
 
     def _amdahl(self, n: np.ndarray) -> np.ndarray:
@@ -100,13 +101,14 @@ class ScalingCurve:
         return self._cache[: max_nodes + 1]
 
     def rate(self, n: int) -> float:
+        """Samples/s on ``n`` nodes (0 on none): measured points as measured, the Amdahl fit between them."""
         return float(self.table(n)[n]) if n > 0 else 0.0
 
     def speedup(self, n: int) -> float:
         """P(n) / P(1): the normalisation that keeps slow models from being starved."""
         return self.rate(n) / self.rate(1)
 
-    def with_point(self, n: int, rate: float) -> "ScalingCurve":
+    def with_point(self, n: int, rate: float) -> ScalingCurve:
         """A new curve with one measurement replaced or added (runtime feedback)."""
         return ScalingCurve(self.model, {**self.points, n: rate})
 
@@ -144,6 +146,9 @@ class LayerProfile:
 
 @dataclass
 class ScalingTable:
+    """A scaling file's contents: one throughput curve per model, and the layer profile of the models measured
+    with layers frozen."""
+
     curves: dict[str, ScalingCurve]
     layers: dict[str, LayerProfile]
 

@@ -103,7 +103,8 @@ class HoleDiscovery(_Strict):
     max_pending_seconds: float = Field(default=30.0, gt=0, description="a pilot still queued after this long is "
                                        "cancelled (the hole was taken)")
     notice_seconds: int = Field(default=60, ge=0, description="the reclaim notice: the scheduler signals a "
-                                "pilot this long before its walltime ends (Slurm --signal), and its fragment checkpoints")
+                                "pilot this long before its walltime ends (Slurm --signal), and its fragment "
+                                "checkpoints")
     max_pilots: int = Field(default=64, ge=1, description="nodes held at most")
     max_jobs: int | None = Field(default=None, ge=1, description="the facility's cap on your queued jobs, where "
                                  "the scheduler does not say (sacctmgr / qstat -Q); holes then share pilots")
@@ -188,7 +189,7 @@ class Site(_Strict):
     emulation: Emulation | None = Field(default=None, description="scheduler local only: the idle pattern "
                                         "replayed on this machine")
     # a bare "dict": the generated reference says "dict or null"
-    topology: dict | None = Field(  # type: ignore[type-arg]
+    topology: dict | None = Field(
         default=None, description="network groups for contention-aware planning: groups or hostname, "
         "gpus_per_node, intra_gbps, inter_gbps (parsl_bft.topology.topology_from_dict)")
 

@@ -18,6 +18,7 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from .hostlist import expand_hostlist
 
@@ -54,6 +55,8 @@ class Topology:
     inter_gbps: float = DEFAULT_INTER_GBPS
     source: str = ""
     singletons: bool = False
+    _compiled: tuple[re.Pattern[str], ...] = field(init=False, repr=False, compare=False)
+    _cache: dict[str, str] = field(init=False, repr=False, compare=False)     # node -> group, by the rules
 
     def __post_init__(self) -> None:
         if self.gpus_per_node < 1:
@@ -74,13 +77,14 @@ class Topology:
         object.__setattr__(self, "_cache", {})
 
     def group(self, node: str) -> str:
+        """The group ``node`` is in: listed, else by the first rule that matches (TopologyError: none)."""
         g = self.groups.get(node)
         if g is not None:
             return g
-        cache = self._cache  # type: ignore[attr-defined]
+        cache = self._cache
         if node in cache:
             return cache[node]
-        for c in self._compiled:  # type: ignore[attr-defined]
+        for c in self._compiled:
             m = c.match(node)
             if m:
                 cache[node] = m.group("group")
@@ -91,6 +95,7 @@ class Topology:
         raise TopologyError(f"node {node!r} is in no group of topology {self.source or '(unnamed)'}")
 
     def by_group(self, nodes: Iterable[str]) -> dict[str, list[str]]:
+        """``nodes`` by group, in their order."""
         out: dict[str, list[str]] = {}
         for n in nodes:
             out.setdefault(self.group(n), []).append(n)
@@ -210,7 +215,7 @@ def topology_from_dict(doc: Mapping, source: str = "topology section") -> Topolo
             if n in groups:
                 raise TopologyError(f"{source}: node {n} is in groups {groups[n]} and {g}")
             groups[n] = str(g)
-    rules = ()
+    rules: tuple[str, ...] = ()
     if "hostname" in doc:
         h = str(doc["hostname"])
         rules = HOSTNAME_RULES.get(h, (h,))
@@ -222,11 +227,13 @@ def topology_from_dict(doc: Mapping, source: str = "topology section") -> Topolo
         raise TopologyError(f"{source}: {e}") from None
 
 
-def hostname_topology(rule: str = "hostname-rack", **kw) -> Topology:
+def hostname_topology(rule: str = "hostname-rack", **kw: Any) -> Topology:
+    """Groups from node names: ``rule`` is a ``HOSTNAME_RULES`` name or a regular expression with a ``group``
+    capture; ``kw`` sets the other Topology fields."""
     return Topology(rules=HOSTNAME_RULES.get(rule, (rule,)), source=rule, **kw)
 
 
-def load_topology(spec: str, **kw) -> Topology:
+def load_topology(spec: str, **kw: Any) -> Topology:
     """``hostname-rack`` | ``hostname:REGEX`` | ``slurm`` (ask the live cluster) | a file: topology.conf / saved
     ``scontrol show topology`` text,
     ``pbsnodes -a -F json`` output (.json), or YAML with a ``topology:`` section (a site file) or the section
@@ -254,7 +261,7 @@ def load_topology(spec: str, **kw) -> Topology:
     return _override(parse_slurm_topology(text, source=str(path)), kw)
 
 
-def _override(t: Topology, kw: dict) -> Topology:
+def _override(t: Topology, kw: dict[str, Any]) -> Topology:
     if not kw:
         return t
     from dataclasses import replace
