@@ -25,6 +25,10 @@ def finish(p, timeout=600):
     return json.loads(out.strip().splitlines()[-1])
 
 
+class RanOutOfTime(AssertionError):
+    """A test's budget ran out while waiting for a condition: says at which step, never a wrong assertion."""
+
+
 def wait_for(pred, timeout=300, step=0.2, what="condition", or_none=False):
     """Conditions, not sleeps: the machine may be loaded; ``timeout`` only stops a hung test (an AssertionError
     naming ``what``; None instead with ``or_none``, where a caller goes on without it)."""
@@ -36,7 +40,7 @@ def wait_for(pred, timeout=300, step=0.2, what="condition", or_none=False):
         time.sleep(step)
     if or_none:
         return None
-    raise AssertionError(f"{what} not met within {timeout} s")
+    raise RanOutOfTime(f"ran out of time at step: {what} (not met within {timeout} s; a loaded machine, or a hang)")
 
 
 def live_ranks(state) -> list[int]:
