@@ -4,5 +4,5 @@ from .orchestrator import Orchestrator, TrainingJob
 from .pool import EmulatedPool, MultiPool, PilotPool, SitePool
 from .session import training_session
 
-__all__ = ["LOCAL_LABEL", "local_config", "Orchestrator", "TrainingJob", "EmulatedPool", "MultiPool", "PilotPool",
-           "SitePool", "training_session"]
+__all__ = ["LOCAL_LABEL", "EmulatedPool", "MultiPool", "Orchestrator", "PilotPool", "SitePool", "TrainingJob",
+           "local_config", "training_session"]

@@ -7,10 +7,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
+from typing import Any
 
 
 @dataclass
 class CheckpointPolicy:
+    """The books the interval comes from (measured saves, node-seconds trained, losses without notice) and the
+    interval itself (the module docstring says how)."""
+
     prior_mtbf_node_s: float = 6 * 3600.0
     prior_save_s: float = 1.0
     min_interval_s: float = 5.0      # never spend more than C / min_interval of the time saving
@@ -26,23 +30,28 @@ class CheckpointPolicy:
                              f"{self.max_interval_s}")
 
     def observe_save(self, seconds: float) -> None:
+        """A fragment saved in ``seconds``: the running mean of C learns it."""
         if seconds > 0:
             self.saves += 1
             self.save_s = seconds if self.save_s is None else self.save_s + (seconds - self.save_s) / self.saves
 
     def observe_training(self, node_seconds: float, lost_without_notice: bool) -> None:
+        """A fragment ended after ``node_seconds`` of training, lost without notice or not: M learns it."""
         self.exposure_node_s += max(node_seconds, 0.0)
         self.losses += int(lost_without_notice)
 
     def mtbf_node_s(self) -> float:
+        """M for one node: (prior + node-seconds trained) / (1 + losses without notice)."""
         return (self.prior_mtbf_node_s + self.exposure_node_s) / (1 + self.losses)
 
     def interval(self, nodes: int, hole_left_s: float = math.inf) -> float:
+        """Seconds between saves for a fragment on ``nodes`` nodes whose hole ends in ``hole_left_s``."""
         c = self.save_s if self.save_s is not None else self.prior_save_s
         tau = math.sqrt(2.0 * c * self.mtbf_node_s() / max(nodes, 1))
         if math.isfinite(hole_left_s):
             tau = min(tau, hole_left_s / 2)
         return min(self.max_interval_s, max(self.min_interval_s, tau))
 
-    def state(self) -> dict:
+    def state(self) -> dict[str, Any]:
+        """The books as plain data (the state directory keeps them across runs)."""
         return asdict(self)

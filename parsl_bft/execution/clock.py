@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Protocol
 
 
@@ -38,10 +39,10 @@ class SimulatedClock:
     """A clock that moves only when slept on: a loop turn costs no real time. ``on_sleep`` (if given) runs after
     each advance, so a test can script what happens at simulated instants."""
 
-    def __init__(self, start: float = 1_000.0, unix_offset: float = 1.7e9):
+    def __init__(self, start: float = 1_000.0, unix_offset: float = 1.7e9) -> None:
         self.now = start
         self.unix_offset = unix_offset
-        self.on_sleep: list = []
+        self.on_sleep: list[Callable[[SimulatedClock], object]] = []
 
     def monotonic(self) -> float:
         """The simulated instant."""

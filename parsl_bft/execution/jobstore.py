@@ -29,8 +29,10 @@ CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 
 @dataclass
 class JobRow:
+    """One job's row: its spec (as the workflow gave it), where it stands, and what it has cost so far."""
+
     name: str
-    spec: dict
+    spec: dict[str, Any]
     status: str = "waiting"        # waiting | running | done | failed
     samples_done: int = 0
     checkpoint: str | None = None
@@ -47,7 +49,8 @@ _COLUMNS = [f.name for f in fields(JobRow)]
 log = logging.getLogger("parsl_bft.events")
 
 
-def damaged_advice(path: Path, err: Exception) -> str:
+def damaged_advice(path: Path, err: object) -> str:
+    """What to tell a user whose state database cannot be read: the checkpoints are safe, and how to go on."""
     return (f"state database {path} is damaged or not an orchestrator's ({err}). The checkpoints under "
             f"{path.parent}/jobs are kept: move {path.name} aside (e.g. to {path.name}.damaged) and submit the jobs "
             "again - each resumes from its newest good checkpoint")
@@ -56,7 +59,7 @@ def damaged_advice(path: Path, err: Exception) -> str:
 class JobStore:
     """``readonly``: for ``parsl-bft status`` - nothing is created or changed, a damaged database is a StateError."""
 
-    def __init__(self, path: str | Path, *, readonly: bool = False):
+    def __init__(self, path: str | Path, *, readonly: bool = False) -> None:
         self.path = Path(path)
         try:
             if readonly:
@@ -78,6 +81,7 @@ class JobStore:
             raise StateError(damaged_advice(self.path, e)) from None
 
     def jobs(self) -> dict[str, JobRow]:
+        """Every job's row, by name, in the order they were added."""
         cur = self.db.execute(f"SELECT {', '.join(_COLUMNS)} FROM jobs ORDER BY rowid")
         out = {}
         for row in cur:
@@ -92,13 +96,16 @@ class JobStore:
         return out
 
     def job(self, name: str) -> JobRow:
+        """One job's row (KeyError: no such job)."""
         return self.jobs()[name]
 
-    def add(self, name: str, spec: dict) -> None:
+    def add(self, name: str, spec: dict[str, Any]) -> None:
+        """A new job, waiting; a job of that name already there is left as it is."""
         self.db.execute("INSERT INTO jobs (name, spec, status, samples_done, updated) VALUES (?, ?, 'waiting', 0, ?)"
                         " ON CONFLICT(name) DO NOTHING", (name, json.dumps(spec), time.time()))
 
-    def update(self, name: str, **values) -> None:
+    def update(self, name: str, **values: Any) -> None:
+        """Set some of a job's fields (``JobRow``'s, but not name, spec or updated)."""
         bad = [k for k in values if k not in _COLUMNS or k in ("name", "spec", "updated")]
         if bad:
             raise KeyError(f"not a job field: {', '.join(bad)}")
@@ -117,17 +124,21 @@ class JobStore:
         log.info("%s %s", kind, text[:500])
         self.db.execute("INSERT INTO events VALUES (?, ?, ?)", (time.time(), kind, text))
 
-    def events(self, kind: str | None = None) -> list[tuple[float, str, dict]]:
+    def events(self, kind: str | None = None) -> list[tuple[float, str, dict[str, Any]]]:
+        """The event log (of one ``kind`` if given), oldest first: (unix time, kind, fields)."""
         q = "SELECT t, kind, detail FROM events" + (" WHERE kind = ?" if kind else "") + " ORDER BY rowid"
         return [(t, k, json.loads(d)) for t, k, d in self.db.execute(q, (kind,) if kind else ())]
 
-    def set_meta(self, key: str, value) -> None:
+    def set_meta(self, key: str, value: Any) -> None:
+        """Keep one measured value (JSON) under ``key``."""
         self.db.execute("INSERT INTO meta VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
                         (key, json.dumps(value)))
 
-    def meta(self, key: str, default=None):
+    def meta(self, key: str, default: Any = None) -> Any:
+        """The value kept under ``key`` (``default`` if none)."""
         row = self.db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
         return json.loads(row[0]) if row else default
 
     def close(self) -> None:
+        """Close the database."""
         self.db.close()

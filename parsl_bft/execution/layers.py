@@ -2,7 +2,7 @@
 its model) and what a finished fragment tells it (gradient statistics, budget spent at the level it ran)."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 from ..planner.freeze import LayerThroughput, charge_budget
 from ..planner.problem import JobState
@@ -30,7 +30,7 @@ def fragment_reported(state: JobState, result: FragmentResult) -> None:
     budget, keep its statistics, and follow a re-measured curve."""
     if state.layers is None:
         return
-    layers = cast(LayerThroughput, state.layers)      # JobState keeps it untyped (the planner's own business)
+    layers = state.layers
     charge_budget(state, (result.samples_done - state.samples_done) / state.spec.samples)
     state.grad_stats = result.grad_stats or state.grad_stats
     if layers.curve is not state.curve:

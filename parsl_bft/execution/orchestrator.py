@@ -19,20 +19,34 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import asdict, replace
 from pathlib import Path
+from typing import IO, Any
+
+from torch.distributed import TCPStore
 
 from ..control import Controller, Timeline
 from ..jobs import JobSpec
 from ..nodes import local_name, node_id, site_of
+from ..planner.freeze import LayerThroughput
 from ..scaling import ScalingCurve
 from ..train.checkpoint import CheckpointStore
 from ..train.config import FragmentResult
-from ..train.protocol import JobDir
+from ..train.protocol import JobDir, Progress
 from . import events
 from .checkpoint_policy import CheckpointPolicy
 from .clock import Clock, SystemClock
 from .errors import JobFailed, RunStopped, StateError, StateLocked
-from .fragments import (Collected, FragmentRunner, Fragments, Outcome, Running, collect, failure_event,
-                        fragment_config, new_fragment_id, newest_step)
+from .fragments import (
+    Collected,
+    FragmentRunner,
+    Fragments,
+    Outcome,
+    Running,
+    collect,
+    failure_event,
+    fragment_config,
+    new_fragment_id,
+    newest_step,
+)
 from .htex import SiteRunner
 from .jobstore import JobRow, JobStore, damaged_advice
 from .layers import fragment_reported, job_layers
@@ -58,13 +72,14 @@ class Orchestrator:
                  executor: str = "bft_local", checkpoint_dir: str | Path | None = None, ranks_per_node: int = 1,
                  max_concurrent: int = 10, poll_s: float = 0.2, max_failures: int = 3, settle_s: float = 1.5,
                  warm_up: bool = True, weights: dict[str, float] | None = None,
-                 checkpoint_policy: CheckpointPolicy | None = None, state_lock=None, clock: Clock | None = None,
-                 runners: Callable[[dict[str, SitePool]], dict[str, FragmentRunner]] | None = None):
+                 checkpoint_policy: CheckpointPolicy | None = None, state_lock: IO[str] | None = None,
+                 clock: Clock | None = None,
+                 runners: Callable[[dict[str, SitePool]], dict[str, FragmentRunner]] | None = None) -> None:
         self.clock: Clock = clock or SystemClock()
         self._make_runners = runners or self._site_runners      # tests: fragments without Parsl
         self.state = StateDir(state_dir)
         self.dir = self.state.root
-        self._lock = state_lock or self.state.lock()     # state_lock: taken already (training_session)
+        self._lock: IO[str] | None = state_lock or self.state.lock()     # state_lock: taken already (training_session)
         self.db = JobStore(self.state.database)
         self.pool, self.planner = pool, planner
         # one site, or several (a MultiPool: node ids 'site:node', one executor per site)
@@ -82,8 +97,8 @@ class Orchestrator:
         self.failures: dict[str, int] = {}     # consecutive failures that were not reclaims
         self.jobs: dict[str, TrainingJob] = {}
         self.curves: dict[str, ScalingCurve] = {}
-        self.layers: dict = {}       # freezable job -> planner.freeze.LayerThroughput (execution/layers.py)
-        self.futures: dict[str, Future] = {}
+        self.layers: dict[str, LayerThroughput] = {}       # freezable jobs' (execution/layers.py)
+        self.futures: dict[str, Future[str | None]] = {}
         self.fragments = Fragments(self.db, self.job_dir)
         self.running: dict[str, Running] = self.fragments.running
         self.generation = self.fragments.generation
@@ -91,12 +106,12 @@ class Orchestrator:
         self.pool_node_s = 0.0
         self.warm_up_s = 0.0
         self._runners: dict[str, FragmentRunner] = {}
-        self._store = None
+        self._store: TCPStore | None = None
         self._thread: threading.Thread | None = None   # the loop, when it runs in the background (start())
         self._stopping = threading.Event()
         self._arrivals: list[str] = []                 # jobs submitted while the loop runs
         self._noticed: set[str] = set()                # nodes on notice whose pilots we have not let go yet
-        self._summary: dict | None = None
+        self._summary: dict[str, Any] | None = None
         self._error: BaseException | None = None
         self.job_site: dict[str, str] = {}     # where each job's checkpoints are (the site it last ran at)
         for name, row in self.db.jobs().items():        # a restart: everything the last orchestrator had
@@ -116,7 +131,7 @@ class Orchestrator:
             self._lock = None
 
     # --- the scientist's API -------------------------------------------------------------------------
-    def submit(self, job: TrainingJob) -> Future:
+    def submit(self, job: TrainingJob) -> Future[str | None]:
         """Declare a job; the future resolves to the path of its final checkpoint. ``workload_args`` values may
         be futures (a Parsl app preparing the data, another job's checkpoint): the job is declared when they
         have resolved."""
@@ -131,19 +146,19 @@ class Orchestrator:
         self._arrivals.append(job.name)     # the running loop (if any) picks it up at its next turn
         return fut
 
-    def _submit_after(self, job: TrainingJob, inputs: dict[str, Future]) -> Future:
+    def _submit_after(self, job: TrainingJob, inputs: dict[str, Future[Any]]) -> Future[str | None]:
         return submit_when_ready(job, inputs, self.submit,
                                  lambda: RunStopped(f"job {job.name!r}: the run stopped before its inputs were ready")
                                  if self._stopping.is_set() else None)
 
-    def start(self, *, progress=None) -> "Orchestrator":
+    def start(self, *, progress: Callable[[Orchestrator], object] | None = None) -> Orchestrator:
         """Run the loop in the background: futures resolve on their own, Parsl apps can wait on them, and jobs
         submitted later join the running plan. ``wait()`` for the jobs, ``stop()`` to checkpoint and leave."""
         if self._thread is None:
-            def loop():
+            def loop() -> None:
                 try:
                     self._summary = self.run(progress=progress, _background=True)
-                except BaseException as e:  # noqa: BLE001 - reaches every waiting future instead
+                except BaseException as e:  # reaches every waiting future instead
                     self._error = e
                     for f in self.futures.values():
                         if not f.done():
@@ -164,7 +179,7 @@ class Orchestrator:
             time.sleep(0.1)
         return all(f.done() for f in self.futures.values())
 
-    def stop(self) -> dict | None:
+    def stop(self) -> dict[str, Any] | None:
         """Leave the background loop: running fragments checkpoint, pilots are given back; futures of jobs not
         done get ``RunStopped`` (nothing waits forever on them). Returns the summary."""
         self._stopping.set()
@@ -178,7 +193,7 @@ class Orchestrator:
             raise self._error
         return self._summary
 
-    def _add(self, job: TrainingJob, row: JobRow | None) -> Future:
+    def _add(self, job: TrainingJob, row: JobRow | None) -> Future[str | None]:
         """Track a job: a new one (``row`` None: persist it) or one found in the state database."""
         self.jobs[job.name] = job
         self.job_site[job.name] = self.db.meta(f"site:{job.name}") or next(iter(self.sites))
@@ -189,7 +204,7 @@ class Orchestrator:
         if job.freeze != "off":
             self.layers[job.name] = job_layers(job.name, job.workload, job.global_batch, job.workload_args,
                                                self.curves[job.name])
-        fut: Future = Future()
+        fut: Future[str | None] = Future()
         self.futures[job.name] = fut
         if row is None:
             self.db.add(job.name, asdict(job))
@@ -211,7 +226,8 @@ class Orchestrator:
         return self.state.jobs_root(site, self.sites[site].checkpoint_dir) / name
 
     # --- the loop ------------------------------------------------------------------------------------
-    def run(self, *, progress=None, timeout_s: float | None = None, _background: bool = False) -> dict:
+    def run(self, *, progress: Callable[[Orchestrator], object] | None = None, timeout_s: float | None = None,
+            _background: bool = False) -> dict[str, Any]:
         """Drive every job to completion (or until ``timeout_s``); returns the run's summary. However it is
         left - done, timeout, an exception, Ctrl-C or SIGTERM - running fragments are asked to checkpoint and
         collected, and every pilot is given back. After ``start()``: wait for the jobs (then, on timeout,
@@ -255,10 +271,11 @@ class Orchestrator:
         from ..train.launcher import serve_store
 
         gang = any(s.pool.gang for s in sites.values())
-        self._store = serve_store("" if gang else "127.0.0.1")
-        return {name: SiteRunner(name, s, self._store) for name, s in sites.items()}
+        store = self._store = serve_store("" if gang else "127.0.0.1")
+        return {name: SiteRunner(name, s, store) for name, s in sites.items()}
 
-    def _loop(self, ctl: Controller, t_start: float, progress, timeout_s: float | None, stay: bool) -> str:
+    def _loop(self, ctl: Controller, t_start: float, progress: Callable[[Orchestrator], object] | None,
+              timeout_s: float | None, stay: bool) -> str:
         """Returns why it ended: every job done, timeout, or stopped (``stay``: keep going when all are done,
         for jobs still to come, until ``stop()``). One turn: arrivals, time, pool events, fragments, the plan."""
         last = self.clock.monotonic()
@@ -505,7 +522,7 @@ class Orchestrator:
     # --- reporting -----------------------------------------------------------------------------------
     def live_progress(self) -> dict[str, float]:
         """Samples done per job, including what running fragments have reported since they started."""
-        out = {}
+        out: dict[str, float] = {}
         rows = self.db.jobs()
         for name, job in list(self.jobs.items()):
             done = rows[name].samples_done if name in rows else 0
@@ -515,11 +532,11 @@ class Orchestrator:
             out[name] = min(done, job.samples)
         return out
 
-    def last_report(self, name: str):
+    def last_report(self, name: str) -> Progress | None:
         """The newest progress report of the job's fragments (step, samples, loss, ranks), or None."""
         return JobDir(self.job_dir(name)).progress()
 
-    def summary(self, wall_s: float) -> dict:
+    def summary(self, wall_s: float) -> dict[str, Any]:
         """The run's table (``report.run_summary``)."""
         return run_summary(self.db, self.dir, self.curves, wall_s=wall_s, warm_up_s=self.warm_up_s,
                            pool_node_s=self.pool_node_s)

@@ -119,7 +119,7 @@ class PilotProvider(ClusterProvider):
     """
 
     STATES: ClassVar[dict[str, JobState]] = {}
-    multi_node: ClassVar[bool] = False   # can one pilot start a worker pool on each of several nodes (``on_each_node``)?
+    multi_node: ClassVar[bool] = False   # can one pilot start a worker pool on each of several nodes (on_each_node)?
     can_target: ClassVar[bool] = False   # can a pilot be aimed at given idle nodes (``pilot_target``)?
     cmd: BatchCommands
 
@@ -285,7 +285,9 @@ class PilotProvider(ClusterProvider):
         the job's process tree would). Running into the end of a hole is a pilot's normal end."""
         mark = '"$BFT_MARK"'                       # the path is quoted once, here (spaces, quotes, $ in it)
         return [f"BFT_MARK={shlex.quote(str(self.script_dir))}/\"${job_id_var}\".noticed",
-                f"trap 'touch {mark}' USR1", f"trap 'touch {mark}; kill -TERM -- -$CHILD 2>/dev/null; sleep 3; kill -KILL -- -$CHILD 2>/dev/null' TERM",
+                f"trap 'touch {mark}' USR1",
+                f"trap 'touch {mark}; kill -TERM -- -$CHILD 2>/dev/null; sleep 3; kill -KILL -- -$CHILD 2>/dev/null'"
+                " TERM",
                 "CHILD=$!", "wait $CHILD; rc=$?",
                 "while kill -0 $CHILD 2>/dev/null; do wait $CHILD; rc=$?; done",
                 f"[ -e {mark} ] && exit 0", "exit $rc"]

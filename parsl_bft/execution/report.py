@@ -65,7 +65,8 @@ def open_state(root: str | Path) -> JobStore:
     return JobStore(db_path, readonly=True)
 
 
-def read_state(root: str | Path, *, last_events: int = 0) -> tuple[list[JobReport], list[tuple[float, str, dict[str, Any]]]]:
+def read_state(root: str | Path, *,
+               last_events: int = 0) -> tuple[list[JobReport], list[tuple[float, str, dict[str, Any]]]]:
     """Jobs and the newest ``last_events`` events of a state directory, read-only; a damaged database is a
     StateError that says what to do."""
     db = open_state(root)

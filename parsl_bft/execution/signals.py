@@ -14,7 +14,7 @@ class Terminated(KeyboardInterrupt):
     """SIGTERM arrived; it unwinds like Ctrl-C."""
 
 
-def _raise_terminated(signum: int, frame: FrameType | None) -> None:  # noqa: ARG001
+def _raise_terminated(signum: int, frame: FrameType | None) -> None:
     raise Terminated("SIGTERM")
 
 

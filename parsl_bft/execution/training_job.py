@@ -105,15 +105,16 @@ def check_json_args(job: TrainingJob) -> None:
                              f"(they are stored with the job): pass {hint}") from None
 
 
-def submit_when_ready(job: TrainingJob, inputs: dict[str, Future], submit: Callable[[TrainingJob], Future],
-                      refused: Callable[[], BaseException | None]) -> Future:
+def submit_when_ready(job: TrainingJob, inputs: dict[str, Future[Any]],
+                      submit: Callable[[TrainingJob], Future[Any]],
+                      refused: Callable[[], BaseException | None]) -> Future[Any]:
     """A job whose ``workload_args`` hold futures (``inputs``: a Parsl app preparing the data, another job's
     checkpoint) is submitted once they have all resolved, with their results in place; the returned future
     follows the job's. An upstream failure, a bad spec, or ``refused()`` (the run has stopped) reaches it."""
-    out: Future = Future()
+    out: Future[Any] = Future()
     once = threading.Lock()
 
-    def ready(_: Future) -> None:
+    def ready(_: Future[Any]) -> None:
         if not all(f.done() for f in inputs.values()) or not once.acquire(blocking=False):
             return
         err = refused()
@@ -123,7 +124,7 @@ def submit_when_ready(job: TrainingJob, inputs: dict[str, Future], submit: Calla
         try:
             args = {k: inputs[k].result() if k in inputs else v for k, v in job.workload_args.items()}
             inner = submit(replace(job, workload_args=args))
-        except BaseException as e:  # noqa: BLE001 - an upstream failure or a bad spec reaches the job's future
+        except BaseException as e:  # an upstream failure or a bad spec reaches the job's future
             out.set_exception(e)
             return
         inner.add_done_callback(lambda f: out.set_exception(f.exception()) if f.exception()

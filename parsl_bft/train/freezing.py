@@ -9,6 +9,8 @@ the optimizer never sees the prefix, so its weights stay bit-for-bit what the ch
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -34,8 +36,10 @@ def _names_in_optimizer_order(model: nn.Module, optimizer: torch.optim.Optimizer
     return [name[id(p)] for g in optimizer.param_groups for p in g["params"]]
 
 
-def carry_optimizer_state(saved: dict, model: nn.Module, blocks: list[nn.Module], saved_level: int,
-                          optimizer: torch.optim.Optimizer, build_optimizer) -> dict:
+def carry_optimizer_state(saved: dict[str, Any], model: nn.Module, blocks: list[nn.Module], saved_level: int,
+                          optimizer: torch.optim.Optimizer,
+                          build_optimizer: Callable[[list[nn.Parameter]], torch.optim.Optimizer]
+                          ) -> dict[str, Any]:
     """``saved`` (an optimizer state_dict written at ``saved_level``) renumbered for ``optimizer``, built at the
     current level: parameters trainable at both levels keep their state (momentum, Adam moments), newly
     unfrozen ones start fresh, newly frozen ones drop theirs; hyperparameters (a schedule's lr) carry over."""
@@ -75,8 +79,8 @@ class GradRecorder:
 
     KEYS = ("prev", "now", "signal_prev", "signal", "energy")
 
-    def __init__(self, blocks: list[nn.Module], frozen: int, restored: dict | None = None,
-                 every: int | None = None, interval: int = INTERVAL):
+    def __init__(self, blocks: list[nn.Module], frozen: int, restored: dict[str, Any] | None = None,
+                 every: int | None = None, interval: int = INTERVAL) -> None:
         self.blocks, self.frozen, self.interval = blocks, frozen, max(2, interval)
         self.every = max(1, min(every or max(1, self.interval // SAMPLES_PER_INTERVAL), self.interval // 2))
         n = len(blocks)
@@ -103,10 +107,11 @@ class GradRecorder:
                 gs = [p.grad.detach().reshape(-1).float() for p in b.parameters() if p.grad is not None]
                 self.l1[i] += sum(float(g.abs().sum()) for g in gs)
                 self.sq[i] += sum(float(g.square().sum()) for g in gs)
-                if self.sums[i] is None:
+                sums = self.sums[i]
+                if sums is None:
                     self.sums[i] = [g.clone() for g in gs]
                 else:
-                    for acc, g in zip(self.sums[i], gs):
+                    for acc, g in zip(sums, gs):
                         acc.add_(g)
         if step - self.start + self.every >= self.interval:
             t = self.samples
@@ -122,10 +127,11 @@ class GradRecorder:
                 st["energy"][i] = self.sq[i] / t
             self._reset()
 
-    def state(self) -> dict:
+    def state(self) -> dict[str, list[float]]:
+        """Every statistic per layer (what the checkpoint keeps)."""
         return {k: list(v) for k, v in self.stats.items()}
 
-    def report(self) -> dict:
+    def report(self) -> dict[str, list[float]]:
         """The statistics once two intervals of the trainable layers are complete, else {} (layers frozen before
         they had statistics stay nan: the penalty model counts them as costly)."""
         if any(math.isnan(x) for k in ("prev", "now") for x in self.stats[k][self.frozen:]):
@@ -133,8 +139,8 @@ class GradRecorder:
         return self.state()
 
 
-def layer_shares(model: nn.Module, blocks: list[nn.Module], batch, loss_fn,
-                 reps: int = 10) -> dict[int, tuple[float, float]]:
+def layer_shares(model: nn.Module, blocks: list[nn.Module], batch: Any,
+                 loss_fn: Callable[[nn.Module, Any], torch.Tensor], reps: int = 10) -> dict[int, tuple[float, float]]:
     """level -> (share of a training step's compute, share of the parameters) in the first ``level`` blocks,
     for every level that leaves a block training. Compute is each block's forward time (hooks, best of
     ``reps``): a layer's backward costs about twice its forward, so forward shares are training-time shares."""

@@ -12,6 +12,7 @@ fragment, so the job resumes from the last good one.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -224,10 +225,8 @@ def _die_with_forkserver() -> None:
     # never sees its worker die. A rank that starts processes of its own makes its own forkserver.
     fs: Any = getattr(forkserver, "_forkserver", None)
     if getattr(fs, "_forkserver_alive_fd", None) is not None:
-        try:
+        with contextlib.suppress(OSError):
             os.close(fs._forkserver_alive_fd)
-        except OSError:
-            pass
         fs._forkserver_alive_fd = None
     parent = os.getppid()
     try:
@@ -248,8 +247,8 @@ def _rank_entry(cfg_file: str, env: dict[str, str], log_path: str, job_dir: str,
     os.dup2(fd, 1)       # a file, not a pipe: a chatty rank must never block on its output
     os.dup2(fd, 2)
     os.close(fd)
-    sys.stdout = open(1, "w", buffering=1, closefd=False)
-    sys.stderr = open(2, "w", buffering=1, closefd=False)
+    sys.stdout = open(1, "w", buffering=1, closefd=False)   # noqa: SIM115 (the rank's stdout until it exits)
+    sys.stderr = open(2, "w", buffering=1, closefd=False)   # noqa: SIM115
     try:
         main(["--config", cfg_file])
     except BaseException as e:          # torch.distributed.elastic's @record: the launcher names who failed first
@@ -275,10 +274,8 @@ class _Rank:
 
     def send_signal(self, sig: int) -> None:
         """``sig`` to the rank, unless it has already gone."""
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(self.pid, sig)
-        except ProcessLookupError:
-            pass
 
     def kill(self) -> None:
         """SIGKILL."""

@@ -4,8 +4,10 @@ from __future__ import annotations
 import shutil
 import tempfile
 import time
-from dataclasses import dataclass
+from collections.abc import Callable, Sized
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any, cast
 
 from ..scaling import write_scaling_csv
 from .fragment import FragmentConfig
@@ -14,6 +16,9 @@ from .launcher import run_fragment
 
 @dataclass
 class ProfilePoint:
+    """One measurement: samples/s on ``ranks`` ranks with ``freeze`` layers frozen, and what the fragment spent
+    around its training (restore, rendezvous, the final save, launching)."""
+
     ranks: int
     samples_per_sec: float
     restore_s: float
@@ -23,7 +28,8 @@ class ProfilePoint:
     freeze: int = 0          # layers frozen while measuring
 
 
-def measure_layer_shares(workload: str, global_batch: int = 64, workload_args=None) -> tuple[int, dict]:
+def measure_layer_shares(workload: str, global_batch: int = 64, workload_args: dict[str, Any] | None = None
+                         ) -> tuple[int, dict[int, tuple[float, float]]]:
     """(number of layers, level -> (frozen share of compute, of parameters)) of a workload's model."""
     from torch.utils.data import TensorDataset
 
@@ -34,13 +40,15 @@ def measure_layer_shares(workload: str, global_batch: int = 64, workload_args=No
     data = wl.dataset()
     model = wl.build_model()
     blocks = wl.blocks(model)
-    n = min(global_batch, len(data))
+    n = min(global_batch, len(cast(Sized, data)))      # a workload's dataset is map-style: it has a length
     batch = data[list(range(n))] if isinstance(data, TensorDataset) else wl.collate([data[i] for i in range(n)])
     return len(blocks), layer_shares(model, blocks, batch, wl.loss)
 
 
-def profile(workload: str, ranks: list[int], *, steps: int = 20, global_batch: int = 64, workload_args=None,
-            freeze_layers: int = 0, freeze_levels: list[int] | None = None, progress=None) -> list[ProfilePoint]:
+def profile(workload: str, ranks: list[int], *, steps: int = 20, global_batch: int = 64,
+            workload_args: dict[str, Any] | None = None, freeze_layers: int = 0,
+            freeze_levels: list[int] | None = None,
+            progress: Callable[[int], object] | None = None) -> list[ProfilePoint]:
     """For each rank count (and freeze level: ``freeze_levels``, else ``freeze_layers`` alone): one warm-up
     fragment (creates a checkpoint), then a measured fragment that restores it, as every fragment after a
     rescale does."""
@@ -49,13 +57,14 @@ def profile(workload: str, ranks: list[int], *, steps: int = 20, global_batch: i
     for i, (n, freeze_layers) in enumerate(configs):
         d = Path(tempfile.mkdtemp(prefix="parsl-bft-profile-"))
         try:
-            base = dict(job="profile", workload=workload, checkpoint_dir=str(d), world_size=n,
-                        global_batch=global_batch, workload_args=workload_args or {}, freeze_layers=freeze_layers,
-                        fsync=False)
-            run_fragment(FragmentConfig(**base, steps=2))
+            warm_up = FragmentConfig(job="profile", workload=workload, checkpoint_dir=str(d), world_size=n,
+                                     global_batch=global_batch, workload_args=workload_args or {},
+                                     freeze_layers=freeze_layers, fsync=False, steps=2)
+            run_fragment(warm_up)
             t = time.perf_counter()
-            r = run_fragment(FragmentConfig(**base, steps=steps))
+            r = run_fragment(replace(warm_up, steps=steps))
             wall = time.perf_counter() - t
+            assert r is not None                # every rank ran here: rank 0's result
             out.append(ProfilePoint(n, r.throughput, r.restore_s, r.rendezvous_s, r.checkpoint_s, wall - r.train_s,
                                     freeze_layers))
         finally:
@@ -66,7 +75,7 @@ def profile(workload: str, ranks: list[int], *, steps: int = 20, global_batch: i
 
 
 def write_profile(path: str | Path, model: str, points: list[ProfilePoint],
-                  layers: tuple[int, dict] | None = None) -> None:
+                  layers: tuple[int, dict[int, tuple[float, float]]] | None = None) -> None:
     """The ``*.scaling.csv``; with ``layers`` (``measure_layer_shares``) every row carries its freeze level and
     frozen shares (the planner chooses among the measured levels and predicts their unmeasured sizes)."""
     if layers is None:

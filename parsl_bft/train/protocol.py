@@ -27,6 +27,7 @@ from pathlib import Path
 
 
 def hostname() -> str:
+    """This host's name, as the rank pid files and temporary files are named."""
     return socket.gethostname()
 
 
@@ -43,6 +44,8 @@ def proc_start_time(pid: int) -> str | None:
 
 @dataclass
 class Progress:
+    """Rank 0's live report (``progress.json``): where training stands and how much work a loss would cost."""
+
     step: int
     samples_done: int
     loss: float
@@ -54,6 +57,8 @@ class Progress:
 
 @dataclass
 class RankError:
+    """A failed rank's exception, where and when it happened, and its traceback (``.errors/<frag>/rank<r>.json``)."""
+
     rank: int
     host: str
     pid: int
@@ -63,6 +68,7 @@ class RankError:
     traceback: str
 
     def summary(self, lines: int = 200) -> str:
+        """Who failed first (rank, host, exception) and the last ``lines`` lines of the traceback."""
         tb = "\n".join(self.traceback.rstrip().splitlines()[-lines:])
         return f"rank {self.rank} on {self.host} failed first: {self.kind}: {self.message}\n{tb}"
 
@@ -70,22 +76,26 @@ class RankError:
 class JobDir:
     """One job's directory at one site, as both sides see it."""
 
-    def __init__(self, path: str | Path):
+    def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
 
-    def ensure(self) -> "JobDir":
+    def ensure(self) -> JobDir:
+        """Create the directory if it is not there yet."""
         self.path.mkdir(parents=True, exist_ok=True)
         return self
 
     # --- stop requests -------------------------------------------------------------------------------
     @property
     def stop_file(self) -> Path:
+        """The ``STOP`` file a running fragment watches."""
         return self.path / "STOP"
 
     def request_stop(self) -> None:
+        """Ask the running fragment to checkpoint and stop."""
         self.stop_file.touch()
 
     def clear_stop(self) -> None:
+        """Withdraw the stop request (before the next fragment starts)."""
         self.stop_file.unlink(missing_ok=True)
 
     # --- fencing -------------------------------------------------------------------------------------
@@ -106,6 +116,7 @@ class JobDir:
         self._mark("GENERATION", generation)
 
     def owner(self) -> str | None:
+        """The orchestrator life that owns the job (None: none has yet)."""
         return self._marked("GENERATION")
 
     def run_fragment(self, fragment: str) -> None:
@@ -114,15 +125,18 @@ class JobDir:
         self._mark("FRAGMENT", fragment)
 
     def current_fragment(self) -> str | None:
+        """The fragment the job runs as now (None: none started yet)."""
         return self._marked("FRAGMENT")
 
     # --- progress ------------------------------------------------------------------------------------
     def write_progress(self, p: Progress) -> None:
+        """Replace ``progress.json`` with ``p`` (atomically)."""
         tmp = self.path / f".progress.{hostname()}.{os.getpid()}"
         tmp.write_text(json.dumps(asdict(p)))
         os.replace(tmp, self.path / "progress.json")       # never a half-written file for the reader
 
     def progress(self) -> Progress | None:
+        """The newest progress report, or None (none yet, or unreadable)."""
         try:
             return Progress(**json.loads((self.path / "progress.json").read_text()))
         except (FileNotFoundError, ValueError, TypeError):
@@ -165,14 +179,17 @@ class JobDir:
         return self.path / "logs" / f"{fragment}-rank{rank}.log"
 
     def prune_logs(self) -> None:
+        """Keep the newest ``KEEP_LOGS`` rank logs."""
         logs = sorted((self.path / "logs").glob("*.log"), key=lambda f: f.stat().st_mtime if f.exists() else 0)
         for f in logs[: -self.KEEP_LOGS]:
             f.unlink(missing_ok=True)
 
     def errors_dir(self, fragment: str) -> Path:
+        """Where the failed ranks of ``fragment`` leave their errors."""
         return self.path / ".errors" / fragment
 
     def record_error(self, fragment: str, rank: int, exc: BaseException) -> None:
+        """Leave rank ``rank``'s exception (message and traceback, bounded) for the launcher's failure report."""
         d = self.errors_dir(fragment)
         d.mkdir(parents=True, exist_ok=True)
         err = RankError(rank, hostname(), os.getpid(), time.time(), type(exc).__name__, str(exc)[:2000],
@@ -192,6 +209,7 @@ class JobDir:
         return sorted(out, key=lambda e: (e.t, e.rank))
 
     def forget_fragment(self, fragment: str) -> None:
+        """Remove the fragment's recorded rank errors (it has been reported)."""
         d = self.errors_dir(fragment)
         if d.exists():
             for f in d.iterdir():

@@ -18,15 +18,18 @@ import importlib.util
 import math
 import random
 import sys
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any, cast
 
 import torch
 from torch import nn
+from torch.optim.lr_scheduler import LambdaLR, LRScheduler
 from torch.utils.data import Dataset, TensorDataset, default_collate
 
 
-def lr_schedule(optimizer, schedule: str | None, total_steps: int | None, warmup: float | str = 0.0,
-                steps_per_epoch: int | None = None):
+def lr_schedule(optimizer: torch.optim.Optimizer, schedule: str | None, total_steps: int | None,
+                warmup: float | str = 0.0, steps_per_epoch: int | None = None) -> LambdaLR | None:
     """A learning-rate schedule stated in fractions of the run, so it means the same whatever the job's size, or
     in epochs (a number with an ``e``: "30e"): None or "constant", "cosine" (to 0 at the end), "linear" (to 0),
     "step:GAMMA@M1,M2,..." (multiply by GAMMA at each mark: 0.5 = half-way, 30e = after 30 epochs);
@@ -36,7 +39,7 @@ def lr_schedule(optimizer, schedule: str | None, total_steps: int | None, warmup
     if total_steps is None or total_steps < 1:
         raise ValueError(f"schedule {schedule!r} / warmup needs the run's length: give the job its samples")
 
-    def steps(mark) -> float:
+    def steps(mark: float | str) -> float:
         text = str(mark).strip()
         if text.endswith("e"):
             if not steps_per_epoch:
@@ -55,8 +58,8 @@ def lr_schedule(optimizer, schedule: str | None, total_steps: int | None, warmup
         raise ValueError(f"unknown schedule {schedule!r}: use constant, cosine, linear or step:GAMMA@F1,F2")
     if kind == "step":
         try:
-            gamma, fracs = arg.split("@")
-            gamma, marks = float(gamma), [steps(f) for f in fracs.split(",")]
+            gamma_text, fracs = arg.split("@")
+            gamma, marks = float(gamma_text), [steps(f) for f in fracs.split(",")]
         except ValueError as e:
             raise ValueError(f"schedule {schedule!r}: write step:GAMMA@M1,M2 (fractions of the run, e.g. "
                              f"step:0.1@0.5,0.75, or epochs, e.g. step:0.1@30e,60e): {e}") from None
@@ -72,33 +75,41 @@ def lr_schedule(optimizer, schedule: str | None, total_steps: int | None, warmup
         if kind == "step":
             return gamma ** sum(step >= m for m in marks)
         return 1.0
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+    return LambdaLR(optimizer, factor)
 
 
 class Workload:
+    """The default of every part but the model and the data (the module docstring lists the parts): subclass it
+    and override what differs. ``kwargs`` are the workload arguments a subclass does not take itself."""
+
     name = "workload"
 
     def __init__(self, seed: int = 0, lr: float = 0.05, schedule: str | None = None, warmup: float | str = 0.0,
-                 eval_every: int = 0, **kwargs):
+                 eval_every: int = 0, **kwargs: Any) -> None:
         self.seed, self.lr, self.schedule, self.warmup, self.kwargs = seed, lr, schedule, warmup, kwargs
         if eval_every < 0:
             raise ValueError(f"eval_every is a number of steps >= 0, got {eval_every}")
         self.eval_every = eval_every
 
     def build_model(self) -> nn.Module:
+        """A new model, the same on every rank (seed it)."""
         raise NotImplementedError
 
-    def dataset(self) -> Dataset:
+    def dataset(self) -> Dataset[Any]:
+        """The training data: a map-style dataset whose item i is always the same."""
         raise NotImplementedError
 
-    def loss(self, model: nn.Module, batch) -> torch.Tensor:
+    def loss(self, model: nn.Module, batch: Any) -> torch.Tensor:
+        """The mean loss of one batch (default: cross entropy of ``model(x)`` against ``y``)."""
         x, y = batch
         return nn.functional.cross_entropy(model(x), y)
 
-    def build_optimizer(self, params) -> torch.optim.Optimizer:
+    def build_optimizer(self, params: Iterable[torch.Tensor]) -> torch.optim.Optimizer:
+        """The optimizer of the trainable ``params`` (default: SGD with momentum 0.9 at ``lr``)."""
         return torch.optim.SGD(params, lr=self.lr, momentum=0.9)
 
-    def build_scheduler(self, optimizer, total_steps: int | None = None, steps_per_epoch: int | None = None):
+    def build_scheduler(self, optimizer: torch.optim.Optimizer, total_steps: int | None = None,
+                        steps_per_epoch: int | None = None) -> LRScheduler | None:
         """No schedule unless the workload names one (see ``lr_schedule``)."""
         return lr_schedule(optimizer, self.schedule, total_steps, self.warmup, steps_per_epoch)
 
@@ -113,11 +124,12 @@ class Workload:
         """Each step's metrics on rank 0 (step, loss, world size, evaluation results): print them (the rank's
         log keeps them) or send them to your tracker."""
 
-    def collate(self, items: list):
+    def collate(self, items: list[Any]) -> Any:
         """How items of ``dataset()`` become one batch."""
         return default_collate(items)
 
     def blocks(self, model: nn.Module) -> list[nn.Module]:
+        """The model's layers in input-to-output order (default: its children); freezing L freezes the first L."""
         return list(model.children())
 
 
@@ -128,11 +140,12 @@ class SyntheticImages(Workload):
     name = "images"
 
     def __init__(self, seed: int = 0, lr: float = 0.05, n: int = 4096, classes: int = 10, size: int = 16,
-                 width: int = 16, noise: float = 0.8, **kw):
+                 width: int = 16, noise: float = 0.8, **kw: Any) -> None:
         super().__init__(seed, lr, **kw)
         self.n, self.classes, self.size, self.width, self.noise = n, classes, size, width, noise
 
-    def dataset(self) -> Dataset:
+    def dataset(self) -> Dataset[Any]:
+        """``n`` noisy, shifted copies of one smooth random prototype per class (fixed by the seed)."""
         g = torch.Generator().manual_seed(10_000 + self.seed)
         protos = torch.nn.functional.avg_pool2d(torch.randn(self.classes, 3, self.size, self.size, generator=g),
                                                 3, 1, 1) * 3
@@ -144,6 +157,7 @@ class SyntheticImages(Workload):
         return TensorDataset(x, y)
 
     def build_model(self) -> nn.Module:
+        """Three conv blocks and a linear head (four layers to freeze)."""
         torch.manual_seed(self.seed)
         w = self.width
         return nn.Sequential(
@@ -174,13 +188,14 @@ class TinyLM(Workload):
     name = "lm"
 
     def __init__(self, seed: int = 0, lr: float = 3e-3, n_chars: int = 200_000, context: int = 32, dim: int = 64,
-                 layers: int = 2, heads: int = 4, **kw):
+                 layers: int = 2, heads: int = 4, **kw: Any) -> None:
         super().__init__(seed, lr, **kw)
         self.n_chars, self.context, self.dim, self.layers, self.heads = n_chars, context, dim, layers, heads
         self.text = generate_text(n_chars, seed)
         self.vocab = sorted(set(self.text))
 
-    def dataset(self) -> Dataset:
+    def dataset(self) -> Dataset[Any]:
+        """The text cut into ``context``-character windows, each with the next characters as its targets."""
         ids = torch.tensor([self.vocab.index(c) for c in self.text], dtype=torch.long)
         n = (len(ids) - 1) // self.context
         x = ids[: n * self.context].view(n, self.context)
@@ -188,23 +203,30 @@ class TinyLM(Workload):
         return TensorDataset(x, y)
 
     def build_model(self) -> nn.Module:
+        """A small causal transformer over the text's characters."""
         torch.manual_seed(self.seed)
         return _TinyTransformer(len(self.vocab), self.context, self.dim, self.layers, self.heads)
 
-    def loss(self, model, batch):
+    def loss(self, model: nn.Module, batch: Any) -> torch.Tensor:
+        """Next-character cross entropy over every position."""
         x, y = batch
         logits = model(x)
         return nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
 
-    def build_optimizer(self, params):
+    def build_optimizer(self, params: Iterable[torch.Tensor]) -> torch.optim.Optimizer:
+        """AdamW at ``lr``, weight decay 0.01."""
         return torch.optim.AdamW(params, lr=self.lr, weight_decay=0.01)
 
-    def blocks(self, model):
-        return [model.embed, *model.layers, model.head]
+    def blocks(self, model: nn.Module) -> list[nn.Module]:
+        """The embedding, each transformer layer, the head."""
+        m = cast(_TinyTransformer, model)
+        return [m.embed, *m.layers, m.head]
 
 
 class _TinyTransformer(nn.Module):
-    def __init__(self, vocab: int, context: int, dim: int, layers: int, heads: int):
+    mask: torch.Tensor
+
+    def __init__(self, vocab: int, context: int, dim: int, layers: int, heads: int) -> None:
         super().__init__()
         self.embed = _Embed(vocab, context, dim)
         self.layers = nn.ModuleList(nn.TransformerEncoderLayer(dim, heads, 4 * dim, dropout=0.0, batch_first=True)
@@ -212,22 +234,24 @@ class _TinyTransformer(nn.Module):
         self.head = nn.Sequential(nn.LayerNorm(dim), nn.Linear(dim, vocab))
         self.register_buffer("mask", nn.Transformer.generate_square_subsequent_mask(context), persistent=False)
 
-    def forward(self, x):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.embed(x)
         mask = self.mask[: x.shape[1], : x.shape[1]]
         for layer in self.layers:
             h = layer(h, src_mask=mask, is_causal=True)
-        return self.head(h)
+        out: torch.Tensor = self.head(h)
+        return out
 
 
 class _Embed(nn.Module):
-    def __init__(self, vocab: int, context: int, dim: int):
+    def __init__(self, vocab: int, context: int, dim: int) -> None:
         super().__init__()
         self.tok = nn.Embedding(vocab, dim)
         self.pos = nn.Parameter(torch.zeros(context, dim))
 
-    def forward(self, x):
-        return self.tok(x) + self.pos[: x.shape[1]]
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        tokens: torch.Tensor = self.tok(x)
+        return tokens + self.pos[: x.shape[1]]
 
 
 WORKLOADS = {"images": SyntheticImages, "lm": TinyLM}
@@ -256,7 +280,7 @@ def load_attr(spec: str, what: str = "workload") -> object:
         raise ValueError(f"cannot load {what} {spec!r}: {e}") from None
 
 
-def workload_factory(spec: str):
+def workload_factory(spec: str) -> Callable[..., Workload]:
     """'images' | 'lm' | 'package.module:factory' | '/path/to/file.py:factory': the class or function that
     returns the Workload (loading it is the check that the spec names one)."""
     if spec in WORKLOADS:
@@ -264,9 +288,9 @@ def workload_factory(spec: str):
     if ":" not in spec:
         raise ValueError(f"unknown workload {spec!r}: use {', '.join(WORKLOADS)}, 'package.module:factory' "
                          "or '/path/to/file.py:factory'")
-    return load_attr(spec)
+    return cast(Callable[..., Workload], load_attr(spec))    # the user's factory, taken at its word
 
 
-def make_workload(spec: str, **kwargs) -> Workload:
+def make_workload(spec: str, **kwargs: Any) -> Workload:
     """The Workload ``spec`` names (``workload_factory``), built with ``kwargs``."""
     return workload_factory(spec)(**kwargs)

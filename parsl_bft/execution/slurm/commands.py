@@ -175,7 +175,7 @@ class SlurmCommands(SchedulerCommands):
         argv = ["sacct", "-X", "-P", "-n", "-j", ",".join(job_ids), "-o", "JobID,State"]
         rc, out, _ = self.runner(argv)
         if rc == 0 and "accounting storage is disabled" in out:     # no slurmdbd: the completion log
-            rc, out, _ = self.runner(argv[:1] + ["-c"] + argv[1:])
+            rc, out, _ = self.runner([*argv[:1], "-c", *argv[1:]])
         return parse_sacct(out) if rc == 0 else []
 
     def submit(self, script_path: str) -> str:

@@ -49,7 +49,8 @@ class SlurmPilotProvider(PilotProvider, RepresentationMixin):
     }
     multi_node: ClassVar[bool] = True
     can_target: ClassVar[bool] = True
-    RESERVATIONS_EVERY_S: ClassVar[float] = 60.0   # reservations are made by hand, hours ahead: a minute-old view is fresh
+    # reservations are made by hand, hours ahead: a minute-old view is fresh
+    RESERVATIONS_EVERY_S: ClassVar[float] = 60.0
 
     @typeguard.typechecked
     def __init__(self, partition: str = "debug", *, qos: str | None = None, account: str | None = None,

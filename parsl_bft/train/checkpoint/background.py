@@ -61,7 +61,7 @@ class BackgroundSave:
         def body() -> None:
             try:
                 fn()
-            except BaseException as e:  # noqa: BLE001 - handed to whoever waits next
+            except BaseException as e:  # handed to whoever waits next
                 self._error = e
 
         self._thread = threading.Thread(target=body, name="checkpoint-writer", daemon=True)

@@ -17,8 +17,20 @@ import numpy as np
 import torch
 import xxhash
 
-from .format import (BY_NAME, FORMAT, NUMERIC_KINDS, NUMPY_UNSUPPORTED, PARTS, ROOT_ATTRS, VERSION, CheckpointError,
-                     MetaChecksum, TrainingState, as_count, digest)
+from .format import (
+    BY_NAME,
+    FORMAT,
+    NUMERIC_KINDS,
+    NUMPY_UNSUPPORTED,
+    PARTS,
+    ROOT_ATTRS,
+    VERSION,
+    CheckpointError,
+    MetaChecksum,
+    TrainingState,
+    as_count,
+    digest,
+)
 
 _PIECE = 1 << 18             # data is read and hashed in pieces this large: each hashed while still in the core's
                              # L2 cache (half the hash's cost with 4 MiB pieces, measured)
@@ -253,7 +265,7 @@ def load_checkpoint(path: str | Path, *, arrays: bool = True,
             return _read_state(r, into)
     except CheckpointError:
         raise
-    except Exception as e:  # noqa: BLE001 - RuntimeError (HDF5), MemoryError, RecursionError (deep JSON), ...
+    except Exception as e:  # RuntimeError (HDF5), MemoryError, RecursionError (deep JSON), ...
         raise CheckpointError(p, f"damaged structure ({type(e).__name__}: {str(e)[:200]})", r.where,
                               written=r.written) from None
 
@@ -268,7 +280,7 @@ def _open(p: str, arrays: bool) -> _Reader:
         raise CheckpointError(p, "not a regular file")
     try:
         f = h5py.File(p, "r")
-    except Exception as e:  # noqa: BLE001 - h5py raises OSError, ValueError, RuntimeError ... on damaged files
+    except Exception as e:  # h5py raises OSError, ValueError, RuntimeError ... on damaged files
         raise CheckpointError(p, f"not a readable HDF5 file ({type(e).__name__}: {e})") from None
     # HDF5's own descriptor, and that file's size: a save may have replaced the file at this path since the stat
     fd = f.id.get_vfd_handle()

@@ -16,8 +16,17 @@ import numpy as np
 import torch
 
 from .files import fault, temporary
-from .format import (FORMAT, NUMERIC_KINDS, NUMPY_UNSUPPORTED, PARTS, ROOT_ATTRS, VERSION, MetaChecksum, TrainingState,
-                     digest)
+from .format import (
+    FORMAT,
+    NUMERIC_KINDS,
+    NUMPY_UNSUPPORTED,
+    PARTS,
+    ROOT_ATTRS,
+    VERSION,
+    MetaChecksum,
+    TrainingState,
+    digest,
+)
 
 
 class _Writer:
