@@ -1,8 +1,8 @@
 import os
-import time
 import pickle
 import subprocess
 import sys
+import time
 
 import h5py
 import numpy as np
@@ -10,8 +10,16 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies
 
-from parsl_bft.train.checkpoint import (BackgroundSave, CheckpointError, CheckpointStore, TrainingState,
-                                        capture_rng, load_checkpoint, restore_rng, save_checkpoint)
+from parsl_bft.train.checkpoint import (
+    BackgroundSave,
+    CheckpointError,
+    CheckpointStore,
+    TrainingState,
+    capture_rng,
+    load_checkpoint,
+    restore_rng,
+    save_checkpoint,
+)
 
 
 def sample_state(step=1):
@@ -136,9 +144,9 @@ def test_truncated_or_foreign_file(tmp_path):
 def test_writer_killed_mid_write_leaves_previous_intact(tmp_path):
     store = CheckpointStore(tmp_path)
     store.save(sample_state(step=1))
-    code = ("import sys; sys.path.insert(0, %r); from tests.test_checkpoint import sample_state; "
-            "from parsl_bft.train.checkpoint import CheckpointStore; CheckpointStore(%r).save(sample_state(step=2))"
-            % (os.getcwd(), str(tmp_path)))
+    code = (f"import sys; sys.path.insert(0, {os.getcwd()!r}); from tests.test_checkpoint import sample_state; "
+            "from parsl_bft.train.checkpoint import CheckpointStore; "
+            f"CheckpointStore({str(tmp_path)!r}).save(sample_state(step=2))")
     r = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PARSL_BFT_FAULT": "save:optimizer"})
     assert r.returncode == -9                                     # killed half-way through the write
     assert [p.name for p in store.paths()] == ["ckpt-000000001.h5"]   # no half-written checkpoint visible
@@ -253,7 +261,8 @@ def test_background_copy_of_every_tensor_layout(tmp_path):
     assert back.optimizer["state"][0]["step"].item() == 3.0
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="NOT RUN: needs a CUDA GPU (pinned-buffer saves from GPU tensors are unchecked on this machine and in CI)")
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="NOT RUN: needs a CUDA GPU (pinned-buffer saves from GPU "
+                    "tensors are unchecked on this machine and in CI)")
 def test_background_copy_from_a_gpu_goes_to_pinned_buffers(tmp_path):
     st = TrainingState(model={"w": torch.randn(256, 256, device="cuda"), "b": torch.randn(256, device="cuda")})
     bg = BackgroundSave(lambda s: save_checkpoint(tmp_path / "c.h5", s, fsync=False))
@@ -312,7 +321,7 @@ def test_a_restore_into_the_live_model_reads_each_tensor_into_it(tmp_path):
     back = load_checkpoint(path, into=live)
     assert back.model["0.weight"].shape == (3, 4) and torch.equal(back.model["1.bias"], model[1].bias)
     assert torch.equal(back.model["1.weight"], model[1].weight) and not live["1.bias"].any()
-    with pytest.raises(RuntimeError, match="size mismatch for 0.weight"):
+    with pytest.raises(RuntimeError, match=r"size mismatch for 0.weight"):
         wider.load_state_dict(back.model)
 
 
@@ -404,7 +413,7 @@ def test_the_store_refuses_a_good_checkpoint_that_cannot_rewrite_what_a_damaged_
     newest = store.save(TrainingState(model=bn_model().state_dict(), step=2), fsync=False)
     flip_byte(newest, "model/k6")                                      # 1.num_batches_tracked, the last tensor
     model = bn_model()
-    with pytest.raises(CheckpointError, match="does not hold 1 of the tensors it overwrote .*num_batches_tracked"):
+    with pytest.raises(CheckpointError, match=r"does not hold 1 of the tensors it overwrote .*num_batches_tracked"):
         store.latest(into=model.state_dict())
     assert store.skipped[0].written == tuple(model.state_dict()) and store.paths() == [good]
     fresh = bn_model()

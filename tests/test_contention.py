@@ -6,10 +6,24 @@ import math
 import numpy as np
 import pytest
 
-from parsl_bft.planner.contention import (CommParams, Instance, Schedule, contention, degradation, first_fit,
-                                          first_fit_backfill, iteration_time, iterations_per_slot, list_scheduling,
-                                          paper_instance, random_placement, random_servers, run, sjf_bco,
-                                          sjf_bco_trial)
+from parsl_bft.planner.contention import (
+    CommParams,
+    Instance,
+    Schedule,
+    contention,
+    degradation,
+    first_fit,
+    first_fit_backfill,
+    iteration_time,
+    iterations_per_slot,
+    list_scheduling,
+    paper_instance,
+    random_placement,
+    random_servers,
+    run,
+    sjf_bco,
+    sjf_bco_trial,
+)
 from parsl_bft.planner.contention.milp import options, solve_optimal
 
 P = CommParams(alpha=0.5, xi1=1.0, xi2=1.0, b_intra=10.0, b_inter=1.0, reduce_speed=100.0, overhead=1e-3)

@@ -11,16 +11,26 @@ from pathlib import Path
 import pytest
 import torch
 
-from parsl_bft.execution.pool import EmulatedPool
 from parsl_bft.execution.jobstore import JobStore
+from parsl_bft.execution.pool import EmulatedPool
 from parsl_bft.train.checkpoint import CheckpointStore, load_checkpoint
 from parsl_bft.train.protocol import JobDir
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from harness import (Beside, assert_nothing_left, assert_same_training, break_next_checkpoint_write,  # noqa: E402
-                     check_chain, finish, kill_a_rank, live_ranks, start_orchestrator, wait_for,
-                     wait_training)
+from harness import (  # noqa: E402
+    Beside,
+    assert_nothing_left,
+    assert_same_training,
+    break_next_checkpoint_write,
+    check_chain,
+    finish,
+    kill_a_rank,
+    live_ranks,
+    start_orchestrator,
+    wait_for,
+    wait_training,
+)
 from orchestrate import EMULATED_IMG_STEPS  # noqa: E402
 
 
@@ -278,7 +288,7 @@ def test_one_signal_to_parsl_bft_run_checkpoints_and_leaves_nothing_behind(tmp_p
             os.killpg(p.pid, signal.SIGINT)
         else:
             p.send_signal(signal.SIGTERM)
-        out, err = p.communicate(timeout=300)
+        _out, err = p.communicate(timeout=300)
     finally:
         if p.poll() is None:
             p.kill()
@@ -346,9 +356,9 @@ def test_a_users_own_training_loop_trains_on_idle_nodes_like_one_uninterrupted_r
                 assert steps_of(fut).result(timeout=500) == steps
                 final = load_checkpoint(fut.result())                  # the future: the final checkpoint's path
             assert steps_of(fut.result()).result(timeout=60) == steps  # the user's DataFlowKernel lives on
-            with pytest.raises(ValueError, match=r"already loaded has executor\(s\) \[.bft_steady.\]"):
-                with training_session(tmp_path / "state2", str(site)):
-                    pass
+            with pytest.raises(ValueError, match=r"already loaded has executor\(s\) \[.bft_steady.\]"), \
+                    training_session(tmp_path / "state2", str(site)):
+                pass
         reference.wait()
     want = CheckpointStore(ref).latest()
     assert final.step == want.step == steps
@@ -405,8 +415,8 @@ def test_workload_args_that_are_not_json_name_the_field(tmp_path):
         orch.submit(TrainingJob("a", workload_args={"data": tmp_path, "n": 1}))
     with pytest.raises(ValueError, match=r"workload_args\['lr'\] is a float, not a JSON value"):
         orch.submit(TrainingJob("a", workload_args={"lr": float("nan")}))
-    with pytest.raises(ValueError, match="workload 'imgaes': write 'images' or 'lm', 'package.module:factory'"):
+    with pytest.raises(ValueError, match=r"workload 'imgaes': write 'images' or 'lm', 'package.module:factory'"):
         orch.submit(TrainingJob("a", workload="imgaes"))          # a typo: at submit, not later in a rank
-    with pytest.raises(ValueError, match="workload 'missing.py:Model': no such file missing.py"):
+    with pytest.raises(ValueError, match=r"workload 'missing.py:Model': no such file missing.py"):
         orch.submit(TrainingJob("a", workload="missing.py:Model"))
     assert orch.jobs == {}                                     # nothing half-declared

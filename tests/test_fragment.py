@@ -3,7 +3,6 @@ import os
 import signal
 import sys
 import threading
-
 from pathlib import Path
 
 import pytest
@@ -15,7 +14,7 @@ from parsl_bft.train.launcher import run_fragment, run_gang_task, serve_store
 from parsl_bft.train.protocol import JobDir
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import wait_for  # noqa: E402
+from harness import wait_for
 
 
 def cfg(d, **kw):
@@ -75,7 +74,7 @@ def test_a_gang_of_node_tasks_trains_exactly_like_one_launcher(tmp_path, monkeyp
 
 def test_a_gang_share_without_its_peers_gives_up_with_a_clear_error(tmp_path):
     server = serve_store()
-    with pytest.raises(FragmentFailed, match="rank 1 on .* failed first: .*(Timeout|timed out|timeout)"):
+    with pytest.raises(FragmentFailed, match=r"rank 1 on .* failed first: .*(Timeout|timed out|timeout)"):
         run_gang_task(cfg(tmp_path, steps=1, world_size=2, timeout_s=3), 1, f"127.0.0.1:{server.port}")
 
 

@@ -2,9 +2,9 @@
 from types import SimpleNamespace
 
 import numpy as np
+import pytest
 import torch
 from torch import nn
-import pytest
 
 from parsl_bft.errors import InputError
 from parsl_bft.jobs import JobSet, JobSpec, load_jobset, read_jobs_csv, write_jobs_csv
@@ -312,7 +312,7 @@ def test_simulated_cluster_finishes_sooner_with_freezing_and_within_budgets(tmp_
     for flag in ([], ["--no-freeze"]):
         path = tmp_path / f"r{len(flag)}.json"
         assert main(["simulate", "--cluster", "4", "--jobs", str(tmp_path / "x.jobs.csv"), "--planner", "dp",
-                     "--objective", "jct", "--tfwd", "300", "--no-ceiling", "--json", str(path)] + flag) == 0
+                     "--objective", "jct", "--tfwd", "300", "--no-ceiling", "--json", str(path), *flag]) == 0
         out[bool(flag)] = json.loads(path.read_text())
     on, off = out[False], out[True]
     assert on["jobs_finished"] == off["jobs_finished"] == 8

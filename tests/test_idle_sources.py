@@ -182,7 +182,7 @@ def test_easy_properties(tr):
 # --- outages, statistics -----------------------------------------------------------------------
 def test_mask_outages_cuts_long_fully_idle_periods():
     # 10 nodes; all idle 1000..6000 (an outage), node 0 also idle 0..500
-    iv = IdleIntervals.build([f"n{i}" for i in range(10)], [0] + list(range(10)), [0] + [1000] * 10,
+    iv = IdleIntervals.build([f"n{i}" for i in range(10)], [0, *range(10)], [0] + [1000] * 10,
                              [500] + [6000] * 10, t0=0, t1=10000)
     m = mask_outages(iv, threshold=0.9, min_duration=3600)
     assert m.masked == [(1000.0, 6000.0)]

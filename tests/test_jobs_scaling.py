@@ -55,10 +55,10 @@ def test_bad_job_rows_name_file_line_field(tmp_path, row, line, field, words):
 def test_missing_column_and_duplicates(tmp_path):
     p = tmp_path / "x.jobs.csv"
     p.write_text("name,model,min_nodes,max_nodes,t_up,samples,submit\na,m,1,2,1,10,0\n")
-    with pytest.raises(InputError, match="missing column.*t_down"):
+    with pytest.raises(InputError, match=r"missing column.*t_down"):
         read_jobs_csv(p)
     p.write_text(HEADER + "a,m,1,2,1,1,10,0\na,m,1,2,1,1,10,0\n")
-    with pytest.raises(InputError, match="duplicate job name 'a'.*line 2") as e:
+    with pytest.raises(InputError, match=r"duplicate job name 'a'.*line 2") as e:
         read_jobs_csv(p)
     assert e.value.line == 3
 
@@ -94,7 +94,8 @@ scaling:
     p.write_text("jobs:\n  - {name: a, model: m, min_nodes: 3, max_nodes: 1, t_up: 1, t_down: 1, samples: 1}\n")
     with pytest.raises(InputError, match="max_nodes"):
         read_jobset_yaml(p)
-    p.write_text("jobs:\n  - {name: a, model: m, min_nodes: 1, max_nodes: 1, t_up: 1, t_down: 1, samples: 1, gpus: 3}\n")
+    p.write_text("jobs:\n  - {name: a, model: m, min_nodes: 1, max_nodes: 1, t_up: 1, t_down: 1, samples: 1, "
+                 "gpus: 3}\n")
     with pytest.raises(InputError, match="unknown job field") as e:
         read_jobset_yaml(p)
     assert e.value.field == "gpus"

@@ -135,7 +135,7 @@ def test_a_crash_loop_fails_the_job_after_max_failures_and_the_other_job_goes_on
     bad = orch.submit(TrainingJob("bad", samples=1_000, max_nodes=1, global_batch=8, rate_guess=RATE))
     good = orch.submit(TrainingJob("good", samples=20_000, max_nodes=1, global_batch=8, rate_guess=RATE))
     orch.run(timeout_s=10_000)
-    with pytest.raises(JobFailed, match="job bad: 3 fragments failed in a row without progress; last: .*ImportError"):
+    with pytest.raises(JobFailed, match=r"job bad: 3 fragments failed in a row without progress; last: .*ImportError"):
         bad.result(timeout=0)
     assert good.result(timeout=0) is None or good.exception() is None
     assert [j for j, _ in frags.launches].count("bad") == 3

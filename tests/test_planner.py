@@ -7,9 +7,19 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from parsl_bft.jobs import JobSpec, load_jobset
-from parsl_bft.planner import (DeadlineAware, JobState, MaxMinFair, Planner, ProportionalFair, Speedup, Throughput,
-                               UserDefined, Weighted, build_problem)
-from parsl_bft.planner import solvers
+from parsl_bft.planner import (
+    DeadlineAware,
+    JobState,
+    MaxMinFair,
+    Planner,
+    ProportionalFair,
+    Speedup,
+    Throughput,
+    UserDefined,
+    Weighted,
+    build_problem,
+    solvers,
+)
 from parsl_bft.scaling import ScalingCurve
 
 
@@ -152,8 +162,8 @@ def test_horizon_awareness_avoids_nodes_about_to_leave():
     assert aware.sizes["a"] == 2 and set(aware.allocation["a"]) == {"n0", "n1"}
     # nodes staying 40 s are worth it: 40 s of an extra node beats a 5 s reclaim pause at speed 4
     remaining.update(n2=40, n3=40)
-    assert Planner(method="dp", t_fwd=600, horizon_aware=True, horizon_model="cut").plan([job], pool,
-                                                                                      remaining=remaining).sizes["a"] == 4
+    planner = Planner(method="dp", t_fwd=600, horizon_aware=True, horizon_model="cut")
+    assert planner.plan([job], pool, remaining=remaining).sizes["a"] == 4
 
 
 def test_horizon_gain_matches_hand_computation():
@@ -234,9 +244,9 @@ def random_size_problem(rng, n_jobs, capacity, top, shape):
     from parsl_bft.planner.problem import SizeProblem
 
     allowed, value = [], []
-    for j in range(n_jobs):
+    for _ in range(n_jobs):
         lo, hi = int(rng.integers(1, 4)), int(rng.integers(4, top + 1))
-        a = np.array([0] + list(range(lo, hi + 1)))
+        a = np.array([0, *range(lo, hi + 1)])
         if shape == "walk":
             v = np.concatenate([[0.0], np.cumsum(rng.random(len(a) - 1) * 3) - rng.random() * 5])
             v[rng.integers(1, len(a))] += 4.0 * rng.random()          # a held size: a step in the values

@@ -74,7 +74,7 @@ def test_easy_reservation_timeline_bounds_predictions(tmp_path):
     # 6 nodes busy until 100 (requested 150); an 8-node job arrives at 1 and is planned to start at 150
     p.write_text(head + line(1, 0, 100, 6, 150) + line(2, 1, 10, 8, 10))
     s = easy_schedule(read_swf(p))
-    times, ends = s.reservation_timeline
+    _times, _ends = s.reservation_timeline
     pred = make_predictor("easy", s)
     assert isinstance(pred, EasyReservations)
     assert pred.reservation(0.5) == math.inf        # nothing waits yet

@@ -19,9 +19,9 @@ from parsl_bft.sites import SiteError, load_site
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+import test_slurm  # noqa: E402
 from globus_standin import ENDPOINT_ID, StandInEndpoint  # noqa: E402
 from harness import wait_for  # noqa: E402
-import test_slurm  # noqa: E402
 
 slurm = test_slurm.slurm                  # the local Slurm, started (fresh) by the fixture
 
@@ -91,14 +91,15 @@ def test_an_endpoint_site_refuses_what_belongs_to_the_facility(tmp_path, field, 
         load_site(p)
     p.write_text(f"name: gc\nscheduler: local\nnode: {{cores: 1}}\nglobus_compute_endpoint: {ENDPOINT_ID}\n"
                  "remote: {site: sites/a.yaml}\n")
-    with pytest.raises(SiteError, match="field 'remote.site': a path at the facility: absolute or from the home"):
+    with pytest.raises(SiteError, match=r"field 'remote.site': a path at the facility: absolute or from the home"):
         load_site(p)
 
 
 def test_the_bundle_ships_the_model_file_the_workflow_names(tmp_path):
     b = make_bundle(WORKFLOW, ["40", "x"])
     assert b.workflow == "tiny_train.py" and sorted(b.files) == ["tiny_model.py", "tiny_train.py"]
-    assert b.run_id("s") == make_bundle(WORKFLOW, ["40", "x"]).run_id("s") != make_bundle(WORKFLOW, ["41", "x"]).run_id("s")
+    assert b.run_id("s") == make_bundle(WORKFLOW, ["40", "x"]).run_id("s") \
+        != make_bundle(WORKFLOW, ["41", "x"]).run_id("s")
     assert make_bundle(WORKFLOW, [40, Path("x")]).run_id("s") == b.run_id("s")     # the Python API's args: argv
     (tmp_path / "x.py").write_text("")
     (tmp_path / "wf").mkdir()
@@ -336,7 +337,7 @@ def test_fetch_keeps_same_named_jobs_of_same_named_state_dirs_apart(tmp_path):
     assert sorted(p.read_text() for p in got.values()) == ["exp1", "exp2"]
     assert sorted(p.name for p in (tmp_path / "got").iterdir()) == sorted(p.name for p in got.values())
     (tmp_path / "a-file").touch()                  # --out naming a file: a message, not a FileExistsError
-    with pytest.raises(RemoteError, match="cannot use .*a-file as the folder for the checkpoints: File exists"):
+    with pytest.raises(RemoteError, match=r"cannot use .*a-file as the folder for the checkpoints: File exists"):
         remote.run("r1").fetch(tmp_path / "a-file")
     remote.close()
 
@@ -396,7 +397,8 @@ def test_submit_watch_cancel_resume_fetch_equals_a_local_run(tmp_path, endpoint,
 
     code, out, err = cli(capsys, "submit", WORKFLOW, "--site", laptop, STEPS, hold)   # resume
     assert code == 0 and out.strip() == run_id and "started" in err
-    code, out, err = cli(capsys, "submit", WORKFLOW, "--site", laptop, STEPS, hold)   # the same again: no second session
+    # the same again: no second session
+    code, out, err = cli(capsys, "submit", WORKFLOW, "--site", laptop, STEPS, hold)
     assert code == 0 and out.strip() == run_id and "already submitted" in err
     with remote_session(laptop, poll_s=0.2) as remote:
         run = remote.run(run_id)

@@ -186,6 +186,6 @@ def test_cli_simulate_refuses_a_replay_no_job_can_enter(tmp_path, shared_data):
     r = subprocess.run(base, capture_output=True, text=True)
     assert r.returncode == 2 and "no job can be admitted" in r.stderr + r.stdout and "Traceback" not in r.stderr
     out = tmp_path / "r.json"
-    r = subprocess.run(base + ["--submits", "relative", "--json", str(out)], capture_output=True, text=True)
+    r = subprocess.run([*base, "--submits", "relative", "--json", str(out)], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert json.loads(out.read_text())["e_idle"] > 0.5

@@ -118,9 +118,9 @@ def test_a_globus_compute_site_cannot_be_orchestrated_from_outside(tmp_path):
     with pytest.raises(SiteError, match="reached through Globus Compute"):
         make_pool(load_site(p), executor=None)
     from parsl_bft.execution.session import training_session
-    with pytest.raises(SiteError, match="reached through Globus Compute"):   # before any login is tried
-        with training_session(tmp_path / "state", site=p):
-            pass
+    with pytest.raises(SiteError, match="reached through Globus Compute"), \
+            training_session(tmp_path / "state", site=p):             # fails before any login is tried
+        pass
 
 
 def test_every_accelerator_and_the_checkpoint_dir_reach_the_runtime(tmp_path, monkeypatch):
@@ -151,7 +151,7 @@ def test_the_embedded_default_ships_inside_the_package():
 
     from parsl_bft.execution.session import current_site
     from parsl_bft.sites import DEFAULT_SITE
-    assert DEFAULT_SITE == Path(str(files("parsl_bft") / "data" / "sites" / "local.yaml"))
+    assert Path(str(files("parsl_bft") / "data" / "sites" / "local.yaml")) == DEFAULT_SITE
     assert "data/sites/*.yaml" in (Path(__file__).resolve().parent.parent / "pyproject.toml").read_text()
     assert current_site().name == "local" and current_site().checkpoint_dir is None
 
@@ -183,7 +183,8 @@ CONSUMED = {
     "partition": lambda r: r.prov.partition == r.site.partition,
     "queue": lambda r: r.prov.queue == (r.site.preemptable_qos or r.site.queue),
     "account": lambda r: r.prov.account == r.site.account,
-    "preemptable_qos": lambda r: r.site.preemptable_qos in (getattr(r.prov, "qos", None), getattr(r.prov, "queue", None)),
+    "preemptable_qos": lambda r: r.site.preemptable_qos in (getattr(r.prov, "qos", None),
+                                                            getattr(r.prov, "queue", None)),
     "node.cores": lambda r: {"local": r.ex.max_workers_per_node == r.site.node.cores,
                              "pbs": f"ncpus={r.site.node.cores}" in getattr(r.prov, "select", ""),
                              # Slurm pilots take whole nodes (--exclusive): cores only describes the node there
@@ -340,7 +341,8 @@ def test_validate_says_an_endpoint_site_is_remote(tmp_path, capsys):
     f = tmp_path / "gc.yaml"
     f.write_text(GC_SITE)
     assert main(["sites", "validate", str(f)]) == 0
-    assert "ok, remote site (Globus Compute endpoint 2a7e6a1c-3e3b-4b8a-9a66-0a3b0c5d9f11) 'x'" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "ok, remote site (Globus Compute endpoint 2a7e6a1c-3e3b-4b8a-9a66-0a3b0c5d9f11) 'x'" in out
 
 
 # --- several sites: what the multi-site planner cannot honour is refused by name -----------------------------

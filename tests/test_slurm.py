@@ -13,15 +13,22 @@ from pathlib import Path
 import pytest
 from parsl.jobs.states import JobState, JobStatus
 
+from parsl_bft.execution.jobstore import JobStore
 from parsl_bft.execution.pilot import Hole
 from parsl_bft.execution.pool import PilotPool, PilotState
 from parsl_bft.execution.slurm import SlurmCommands, SlurmPilotProvider
-from parsl_bft.execution.jobstore import JobStore
+from parsl_bft.execution.slurm.commands import (
+    parse_job_limit,
+    parse_reservations,
+    parse_sacct,
+    parse_sbatch,
+    parse_sinfo_nodes,
+    parse_squeue,
+    parse_test_only,
+)
 from parsl_bft.topology import Topology, slurm_topology
 from parsl_bft.train.checkpoint import CheckpointStore
 from parsl_bft.train.protocol import JobDir
-from parsl_bft.execution.slurm.commands import (parse_job_limit, parse_reservations, parse_sacct, parse_sbatch,
-                                                parse_sinfo_nodes, parse_squeue, parse_test_only)
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
@@ -128,8 +135,8 @@ def test_a_pilot_being_signalled_still_runs(tmp_path, caplog):
              "16|LAUNCH_FAILED|1|2|(null)|n3|None\n")
     prov = SlurmPilotProvider("debug", commands=SlurmCommands(Canned({"squeue -h -t all": (0, queue, "")})),
                               script_dir=str(tmp_path))
-    prov.submitted.update({j: time.time() for j in "11 12 13 14 15 16".split()})
-    assert set(prov.where("11 12 13 14 15 16".split())) == {"11", "13", "14"}
+    prov.submitted.update({j: time.time() for j in ["11", "12", "13", "14", "15", "16"]})
+    assert set(prov.where(["11", "12", "13", "14", "15", "16"])) == {"11", "13", "14"}
     assert "'FROBNICATING', unknown to SlurmPilotProvider: taken as running on n5" in caplog.text
     assert [s.state for s in prov.status(["11", "12", "16"])] == [JobState.RUNNING, JobState.HELD, JobState.FAILED]
 
@@ -257,8 +264,15 @@ def test_chaos_on_real_slurm_pilots(slurm, tmp_path):
     the orchestrator (then restarted) and a checkpoint write half-way. Both jobs still finish with the model an
     uninterrupted run gives, the event log shows one unbroken chain of steps, no facility job waited for a
     pilot, and no pilot or process is left."""
-    from harness import (Beside, assert_nothing_left, break_next_checkpoint_write, kill_a_rank, live_ranks,
-                         start_orchestrator, wait_training)
+    from harness import (
+        Beside,
+        assert_nothing_left,
+        break_next_checkpoint_write,
+        kill_a_rank,
+        live_ranks,
+        start_orchestrator,
+        wait_training,
+    )
     rng = random.Random(CHAOS_SEED)
     state, chaos_log = tmp_path / "state", tmp_path / "chaos"
     chaos_log.mkdir()
@@ -311,7 +325,7 @@ def test_chaos_on_real_slurm_pilots(slurm, tmp_path):
                 faults["orchestrator"] += 1
                 orch = start_orchestrator(state, timeout=900, mode=str(site), env=env, img_steps=IMG_STEPS)
         img_then = JobDir(state / "checkpoints" / "img").progress()
-        out, err = orch.communicate(timeout=950)
+        _out, err = orch.communicate(timeout=950)
     finally:
         if orch.poll() is None:          # never leave an orchestrator submitting pilots behind a failed test
             os.killpg(orch.pid, signal.SIGKILL)

@@ -119,7 +119,7 @@ def test_site_file_topology_section_reaches_the_planner(tmp_path):
     plan = planner.plan(jobs, ["n1", "n2", "n9"])
     assert sorted(plan.allocation["j"]) == ["n1", "n2", "n9"] and planner.placement.topology.group("n9") == "n9"
     assert make_planner(load_site(_write(tmp_path, "plain.yaml", base))).network is None
-    with pytest.raises(SiteError, match="topology.*n2 is in groups s0 and s1"):
+    with pytest.raises(SiteError, match=r"topology.*n2 is in groups s0 and s1"):
         load_site(_write(tmp_path, "bad.yaml", base + "topology:\n  groups: {s0: 'n[1-2]', s1: n2}\n"))
 
 

@@ -5,8 +5,15 @@ from pathlib import Path
 
 import pytest
 
-from parsl_bft.topology import (Topology, TopologyError, hostname_topology, load_topology, parse_pbsnodes_topology,
-                                parse_slurm_topology, topology_from_dict)
+from parsl_bft.topology import (
+    Topology,
+    TopologyError,
+    hostname_topology,
+    load_topology,
+    parse_pbsnodes_topology,
+    parse_slurm_topology,
+    topology_from_dict,
+)
 
 DATA = Path(__file__).parent / "data" / "topology"
 
@@ -39,7 +46,7 @@ def test_pbsnodes_placement_sets():
     assert t.gpus_per_node == 4
     g = parse_pbsnodes_topology(text, key="tier1")
     assert g.span(["x3001c0s1b0n0", "x3002c0s7b0n0"]) == 1
-    with pytest.raises(TopologyError, match="resources_available.switch"):
+    with pytest.raises(TopologyError, match=r"resources_available.switch"):
         parse_pbsnodes_topology(text, key="switch")
     with pytest.raises(TopologyError, match="not pbsnodes"):
         parse_pbsnodes_topology("[]")
@@ -60,7 +67,7 @@ def test_site_section_and_spec(tmp_path):
     doc = {"groups": {"sw0": "n[1-4]", "sw1": ["n5", "n6"]}, "gpus_per_node": 4, "inter_gbps": 5}
     t = topology_from_dict(doc)
     assert t.group("n4") == "sw0" and t.group("n6") == "sw1" and t.gpus_per_node == 4 and t.inter_gbps == 5.0
-    with pytest.raises(TopologyError, match="unknown field.*switches"):
+    with pytest.raises(TopologyError, match=r"unknown field.*switches"):
         topology_from_dict({"switches": {}})
     with pytest.raises(TopologyError, match="exactly one"):
         topology_from_dict({"gpus_per_node": 2})

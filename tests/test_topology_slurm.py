@@ -65,8 +65,6 @@ def test_a_two_rank_job_planned_in_one_switch_runs_there(cluster, monkeypatch, t
     ranks on n5 and n6 only one time in three."""
     import parsl
 
-    from harness import wait_for
-
     from parsl_bft.execution.config import ensure_venv_on_path
     from parsl_bft.execution.htex import SiteRunner
     from parsl_bft.execution.pool import SitePool
@@ -76,6 +74,8 @@ def test_a_two_rank_job_planned_in_one_switch_runs_there(cluster, monkeypatch, t
     from parsl_bft.train.config import FragmentConfig
     from parsl_bft.train.launcher import serve_store
     from parsl_bft.train.protocol import JobDir
+
+    from harness import wait_for
 
     monkeypatch.setenv("SLURM_CONF", cluster["SLURM_CONF"])
     ensure_venv_on_path()
