@@ -1,4 +1,10 @@
+"""Shared by every test folder: tests/ on sys.path (the helpers harness, orchestrate, globus_standin, import_graph
+are imported by name), hypothesis profiles, and the shared data fixture.
+
+Folders: unit/ (seconds each; a few marked slow), fuzz/ (hostile inputs), e2e/ (real Parsl executors, real
+torch.distributed ranks, real Slurm; all marked slow). The inner loop: pytest -m "not slow and not slurm"."""
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -10,9 +16,11 @@ settings.register_profile("repro", derandomize=True, database=None)
 settings.register_profile("explore", derandomize=False)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "repro"))
 
-ROOT = Path(__file__).resolve().parent.parent
-SHARED = Path(os.environ.get("PARSL_BFT_SHARED", ROOT.parent / "shared")) / "data"
-FIXTURES = Path(__file__).resolve().parent / "data"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from paths import FIXTURES, ROOT, SHARED  # noqa: E402
+
+__all__ = ["FIXTURES", "ROOT", "SHARED"]
 
 
 @pytest.fixture(scope="session")

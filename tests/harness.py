@@ -164,3 +164,26 @@ def break_next_checkpoint_write(chaos_log, proc) -> None:
     Returns once it has fired, or ``proc`` (the orchestrator) has ended."""
     (chaos_log / "save_optimizer").touch()
     wait_for(lambda: not (chaos_log / "save_optimizer").exists() or proc.poll() is not None, timeout=300)
+
+
+def assert_same(a, b) -> None:
+    """Two checkpoint states equal bit for bit: tensors (8-bit floats by their bytes), arrays, containers."""
+    import numpy as np
+    import torch
+
+    if isinstance(a, torch.Tensor):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        assert torch.equal(a.view(torch.uint8) if a.dtype.itemsize == 1 and a.dtype.is_floating_point else a,
+                           b.view(torch.uint8) if b.dtype.itemsize == 1 and b.dtype.is_floating_point else b)
+    elif isinstance(a, dict):
+        assert list(a) == list(b)
+        for k in a:
+            assert_same(a[k], b[k])
+    elif isinstance(a, (list, tuple)):
+        assert type(a) is type(b) and len(a) == len(b)
+        for x, y in zip(a, b):
+            assert_same(x, y)
+    elif isinstance(a, np.ndarray):
+        assert np.array_equal(a, b)
+    else:
+        assert a == b

@@ -11,6 +11,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from ..scaling import ScalingCurve
 from .errors import StateError
 from .events import Event
 
@@ -138,6 +139,19 @@ class JobStore:
         """The value kept under ``key`` (``default`` if none)."""
         row = self.db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
         return json.loads(row[0]) if row else default
+
+    def curve(self, name: str, rate_guess: float) -> ScalingCurve:
+        """A job's measured throughput curve, or the guess until its first measurement (guessed and measured
+        points are never mixed)."""
+        measured = self.meta(f"curve:{name}")
+        return ScalingCurve(name, {int(k): v for k, v in measured.items()} if measured else {1: rate_guess})
+
+    def measured(self, name: str, nodes: int, throughput: float) -> ScalingCurve:
+        """Record a fragment's measured throughput on ``nodes`` nodes; the job's measured curve after it."""
+        points = {int(n): v for n, v in (self.meta(f"curve:{name}") or {}).items()}
+        points[nodes] = throughput
+        self.set_meta(f"curve:{name}", points)
+        return ScalingCurve(name, points)
 
     def close(self) -> None:
         """Close the database."""

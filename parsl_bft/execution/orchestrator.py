@@ -52,7 +52,7 @@ from .jobstore import JobRow, JobStore, damaged_advice
 from .layers import fragment_reported, job_layers
 from .pool import MultiPool, PoolEvent, SitePool
 from .protocols import IdlePool, Planner
-from .report import run_summary
+from .report import live_progress, run_summary
 from .signals import sigterm_unwinds, stop_reason
 from .statedir import StateDir, lock_state_dir
 from .training_job import TrainingJob, check_job_name, check_same_spec, submit_when_ready
@@ -197,10 +197,7 @@ class Orchestrator:
         """Track a job: a new one (``row`` None: persist it) or one found in the state database."""
         self.jobs[job.name] = job
         self.job_site[job.name] = self.db.meta(f"site:{job.name}") or next(iter(self.sites))
-        measured = self.db.meta(f"curve:{job.name}")
-        # the guess only until the first measurement: never mix guessed and measured points
-        self.curves[job.name] = ScalingCurve(job.name, {int(k): v for k, v in measured.items()} if measured
-                                             else {1: job.rate_guess})
+        self.curves[job.name] = self.db.curve(job.name, job.rate_guess)
         if job.freeze != "off":
             self.layers[job.name] = job_layers(job.name, job.workload, job.global_batch, job.workload_args,
                                                self.curves[job.name])
@@ -464,12 +461,8 @@ class Orchestrator:
             name, r.fragment, r.nodes, res.world_size, r.launched, res.train_started, res.train_s, res.start_step,
             res.end_step, res.stopped_by, res.periodic_saves, res.checkpoint_s))
         self.policy.observe_save(res.periodic_save_s or res.checkpoint_s)
-        if res.throughput > 0 and res.end_step > res.start_step:
-            measured = {int(n): v for n, v in (self.db.meta(f"curve:{name}") or {}).items()}
-            measured[res.world_size // k] = res.throughput      # the planner counts nodes
-            self.curves[name] = ScalingCurve(name, measured)
-            self.db.set_meta(f"curve:{name}", measured)
-            ctl.measured(name, self.curves[name])
+        if res.throughput > 0 and res.end_step > res.start_step:      # the planner counts nodes
+            ctl.measured(name, self.db.measured(name, res.world_size // k, res.throughput))
         if name in ctl.active:
             fragment_reported(ctl.active[name].state, res)
 
@@ -522,15 +515,7 @@ class Orchestrator:
     # --- reporting -----------------------------------------------------------------------------------
     def live_progress(self) -> dict[str, float]:
         """Samples done per job, including what running fragments have reported since they started."""
-        out: dict[str, float] = {}
-        rows = self.db.jobs()
-        for name, job in list(self.jobs.items()):
-            done = rows[name].samples_done if name in rows else 0
-            p = self.last_report(name)
-            if p is not None:
-                done = max(done, p.samples_done)
-            out[name] = min(done, job.samples)
-        return out
+        return live_progress(self.db, {n: (j.samples, self.job_dir(n)) for n, j in list(self.jobs.items())})
 
     def last_report(self, name: str) -> Progress | None:
         """The newest progress report of the job's fragments (step, samples, loss, ranks), or None."""

@@ -99,3 +99,15 @@ def run_summary(db: JobStore, root: Path, curves: dict[str, ScalingCurve], *, wa
         work += r.samples_done / c.rate(1)
     return {"wall_s": wall_s, "warm_up_s": warm_up_s, "jobs": rows, "pool_node_s": pool_node_s,
             "held_node_s": held, "train_share": trained / held if held else 0.0, "e_used": work / held if held else 0.0}
+
+
+def live_progress(db: JobStore, jobs: dict[str, tuple[int, Path]]) -> dict[str, float]:
+    """Samples done per job (``jobs``: name -> its budget and job directory), counting what a running fragment
+    has reported since its last collected result, capped at the budget."""
+    rows = db.jobs()
+    out: dict[str, float] = {}
+    for name, (budget, d) in jobs.items():
+        done = rows[name].samples_done if name in rows else 0
+        p = JobDir(d).progress()
+        out[name] = min(max(done, p.samples_done) if p is not None else done, budget)
+    return out

@@ -15,7 +15,7 @@ from parsl_bft.topology import (
     topology_from_dict,
 )
 
-DATA = Path(__file__).parent / "data" / "topology"
+DATA = Path(__file__).resolve().parents[1] / "data" / "topology"
 
 
 def test_scontrol_show_topology_recorded_on_local_slurm():

@@ -64,6 +64,7 @@ def check_plan(plan, jobs, pool):
         assert new <= old or old <= new, "migration: a job both gained and lost nodes"
 
 
+@pytest.mark.slow
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(instances())
 def test_milp_dp_and_node_level_agree(inst):
@@ -81,6 +82,7 @@ def test_milp_dp_and_node_level_agree(inst):
         assert p.objective <= ref + 1e-6
 
 
+@pytest.mark.slow
 def test_dp_is_exact_against_brute_force():
     rng = np.random.default_rng(3)
     for _ in range(30):

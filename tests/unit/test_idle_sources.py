@@ -14,7 +14,7 @@ from parsl_bft.idle.sources import load_source, mask_outages, parse_window
 from parsl_bft.idle.stats import idle_stats
 from parsl_bft.idle.swf import SwfTrace, assign_nodes, read_swf, recorded_schedule
 
-from conftest import FIXTURES
+from paths import FIXTURES
 
 SWF_HEAD = "; MaxNodes: 8\n; MaxProcs: 8\n"
 
@@ -163,6 +163,7 @@ def traces(draw):
                     run + over)
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(traces())
 def test_easy_properties(tr):
@@ -201,6 +202,7 @@ def test_parse_window():
         parse_window("+1x", 0)
 
 
+@pytest.mark.slow
 def test_theta_2022_near_published_idle_fraction(shared_data):
     src = load_source(shared_data / "traces" / "theta_2022.swf.gz")
     m = mask_outages(src.intervals)

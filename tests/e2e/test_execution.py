@@ -16,7 +16,7 @@ from parsl_bft.execution.pool import EmulatedPool
 from parsl_bft.train.checkpoint import CheckpointStore, load_checkpoint
 from parsl_bft.train.protocol import JobDir
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(HERE))
 from harness import (  # noqa: E402
     Beside,

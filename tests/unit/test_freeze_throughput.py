@@ -76,6 +76,7 @@ def test_synthetic_profiles_settle_in_order_and_the_penalty_follows():
     assert penalty_curve(late, 8)[i] < 0.01 < penalty_curve(early, 8)[3]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_replay_at_unix_epoch_times_finishes():
     """Idle traces count in Unix time (~1.6e9 s: steps below ~0.2 us vanish); the replay used to stall on a job

@@ -9,7 +9,7 @@ from parsl.jobs.states import JobState
 from parsl_bft.execution.pbs import PBSCommands, PBSPilotProvider
 from parsl_bft.execution.pbs.commands import parse_pbsnodes, parse_qstat, parse_qsub, parse_user_caps
 
-DATA = Path(__file__).resolve().parent / "data" / "pbs"
+DATA = Path(__file__).resolve().parents[1] / "data" / "pbs"
 NODES = (DATA / "pbsnodes.json").read_text()
 QSTAT = (DATA / "qstat.json").read_text()
 
@@ -92,7 +92,7 @@ def test_per_user_job_caps_from_queue_and_server():
 
 def test_placement_sets_are_asked_once_and_pilots_name_their_host(tmp_path):
     calls = []
-    tiers = (Path(__file__).resolve().parent / "data" / "topology" / "pbsnodes_tiers.json").read_text()
+    tiers = (Path(__file__).resolve().parents[1] / "data" / "topology" / "pbsnodes_tiers.json").read_text()
 
     def run(argv):
         calls.append(argv)

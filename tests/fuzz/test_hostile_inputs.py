@@ -25,9 +25,9 @@ from hypothesis import strategies as st
 from parsl_bft.errors import ParslBftError
 from parsl_bft.train.checkpoint import CheckpointError, CheckpointStore, TrainingState, load_checkpoint, save_checkpoint
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(HERE))
-from test_checkpoint import assert_same  # noqa: E402
+from harness import assert_same  # noqa: E402
 
 FAST = settings(deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                         HealthCheck.too_slow], derandomize=True)
@@ -59,6 +59,7 @@ def real_checkpoint(tmp_path_factory):
     return st_, path.read_bytes(), d
 
 
+@pytest.mark.slow
 def test_1000_single_byte_flips_of_a_real_checkpoint_never_crash(real_checkpoint):
     """Each flipped file either loads to exactly the saved state or raises CheckpointError naming the file
     (HDF5's RuntimeError, MemoryError from a huge declared shape, bad JSON ... all included)."""
@@ -337,6 +338,7 @@ class StuckFirstRunner(InlineRunner):
         return super().launch(cfg, nodes)
 
 
+@pytest.mark.slow
 def test_a_fragment_still_waiting_for_a_worker_when_its_nodes_are_reclaimed_is_given_up(tmp_path, monkeypatch):
     """It used to wait in its lane for a new pilot of that group (a minute or more of no training). Given up at
     the notice, it never starts even if a worker picks it up later; the job trains on elsewhere and finishes."""
@@ -381,6 +383,7 @@ class HungGangRunner(InlineRunner):
         return {0: self.store.get(key).decode()} if self.store.check([key]) else {}
 
 
+@pytest.mark.slow
 def test_a_gang_whose_nodes_all_left_is_collected_without_waiting_for_the_executor(tmp_path, monkeypatch):
     """Once every node a gang's started shares run on has left, it is collected at once (its ranks are dead, or
     fenced off: only the job's newer fragment may save), and the job goes on elsewhere."""
@@ -562,10 +565,10 @@ def test_secrets_are_refused_in_every_string_field_and_list_item_and_never_print
 
 
 def test_pilot_scripts_are_private_and_quote_paths(tmp_path):
-    sys.path.insert(0, str(HERE))
-    from test_pbs import canned
-
+    sys.path.insert(0, str(HERE / "unit"))
     from parsl_bft.execution.pbs import PBSCommands, PBSPilotProvider
+
+    from test_pbs import canned
     d = tmp_path / "dir with space"
     prov = PBSPilotProvider("preemptable", commands=PBSCommands(canned([])), script_dir=str(d))
     prov.submit("process_worker_pool.py", 1, "pilot")
@@ -715,6 +718,7 @@ def test_a_training_function_called_with_anything_but_ctx_is_refused_naming_its_
             _check_signature(fn, "f.py:x")
 
 
+@pytest.mark.slow
 def test_a_training_loop_that_never_calls_should_stop_fails_at_its_second_batch(tmp_path):
     """It took batches for ever: no notice, deadline or budget reached it (should_stop is where they are read),
     so a reclaim left the rank running on nodes given back."""
@@ -814,6 +818,7 @@ _JOB_KEYS = ["name", "model", "min_nodes", "max_nodes", "t_up", "t_down", "sampl
     "jobs": st.one_of(_YAML, st.lists(st.dictionaries(st.sampled_from(_JOB_KEYS), _YAML, max_size=9), max_size=3)),
     "scaling": st.one_of(_YAML, st.dictionaries(st.text(max_size=3), st.dictionaries(_SCALAR, _YAML, max_size=3),
                                                 max_size=2))})))
+@pytest.mark.slow
 def test_yaml_job_sets_of_any_shape_give_a_job_set_or_an_input_error(tmp_path, doc):
     import yaml
 

@@ -134,7 +134,7 @@ def test_budget_bounds_the_level_and_levels_only_go_up():
     assert Planner(method="dp", t_fwd=1e4).plan([spent], NODES).freeze["a"] == 2
     assert with_budget(0.2) == 2          # a change of level needs twice the headroom: 2 * 0.125 > 0.2
     # allowed, but it does not pay: on 8 nodes level 3 runs 1.34x (the all-reduce its backward hid shows), x 0.75
-    # of the progress < level 2's 1.18x at no cost (tests/test_freeze_throughput.py: a level that pays is taken)
+    # of the progress < level 2's 1.18x at no cost (tests/unit/test_freeze_throughput.py: a level that pays is taken)
     assert with_budget(0.3) == 2
     # frozen at 3 with everything settled below: it stays (no unfreezing), or goes down only when allowed
     unsettled = {"prev": [10, 5, 8, 9], "now": [5, 2.5, 4, 4.5]}
@@ -162,6 +162,7 @@ def fragment(d, **kw):
                                     workload_args={"n": 256, "width": 8}, fsync=False), **kw})
 
 
+@pytest.mark.slow
 def test_fragments_restore_across_freeze_levels(tmp_path):
     """0 -> 2 frozen -> 0: the frozen blocks' weights stay bit-for-bit while frozen, the still-trainable ones keep
     their momentum across the change, the checkpoint records the level, and unfrozen blocks train again."""
@@ -294,6 +295,7 @@ def test_runtime_feedback_charges_the_budget_and_follows_the_curve():
 # --- simulator ---------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_simulated_cluster_finishes_sooner_with_freezing_and_within_budgets(tmp_path):
     """Eight jobs on a dedicated 4-node cluster, through the CLI: freezing shortens the average JCT, every job
     stays within its budget, and --no-freeze replays exactly the jobs-without-freezing result."""

@@ -17,7 +17,7 @@ from parsl_bft.scaling import ScalingCurve
 from parsl_bft.topology import slurm_topology
 
 pytestmark = pytest.mark.slurm
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 BASE = "/tmp/local-slurm-topology"
 
 

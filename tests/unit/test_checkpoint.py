@@ -21,6 +21,8 @@ from parsl_bft.train.checkpoint import (
     save_checkpoint,
 )
 
+from harness import assert_same
+
 
 def sample_state(step=1):
     model = torch.nn.Linear(4, 3)
@@ -39,25 +41,9 @@ def sample_state(step=1):
                          metrics=[{"step": 1, "loss": 2.5}], extra={"freeze_layers": 1})
 
 
-def assert_same(a, b):
-    if isinstance(a, torch.Tensor):
-        assert a.dtype == b.dtype and a.shape == b.shape
-        assert torch.equal(a.view(torch.uint8) if a.dtype.itemsize == 1 and a.dtype.is_floating_point else a,
-                           b.view(torch.uint8) if b.dtype.itemsize == 1 and b.dtype.is_floating_point else b)
-    elif isinstance(a, dict):
-        assert list(a) == list(b)
-        for k in a:
-            assert_same(a[k], b[k])
-    elif isinstance(a, (list, tuple)):
-        assert type(a) is type(b) and len(a) == len(b)
-        for x, y in zip(a, b):
-            assert_same(x, y)
-    elif isinstance(a, np.ndarray):
-        assert np.array_equal(a, b)
-    else:
-        assert a == b
 
 
+@pytest.mark.slow
 def test_roundtrip_every_dtype_and_nested_state(tmp_path):
     st = sample_state()
     save_checkpoint(tmp_path / "c.h5", st)
@@ -141,6 +127,7 @@ def test_truncated_or_foreign_file(tmp_path):
         load_checkpoint(tmp_path / "x.h5")
 
 
+@pytest.mark.slow
 def test_writer_killed_mid_write_leaves_previous_intact(tmp_path):
     store = CheckpointStore(tmp_path)
     store.save(sample_state(step=1))
@@ -364,6 +351,7 @@ def test_damage_is_found_before_the_live_model_is_written_or_it_is_reported_over
     assert solo.latest(into=live) is None and len(solo.skipped) == 1 and untouched(live)   # a fresh start
 
 
+@pytest.mark.slow
 def test_a_restore_into_the_live_model_touches_it_only_when_the_error_says_so(tmp_path):
     """Single byte flips anywhere in a real checkpoint, loaded into live tensors: each loads exactly into them,
     or raises CheckpointError naming the file and leaving them as they were - unless it says ``overwritten``,

@@ -13,7 +13,7 @@ from parsl_bft.train.fragment import FragmentConfig, FragmentFailed, train_rank
 from parsl_bft.train.launcher import run_fragment, run_gang_task, serve_store
 from parsl_bft.train.protocol import JobDir
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from harness import wait_for
 
 
@@ -271,7 +271,7 @@ def test_lr_schedules_are_stated_in_fractions_of_the_run():
         lr_schedule(torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0), "cosine", None)
 
 
-LOOP = str(Path(__file__).resolve().parent.parent / "workflows" / "digits_loop.py") + ":train"
+LOOP = str(Path(__file__).resolve().parents[2] / "workflows" / "digits_loop.py") + ":train"
 
 
 def loop_cfg(d, **kw):

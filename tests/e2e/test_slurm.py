@@ -30,7 +30,7 @@ from parsl_bft.topology import Topology, slurm_topology
 from parsl_bft.train.checkpoint import CheckpointStore
 from parsl_bft.train.protocol import JobDir
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
 from harness import wait_for  # noqa: E402
 
@@ -403,7 +403,7 @@ def _check_outcome(slurm, state, tmp_path, ref, after_id, killed):
 
 class FakePilots:
     """The provider and executor sides PilotPool talks to, driven by the test (no scheduler, no Parsl); the
-    pool's ``hold`` of a block is recorded (tests/test_pilot_pool_htex.py holds a real HTEX's block)."""
+    pool's ``hold`` of a block is recorded (tests/e2e/test_pilot_pool_htex.py holds a real HTEX's block)."""
 
     label, script_dir, can_target = "fake", None, False
 

@@ -2,6 +2,8 @@
 import subprocess
 import sys
 
+import pytest
+
 
 def imported_after(module: str) -> set[str]:
     code = f"import sys, {module}; print(' '.join(sorted(m.split('.')[0] for m in sys.modules)))"
@@ -13,6 +15,7 @@ def test_planner_does_not_import_parsl():
     assert "parsl" not in imported_after("parsl_bft.sim")
 
 
+@pytest.mark.slow
 def test_training_runtime_does_not_import_the_milp():
     mods = imported_after("parsl_bft.train.fragment, parsl_bft.train.profiler, parsl_bft.train.checkpoint")
     assert "pulp" not in mods and "highspy" not in mods

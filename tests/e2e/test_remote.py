@@ -17,7 +17,7 @@ from parsl_bft.remote import RemoteError, facility
 from parsl_bft.remote.bundle import make_bundle
 from parsl_bft.sites import SiteError, load_site
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(HERE))
 import test_slurm  # noqa: E402
 from globus_standin import ENDPOINT_ID, StandInEndpoint  # noqa: E402

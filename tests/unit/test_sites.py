@@ -5,7 +5,7 @@ import pytest
 from parsl_bft.execution.site_runtime import build_config, show_config
 from parsl_bft.sites import SiteError, load_site
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SITES = sorted((ROOT / "site_configs").glob("*.yaml"))
 
 
@@ -55,6 +55,7 @@ def test_broken_site_files_fail_with_the_right_message(tmp_path, edit, field, wo
     assert f"{p}: field '{field}'" in str(e.value) and words in str(e.value)
 
 
+@pytest.mark.slow
 def test_cli_validate_exit_codes(tmp_path):
     import subprocess
     import sys
@@ -90,6 +91,7 @@ def test_globus_compute_site_builds_the_executor_code(tmp_path):
     cfg.executors[0].executor.shutdown()
 
 
+@pytest.mark.slow
 def test_fragment_through_globus_compute_executor(tmp_path):
     """Parsl's GlobusComputeExecutor + the SDK's serialiser; the cloud service is a local process pool."""
     import parsl
@@ -127,7 +129,7 @@ def test_every_accelerator_and_the_checkpoint_dir_reach_the_runtime(tmp_path, mo
     """ranks_per_node defaults to the GPUs of a node (4 on Polaris/Perlmutter), checkpoint_dir is where
     checkpoints go; removed fields fail naming the field."""
     from parsl_bft.execution.site_runtime import checkpoint_dir as _checkpoints
-    root = Path(__file__).resolve().parent.parent / "site_configs"
+    root = Path(__file__).resolve().parents[2] / "site_configs"
     assert load_site(root / "polaris.yaml").node.ranks_per_node == 4
     assert load_site(root / "perlmutter.yaml").node.ranks_per_node == 4
     assert load_site(root / "local-slurm.yaml").node.ranks_per_node == 2
@@ -152,13 +154,13 @@ def test_the_embedded_default_ships_inside_the_package():
     from parsl_bft.execution.session import current_site
     from parsl_bft.sites import DEFAULT_SITE
     assert Path(str(files("parsl_bft") / "data" / "sites" / "local.yaml")) == DEFAULT_SITE
-    assert "data/sites/*.yaml" in (Path(__file__).resolve().parent.parent / "pyproject.toml").read_text()
+    assert "data/sites/*.yaml" in (Path(__file__).resolve().parents[2] / "pyproject.toml").read_text()
     assert current_site().name == "local" and current_site().checkpoint_dir is None
 
 
 def test_pilot_configs_use_the_pilot_block_error_policy():
     from parsl_bft.execution.block_errors import pilot_block_error_handler
-    root = Path(__file__).resolve().parent.parent / "site_configs"
+    root = Path(__file__).resolve().parents[2] / "site_configs"
     ex = build_config(load_site(root / "local-slurm.yaml")).executors[0]
     assert ex.block_error_handler is pilot_block_error_handler
 
@@ -331,7 +333,7 @@ def test_the_site_file_reference_documents_every_field_and_is_current():
     does (regenerate it with that command after changing a site field)."""
     from parsl_bft.site_schema import reference, undocumented
     assert undocumented() == []
-    doc = (Path(__file__).resolve().parent.parent / "docs" / "site-files.md").read_text()
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "site-files.md").read_text()
     assert doc == reference()
     assert "| `holes.poll_seconds` | float | `5.0` |" in doc and "| `node` | NodeShape | required |" in doc
 

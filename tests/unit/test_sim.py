@@ -74,7 +74,7 @@ def imagenet(shared_data):
     return load_jobset(shared_data / "jobs" / "imagenet_mix.jobs.csv")
 
 
-@pytest.mark.parametrize("method", ["dp", "equal-share", "greedy", "milp"])
+@pytest.mark.parametrize("method", ["dp", "equal-share", "greedy", pytest.param("milp", marks=pytest.mark.slow)])
 def test_conservation_on_a_real_trace(summit, imagenet, method):
     res = simulate(summit, imagenet, Planner(method=method, objective="speedup"), duration=4 * 3600)
     tl = res.timeline
