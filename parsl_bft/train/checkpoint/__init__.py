@@ -1,8 +1,9 @@
 """HDF5 checkpoints: atomic, checksummed, never unpickled, readable with h5ls / h5dump.
 
-The file layout is in ``format``'s docstring. Every dataset carries an xxh3-64 checksum of its bytes, verified
-on load; a damaged file is reported by dataset name and the store falls back to the newest good checkpoint. Writes go to a temporary file that is flushed, fsynced
-and renamed, so a crash mid-write leaves the previous checkpoint untouched.
+The file layout is in ``format``'s docstring. Every dataset carries an xxh3-64 checksum of its bytes, verified on
+load; a damaged file is reported by dataset name and the store falls back to the newest good checkpoint. Writes go
+to a temporary file that is flushed, fsynced and renamed, so a crash mid-write leaves the previous checkpoint
+untouched.
 
 Modules: ``format`` (constants, TrainingState, CheckpointError, the metadata checksum), ``writer``
 (save_checkpoint), ``reader`` (load_checkpoint: every file is untrusted input), ``background`` (BackgroundSave),
