@@ -78,7 +78,7 @@ class SiteRunner:
 
         from .apps import fragment_task
         self.name, self.site, self.store = name, site, store
-        self.gang = bool(getattr(site.pool, "gang", False))
+        self.gang = site.pool.gang
         self.addr = f"{store_host(site.executor, self.gang)}:{store.port}"
         self._app = python_app(fragment_task, executors=[site.executor])     # all ranks in one task
         self._apps: dict[tuple[str, str], Callable[..., Future[Any]]] = {}
@@ -88,8 +88,7 @@ class SiteRunner:
         lanes: the site's one executor)."""
         from parsl import python_app
 
-        lane = getattr(self.site.pool, "executor_label", None)
-        label = (lane(node) if lane else None) or self.site.executor
+        label = self.site.pool.executor_label(node) or self.site.executor
         key = (fn.__name__, label)
         if key not in self._apps:
             self._apps[key] = python_app(fn, executors=[label])
