@@ -3,6 +3,7 @@ import pickle
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import h5py
 import numpy as np
@@ -131,7 +132,9 @@ def test_truncated_or_foreign_file(tmp_path):
 def test_writer_killed_mid_write_leaves_previous_intact(tmp_path):
     store = CheckpointStore(tmp_path)
     store.save(sample_state(step=1))
-    code = (f"import sys; sys.path.insert(0, {os.getcwd()!r}); from tests.test_checkpoint import sample_state; "
+    here = Path(__file__).resolve()                # this module imports harness (tests/) by name
+    paths = [str(here.parents[2]), str(here.parents[1]), str(here.parent)]
+    code = (f"import sys; sys.path[:0] = {paths!r}; from test_checkpoint import sample_state; "
             "from parsl_bft.train.checkpoint import CheckpointStore; "
             f"CheckpointStore({str(tmp_path)!r}).save(sample_state(step=2))")
     r = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PARSL_BFT_FAULT": "save:optimizer"})
