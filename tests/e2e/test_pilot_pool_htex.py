@@ -13,6 +13,8 @@ from parsl_bft.execution.config import ensure_venv_on_path
 from parsl_bft.execution.pool import PilotPool
 from parsl_bft.execution.protocols import NoticeReason, PoolEventKind
 
+from harness import wait_for
+
 
 class LocalPilots(LocalProvider):
     """A LocalProvider whose blocks the pool takes for one-node pilots on this host: running blocks run on
@@ -50,15 +52,6 @@ class LocalPilots(LocalProvider):
         return None
 
 
-def wait_for(what, timeout_s=60.0):
-    end = time.monotonic() + timeout_s
-    while time.monotonic() < end:
-        if (got := what()):
-            return got
-        time.sleep(0.2)
-    raise AssertionError(f"not within {timeout_s} s: {what}")
-
-
 @pytest.mark.timeout(180)
 def test_a_noticed_pilots_block_is_held_on_the_real_executor(tmp_path):
     ensure_venv_on_path()
@@ -68,7 +61,8 @@ def test_a_noticed_pilots_block_is_held_on_the_real_executor(tmp_path):
     with parsl.load(Config(executors=[htex], run_dir=str(tmp_path / "runinfo"), retries=0, strategy="none",
                            initialize_logging=False)):
         app = parsl.python_app(abs, executors=["pilots"])   # importable by the worker
-        wait_for(lambda: [m for m in htex.connected_managers() if str(m["block_id"]) == "0"])
+        wait_for(lambda: [m for m in htex.connected_managers() if str(m["block_id"]) == "0"], 60,
+                 what="block 0's worker pool connected")
         pool = PilotPool(htex, max_nodes=1, probe_s=3600.0, poll_s=0.0)      # the real hold: hold_block
         pool.start()
         assert [(e.kind, e.nodes) for e in pool.poll()] == [(PoolEventKind.JOIN, ("localhost",))]
@@ -84,4 +78,4 @@ def test_a_noticed_pilots_block_is_held_on_the_real_executor(tmp_path):
         assert not late.done() and htex.connected_managers()[0]["tasks"] == 0   # nothing was sent to it
         assert pool.poll() == []                                  # noticed once; still running, not left
         pool.stop()                                               # the pilot is given back
-        wait_for(lambda: provider.status([job])[0].terminal, 30)
+        wait_for(lambda: provider.status([job])[0].terminal, 30, what="the given-back pilot ended")
