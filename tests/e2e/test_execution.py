@@ -219,7 +219,8 @@ def test_futures_resolve_on_their_own_and_feed_parsl_apps(tmp_path, monkeypatch)
     """A session's loop runs in the background: a job's future resolves without run(), a Parsl app that takes it
     as input runs after it, and a job submitted once the first is done joins the running plan."""
     from parsl import python_app
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]))  # the app
+    # the workers import this module by name to unpickle the apps defined below
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]))
 
     from parsl_bft.execution import TrainingJob, training_session
     from parsl_bft.execution.orchestrator import RunStopped
