@@ -14,6 +14,21 @@ JOB_COLUMNS = ["name", "model", "min_nodes", "max_nodes", "t_up", "t_down", "sam
 OPTIONAL_COLUMNS = ["weight", "deadline", "freeze", "accuracy_budget", "unfreeze"]
 OPTIONAL_DEFAULTS = {"weight": 1.0, "deadline": None, "freeze": "off", "accuracy_budget": 0.0, "unfreeze": False}
 FREEZE_MODES = ("off", "auto")
+COLUMN_DOCS = {         # the docs' job-set reference renders this table
+    "name": "the job's name, unique in the set",
+    "model": "which rows of the scaling file (`X.scaling.csv`: model,nodes,samples_per_sec) give its throughput",
+    "min_nodes": "the fewest nodes it runs on (it waits with 0 below that)",
+    "max_nodes": "the most nodes it can use",
+    "t_up": "seconds of progress lost when it grows (charged at its current rate)",
+    "t_down": "seconds of progress lost when it shrinks or a node is reclaimed",
+    "samples": "the work to do, in samples",
+    "submit": "unix time it becomes eligible (`simulate --submits relative`: seconds from the replay's start)",
+    "weight": "its weight in the `weighted` objective (default 1)",
+    "deadline": "unix time it should be done by (the `deadline` objective); empty: none",
+    "freeze": "`off` (default) or `auto`: the planner may freeze a prefix of its layers (layer elasticity)",
+    "accuracy_budget": "with `freeze=auto`: the predicted accuracy it may lose, a fraction (0.005 = half a point)",
+    "unfreeze": "with `freeze=auto`: `true` lets the planner lower the frozen level again (default: only up)",
+}
 MAX_JOB_NODES = 1_000_000       # sanity cap, as for machines (idle.swf.MAX_NODES)
 
 

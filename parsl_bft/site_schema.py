@@ -1,5 +1,5 @@
-"""The site-file reference (docs/site-files.md), generated from the pydantic models so it never drifts from
-what `parsl-bft sites validate` accepts: `parsl-bft sites schema > docs/site-files.md`."""
+"""The site-file reference, generated from the pydantic models so it never drifts from what `parsl-bft sites
+validate` accepts: `parsl-bft sites schema` prints it, the docs' reference page renders it."""
 from __future__ import annotations
 
 import json
@@ -58,8 +58,13 @@ def undocumented(model: type[BaseModel] = Site, prefix: str = "") -> list[str]:
 
 
 def reference() -> str:
-    """The reference of every site-file field as Markdown: one table per section (top level, ``node``, ...),
-    each nested section introduced by its model's docstring."""
+    """The reference of every site-file field as a Markdown page (what `parsl-bft sites schema` prints)."""
+    return HEAD + "\n" + fields_markdown()
+
+
+def fields_markdown() -> str:
+    """Every site-file field as Markdown: one table per section (top level, ``node``, ...), each nested section
+    introduced by its model's docstring (the docs' reference page renders this)."""
     sections: list[str] = []
     todo: list[tuple[str, type[BaseModel]]] = [("", Site)]
     seen: set[type[BaseModel]] = set()
@@ -76,4 +81,4 @@ def reference() -> str:
         title = f"## `{prefix.rstrip('.')}`" if prefix else "## Top level"
         doc = " ".join((model.__doc__ or "").split()) if prefix and model.__doc__ else ""
         sections.append("\n".join([title, *([doc, ""] if doc else [""]), *rows]))
-    return HEAD + "\n" + "\n\n".join(sections) + "\n"
+    return "\n\n".join(sections) + "\n"

@@ -1,0 +1,76 @@
+"""The documentation: the site builds with no warning, and every tutorial and how-to guide runs as written
+(tests/docs_pages.py says how a page's blocks are read)."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from docs_pages import DOCS, blocks, runnable_pages  # noqa: E402
+from paths import ROOT, SHARED  # noqa: E402
+
+import test_slurm  # noqa: E402
+
+slurm = test_slurm.slurm                 # the local Slurm (root; CI), for pages that submit to it
+BLOCK_TIMEOUT_S = 900
+
+
+def test_the_docs_build_with_no_warning(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "sphinx", "-W", "--keep-going", "-q", "-b", "html", str(DOCS),
+                        str(tmp_path / "html")], capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-4000:]
+    assert (tmp_path / "html" / "reference" / "cli.html").exists()
+
+
+def _pages():
+    for page in runnable_pages():
+        kinds = {b.kind for b in blocks(page)}
+        marks = [pytest.mark.slurm] if "slurm" in kinds else []
+        yield pytest.param(page, id=str(page.relative_to(DOCS)), marks=marks)
+
+
+@pytest.mark.timeout(1800)
+@pytest.mark.parametrize("page", _pages())
+def test_a_page_runs_as_written(page, tmp_path, request):
+    todo = blocks(page)
+    if any(b.kind == "slurm" for b in todo):
+        request.getfixturevalue("slurm")
+    work = _scratch(tmp_path)
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+           "PARSL_BFT_SHARED": str(SHARED.parent)}
+    ran = 0
+    for b in todo:
+        if b.kind == "file":
+            (work / b.arg).parent.mkdir(parents=True, exist_ok=True)
+            (work / b.arg).write_text(b.text)
+        elif b.kind in ("run", "fails", "slurm"):
+            r = _run(b, work, env)
+            ok = (r.returncode != 0) if b.kind == "fails" else (r.returncode == 0)
+            assert ok, f"{b.where()}: exit {r.returncode}\n{b.text}\n--- output ---\n{(r.stdout + r.stderr)[-4000:]}"
+            ran += 1
+    assert ran, f"{page}: no block ran"
+
+
+def _scratch(tmp_path: Path) -> Path:
+    """A folder as a user's checkout would be: the project's example folders beside, the shared data at ../shared."""
+    work = tmp_path / "work"
+    work.mkdir()
+    for d in ("site_configs", "workflows", "benchmarks", "tools"):
+        (work / d).symlink_to(ROOT / d)
+    (tmp_path / "shared").symlink_to(SHARED.parent)
+    return work
+
+
+def _run(b, work: Path, env: dict) -> subprocess.CompletedProcess:
+    if b.lang == "python":
+        script = work / f".block-{b.line}.py"
+        script.write_text(b.text)
+        cmd = [sys.executable, str(script)]
+    else:
+        cmd = ["bash", "-e", "-o", "pipefail", "-c", b.text]
+    try:
+        return subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True, timeout=BLOCK_TIMEOUT_S)
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"ran out of time at step {b.where()} ({BLOCK_TIMEOUT_S} s)\n{b.text}\n{str(e.output)[-2000:]}")
