@@ -332,13 +332,10 @@ def cmd_sites(args: argparse.Namespace) -> int:
         from .site_schema import reference
         print(reference(), end="")
         return 0
-    if not args.files:
-        raise UsageError(f"sites {args.action} takes site files")
     if args.action == "show":
-        if len(args.files) != 1:
-            raise UsageError("sites show takes one site file")
-        from .execution.site_runtime import show_config
-        print(show_config(load_site(args.files[0])), end="")
+        from .execution.site_runtime import show_config, show_pilot_script
+        site = load_site(args.files[0])
+        print(show_pilot_script(site) if args.pilot_script else show_config(site), end="")
         return 0
     bad = 0
     for f in args.files:
@@ -387,9 +384,13 @@ def build_parser() -> argparse.ArgumentParser:
     j.add_argument("--scaling")
     j.add_argument("--lenient", action="store_true")
     j.set_defaults(func=cmd_jobs)
-    for sp in sub.choices.values():          # --debug also after the command (parsl-bft idle --debug X)
+    for sp in [*sub.choices.values(), *_subcommands(sub.choices["sites"])]:   # --debug also after the command
         sp.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     return p
+
+
+def _subcommands(p: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+    return [q for a in p._actions if isinstance(a, argparse._SubParsersAction) for q in a.choices.values()]
 
 
 def _add_runtime_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -418,10 +419,16 @@ def _add_runtime_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser
     st.set_defaults(func=cmd_status)
     add_parsers(sub)                    # submit, logs, cancel, fetch: runs through Globus Compute
 
-    si = sub.add_parser("sites", help="validate site files, show the Parsl Config one builds, or print the "
-                        "reference of every field (schema)")
-    si.add_argument("action", choices=["validate", "show", "schema"])
-    si.add_argument("files", nargs="*")
+    si = sub.add_parser("sites", help="validate site files, show the Parsl Config one builds or its pilot script, "
+                        "or print the reference of every field (schema)")
+    actions = si.add_subparsers(dest="action", required=True)
+    actions.add_parser("validate", help="check site files (exit 1 if one is invalid)").add_argument(
+        "files", nargs="+", metavar="FILE")
+    show = actions.add_parser("show", help="print the Parsl Config a site file builds, as Python code")
+    show.add_argument("files", nargs=1, metavar="FILE")
+    show.add_argument("--pilot-script", action="store_true", help="print the batch script of the next pilot "
+                      "instead (a dry run: nothing is submitted)")
+    actions.add_parser("schema", help="the reference of every site-file field (Markdown)")
     si.set_defaults(func=cmd_sites)
 
 

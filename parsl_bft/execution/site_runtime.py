@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, cast
 from ..sites import Emulation, Site, SiteError
 from ..topology import Topology, topology_from_dict
 from .config import config_source, constructed, local_config
+from .pilot import PilotProvider
 
 if TYPE_CHECKING:
     from parsl.config import Config
@@ -248,6 +249,34 @@ def show_config(site: Site) -> str:
         warnings.simplefilter("ignore", ResourceWarning)
         config = build_config(site, endpoint=_unconnected)
     return config_source(config, comment)
+
+
+PLACEHOLDER_RUN_DIR = "<state_dir>/runinfo/<run>/submit_scripts"
+
+
+def show_pilot_script(site: Site) -> str:
+    """The batch script of the site's next pilot, as it would be submitted (nothing is submitted): a dry run of
+    what ``parsl-bft run`` asks of the scheduler. The worker command's {placeholders} are what Parsl fills in when
+    the executor starts (its addresses and ports)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ResourceWarning)
+        config = build_config(site, endpoint=_unconnected)
+    scripts = []
+    for ex in config.executors:
+        provider = getattr(ex, "provider", None)
+        if not isinstance(provider, PilotProvider):
+            continue
+        provider.script_dir = provider.script_dir or PLACEHOLDER_RUN_DIR
+        # Parsl formats it when the executor starts (and {{block_id}} per block)
+        command = str(getattr(ex, "launch_cmd", "")).replace("{{", "{").replace("}}", "}")
+        head = (f"# the next pilot of executor {ex.label} (site {site.name}): {site.pilot_walltime.max_minutes} "
+                f"minutes, {provider.pilot_nodes} node(s); a pilot's walltime is its hole's length within "
+                f"pilot_walltime; Parsl fills in the {{...}} when the executor starts")
+        scripts.append(head + "\n" + provider.script(command, "parsl.bft", site.pilot_walltime.max_minutes))
+    if not scripts:
+        raise SiteError(f"site '{site.name}' ({site.scheduler}) submits no pilot jobs: the embedded default runs on "
+                        "this machine (nothing to show)")
+    return "\n".join(scripts)
 
 
 def make_pool(site: Site, executor: ParslExecutor | None) -> EmulatedPool | PilotPool:

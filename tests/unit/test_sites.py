@@ -412,3 +412,19 @@ def test_run_workflow_hands_its_settings_in_process(tmp_path, monkeypatch):
         run_workflow(tmp_path / "missing.py")
     with pytest.raises(SiteError, match="no such site file"):
         run_workflow(w, [tmp_path / "missing.yaml"])
+
+
+def test_show_pilot_script_prints_what_would_be_submitted_and_submits_nothing(tmp_path, monkeypatch, capsys):
+    """`sites show --pilot-script` is a dry run: the next pilot's batch script with the site's queue, account,
+    QOS, resources and options, and no scheduler command is run (none is on PATH here)."""
+    from parsl_bft.cli import main
+    monkeypatch.setenv("PATH", str(tmp_path))           # no sbatch, qsub, squeue ...
+    assert main(["sites", "show", "--pilot-script", str(ROOT / "site_configs" / "polaris.yaml")]) == 0
+    pbs = capsys.readouterr().out
+    assert "#PBS -q preemptable" in pbs and "#PBS -A YOUR_PROJECT" in pbs and "ngpus=4" in pbs
+    assert "process_worker_pool.py" in pbs and "{block_id}" in pbs and "{{" not in pbs
+    assert main(["sites", "show", str(ROOT / "site_configs" / "perlmutter.yaml"), "--pilot-script"]) == 0
+    slurm = capsys.readouterr().out
+    assert "#SBATCH --qos=preempt" in slurm and "#SBATCH --constraint=gpu" in slurm and "#SBATCH --signal=B:USR1@60" in slurm
+    assert main(["sites", "show", "--pilot-script", str(ROOT / "site_configs" / "local.yaml")]) == 2
+    assert "submits no pilot jobs" in capsys.readouterr().err
