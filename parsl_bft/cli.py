@@ -328,7 +328,7 @@ def cmd_sites(args: argparse.Namespace) -> int:
     """Validate site files, print the Parsl Config one builds (show), or the field reference (schema)."""
     from .sites import SiteError, load_site
 
-    if args.action == "schema":       # the reference of every field (the docs render the same: docs/reference/site-file.md)
+    if args.action == "schema":       # every field (docs/reference/site-file.md renders the same)
         from .site_schema import reference
         print(reference(), end="")
         return 0

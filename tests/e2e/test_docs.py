@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from docs_pages import DOCS, blocks, runnable_pages  # noqa: E402
-from paths import ROOT, SHARED  # noqa: E402
+from docs_pages import DOCS, blocks, runnable_pages
 
-import test_slurm  # noqa: E402
+import test_slurm
+from paths import ROOT, SHARED
 
 slurm = test_slurm.slurm                 # the local Slurm (root; CI), for pages that submit to it
 BLOCK_TIMEOUT_S = 900
