@@ -1,6 +1,6 @@
 """The control loop shared by the simulator and the real runtime: admission, reclaims, re-planning, costs.
 
-It holds who runs where and charges BFTrainer's costs (../docs/architecture.md, "accounting"):
+It holds who runs where and charges BFTrainer's costs (docs/explanation/architecture.md, "accounting"):
 - a job that is rescaled by the plan pauses: t_up (grow) or t_down (shrink) seconds at its CURRENT rate;
 - a job that loses nodes to the facility pays t_down at its current rate, once per reclaim event;
 - a job left below min_nodes by a reclaim stops (size 0) and its remaining nodes go back to the pool.

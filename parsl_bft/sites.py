@@ -114,8 +114,8 @@ class ObjectiveSpec(_Strict):
     """What the planner maximises; a run over several sites has one objective, so their sites must agree."""
 
     name: Literal["throughput", "speedup", "weighted", "proportional", "maxmin", "deadline"] = Field(
-        default="speedup", description="what the planner maximises over the jobs (see the README's planner "
-        "section)")
+        default="speedup", description="what the planner maximises over the jobs (the docs' "
+        "explanation/method page says what each one values)")
     weights: dict[str, float] = Field(default_factory=dict, description="per-job weights by job name (the "
                                       "weighted objective); jobs not named keep TrainingJob.weight")
     t_fwd_seconds: float = Field(default=10.0, gt=0, description="the planner's look-ahead: a rescale must pay "
