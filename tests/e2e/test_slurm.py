@@ -239,7 +239,8 @@ objective: {{name: proportional, t_fwd_seconds: 20}}
 # > 45 s left) while img trains on; 6,000 steps were once done first (step 5,966 with 3 faults to go), a quiet
 # run at 8,000 was at step 5,525 when the last fault fired, one at 10,000 (pilots then needed > 90 s) at 7,975
 IMG_STEPS = 10_000
-IMG_MAX_RELATIVE_DRIFT = 1e-2
+IMG_MAX_RELATIVE_DRIFT = 5e-2    # measured 8.2e-3; a training that went astray (a model re-initialised, data
+#                                   # replayed from another epoch) ends in another minimum, O(1) away
 
 
 def started(slurm, job_id):
@@ -394,8 +395,8 @@ def _check_outcome(slurm, state, tmp_path, ref, after_id, killed):
     # the models: exact step counts (check_chain: no step skipped or trained twice), the reference's loss, and its
     # parameters up to float summation order. World sizes change here (1, 2, 4 ranks), so every step's gradient
     # is summed in another order; over 10,000 SGD steps those ulp-level differences grow to ~1e-2 in a single
-    # weight (measured: 0.0092 max, relative L2 distance below). Bit-exact resumes, where the world size stays,
-    # are checked by tests/e2e/test_execution.py's crash test.
+    # weight (measured: 0.0092 max, 8.2e-3 relative L2). Bit-exact resumes, where the world size stays, are
+    # checked by tests/e2e/test_execution.py's crash test.
     ref.wait(timeout=300)
     final = CheckpointStore(state / "checkpoints" / "img").latest()
     reference = CheckpointStore(tmp_path / "ref-img").latest()
