@@ -66,8 +66,9 @@ class NodeShape(_Strict):
 
     cores: int = Field(ge=1, description="CPU cores of a node: the fragment slots of a local site, ncpus of "
                        "a PBS pilot's select; Slurm pilots take whole nodes (--exclusive)")
-    gpus: int = Field(default=0, ge=0, description="accelerators per node (Polaris, Perlmutter: 4); a PBS "
-                      "pilot's select asks for them")
+    gpus: int = Field(default=0, ge=0, description="accelerators per node (Polaris, Perlmutter: 4); pilots "
+                      "ask for them (Slurm --gpus-per-node unless scheduler_options asks already; PBS ngpus in "
+                      "select)")
     ranks_per_node: int | None = Field(default=None, ge=1, description="training ranks a fragment runs on each "
                                        "node; default: one per GPU (CPU-only nodes: 1)")
 
@@ -133,7 +134,7 @@ class Emulation(_Strict):
 
 _PILOTS_ONLY = {"partition", "queue", "account", "preemptable_qos", "pilot_walltime", "worker_init",
                 "scheduler_options", "interchange_address", "holes"}
-_UNUSED_BY = {"local": _PILOTS_ONLY, "slurm": {"queue"}, "pbs": {"partition"}}
+_UNUSED_BY = {"local": _PILOTS_ONLY, "slurm": {"queue"}, "pbs": {"partition", "preemptable_qos"}}
 # what the site file AT THE FACILITY (remote.site) or the endpoint's own config says for a run submitted through
 # Globus Compute: from the laptop these would mean nothing
 _FACILITY_ONLY = _PILOTS_ONLY | {"checkpoint_dir", "emulation", "topology", "objective"}
@@ -167,8 +168,9 @@ class Site(_Strict):
     partition: str | None = Field(default=None, description="Slurm partition for pilots")
     queue: str | None = Field(default=None, description="PBS queue for pilots")
     account: str | None = Field(default=None, description="allocation charged for pilots (--account / -A)")
-    preemptable_qos: str | None = Field(default=None, description="Slurm QOS with PreemptMode, or a PBS "
-                                        "preemptable queue: the facility may take pilots back at once")
+    preemptable_qos: str | None = Field(default=None, description="Slurm only: a QOS with PreemptMode, so the "
+                                        "facility may take pilots back at once (on PBS, name the preemptable "
+                                        "queue as queue)")
     node: NodeShape = Field(description="what one node has")
     pilot_walltime: PilotWalltime = Field(default_factory=PilotWalltime, description="pilot lengths")
     worker_init: str = Field(default="", description="shell lines a pilot runs before its worker pool starts "
@@ -182,8 +184,10 @@ class Site(_Strict):
     holes: HoleDiscovery = Field(default_factory=HoleDiscovery, description="finding idle nodes and holding "
                                  "them with pilots")
     objective: ObjectiveSpec = Field(default_factory=ObjectiveSpec, description="the planner's objective")
-    globus_compute_endpoint: UUID | None = Field(default=None, description="a Globus Compute endpoint at the "
-                                                 "facility: runs are submitted through it (docs/globus-compute.md)")
+    globus_compute_endpoint: str | None = Field(
+        default=None, description="a Globus Compute endpoint at the facility: runs are submitted through it (the "
+        "docs' remote-run tutorial); 'local': a stand-in endpoint on this machine, to try the remote cycle "
+        "without Globus (each call runs in a fresh process here)")
     remote: RemoteRuns | None = Field(default=None, description="with globus_compute_endpoint: where submitted "
                                       "runs live at the facility (`parsl-bft submit`)")
     emulation: Emulation | None = Field(default=None, description="scheduler local only: the idle pattern "
@@ -250,6 +254,17 @@ class Site(_Strict):
             raise ValueError("must be a path without double quotes or newlines")
         return v
 
+    @field_validator("globus_compute_endpoint")
+    @classmethod
+    def _endpoint_id(cls, v: str | None) -> str | None:
+        if v is None or v == "local":
+            return v
+        try:
+            return str(UUID(v))
+        except ValueError:
+            raise ValueError(f"not a Globus Compute endpoint id: a UUID (globus-compute-endpoint list prints "
+                             f"it) or 'local', got {v[:40]!r}") from None
+
     @model_validator(mode="after")
     def _per_scheduler(self) -> Site:
         if self.remote is not None and not self.globus_compute_endpoint:
@@ -269,6 +284,9 @@ class Site(_Strict):
             if self.scheduler != "local" and self.emulation is not None:
                 raise ValueError("'emulation' is only for scheduler 'local'")
             unused = sorted(_UNUSED_BY[self.scheduler] & self.model_fields_set)
+            if self.scheduler == "pbs" and "preemptable_qos" in unused:
+                raise ValueError("scheduler 'pbs' has no QOS: name the preemptable queue as 'queue' (and delete "
+                                 "preemptable_qos)")
             if unused:
                 raise ValueError(f"scheduler '{self.scheduler}' does not use {', '.join(unused)}: delete "
                                  f"{'it' if len(unused) == 1 else 'them'}")

@@ -1,7 +1,7 @@
 """Remote submission through Globus Compute, and the stand-in for its cloud service used in tests.
 
 A facility user runs a Globus Compute endpoint on the login node, configured to start workers with the
-site's Parsl provider (see docs/globus-compute.md); the scientist's site file names the endpoint id and
+site's Parsl provider (see docs/tutorials/from-a-laptop.md); the scientist's site file names the endpoint id and
 ``parsl_bft.execution.site_runtime`` wraps it in Parsl's GlobusComputeExecutor. Fragments then travel through
 the SDK's serialiser to the endpoint and run there like any other Parsl app.
 """

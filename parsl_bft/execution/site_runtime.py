@@ -74,7 +74,7 @@ def refuse_remote(site: Site) -> None:
     if site.globus_compute_endpoint:
         raise SiteError(f"site '{site.name}' is reached through Globus Compute: this process cannot see that "
                         "machine's idle nodes or files, so the run's orchestrator must run there. Submit it: "
-                        "parsl-bft submit WORKFLOW.py --site SITE.yaml (docs/globus-compute.md)")
+                        "parsl-bft submit WORKFLOW.py --site SITE.yaml (docs/tutorials/from-a-laptop.md)")
 
 
 def check_sites(sites: Sequence[Site]) -> None:
@@ -153,12 +153,12 @@ class SiteRuntime:
             from .slurm import SlurmPilotProvider
 
             cls, kw = SlurmPilotProvider, dict(partition=site.partition, qos=site.preemptable_qos,
-                                               account=site.account, **common)
+                                               account=site.account, gpus_per_node=site.node.gpus, **common)
         else:
             from .pbs import PBSPilotProvider
 
             select = f"1:ncpus={site.node.cores}" + (f":ngpus={site.node.gpus}" if site.node.gpus else "")
-            cls, kw = PBSPilotProvider, dict(queue=site.preemptable_qos or site.queue, account=site.account,
+            cls, kw = PBSPilotProvider, dict(queue=site.queue, account=site.account,
                                              select=select, **common)
         # recorded so `sites show` can print it while the pilot providers have no code repr of their own
         provider: PilotProvider = constructed(cls(**kw), **kw)

@@ -2,7 +2,7 @@
 
 ``parsl_bft.remote.facility`` runs at the facility (inside short Globus Compute tasks), ``runner`` is the
 detached session it starts there, ``client`` and ``bundle`` are the laptop's side, ``commands`` the CLI. See
-docs/globus-compute.md.
+docs/tutorials/from-a-laptop.md.
 """
 __all__ = ["EndpointUnavailable", "NotLoggedIn", "RemoteError", "RemoteJobFailed", "RemoteRun", "RemoteSession",
            "remote_session"]

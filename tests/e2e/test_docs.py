@@ -25,21 +25,25 @@ def test_the_docs_build_with_no_warning(tmp_path):
 
 
 def _pages():
-    for page in runnable_pages():
-        kinds = {b.kind for b in blocks(page)}
-        marks = [pytest.mark.slurm] if "slurm" in kinds else []
-        yield pytest.param(page, id=str(page.relative_to(DOCS)), marks=marks)
+    return [pytest.param(page, id=str(page.relative_to(DOCS)),
+                         marks=[pytest.mark.slurm] if any(b.kind == "slurm" for b in blocks(page)) else [])
+            for page in runnable_pages()]
 
 
 @pytest.mark.timeout(1800)
 @pytest.mark.parametrize("page", _pages())
 def test_a_page_runs_as_written(page, tmp_path, request):
     todo = blocks(page)
+    slurm_env = {}
     if any(b.kind == "slurm" for b in todo):
         request.getfixturevalue("slurm")
+        # the page's own `tools/local-slurm.sh start` finds the fixture's cluster running, configured alike
+        slurm_env = {"SLURM_LOCAL_AUTH": "none", "SLURM_CONF": os.environ["SLURM_CONF"]}
     work = _scratch(tmp_path)
+    (tmp_path / "home").mkdir()         # what a page writes under ~ (remote runs, their registry) stays here
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
-           "PARSL_BFT_SHARED": str(SHARED.parent)}
+           "PARSL_BFT_SHARED": str(SHARED.parent), "HOME": str(tmp_path / "home"), **slurm_env}
+    env.pop("PARSL_BFT_HOME", None)
     ran = 0
     for b in todo:
         if b.kind == "file":

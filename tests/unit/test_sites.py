@@ -183,16 +183,17 @@ CONSUMED = {
     "name": lambda r: r.ex.label == "bft_" + r.site.name.replace("-", "_"),
     "scheduler": lambda r: type(r.prov).__name__ == _PROVIDER[r.site.scheduler],
     "partition": lambda r: r.prov.partition == r.site.partition,
-    "queue": lambda r: r.prov.queue == (r.site.preemptable_qos or r.site.queue),
+    "queue": lambda r: r.prov.queue == r.site.queue,
     "account": lambda r: r.prov.account == r.site.account,
-    "preemptable_qos": lambda r: r.site.preemptable_qos in (getattr(r.prov, "qos", None),
-                                                            getattr(r.prov, "queue", None)),
+    "preemptable_qos": lambda r: r.prov.qos == r.site.preemptable_qos,
     "node.cores": lambda r: {"local": r.ex.max_workers_per_node == r.site.node.cores,
                              "pbs": f"ncpus={r.site.node.cores}" in getattr(r.prov, "select", ""),
                              # Slurm pilots take whole nodes (--exclusive): cores only describes the node there
                              "slurm": True}[r.site.scheduler],
-    "node.gpus": lambda r: (f"ngpus={r.site.node.gpus}" in r.prov.select if r.site.scheduler == "pbs"
-                            else r.site.node.gpus == 0 or r.rt.ranks_per_node <= r.site.node.gpus),
+    "node.gpus": lambda r: {"pbs": lambda: f"ngpus={r.site.node.gpus}" in r.prov.select,
+                            "slurm": lambda: (f"--gpus-per-node={r.site.node.gpus}" in r.prov.job_options(5))
+                            == (r.site.node.gpus > 0),
+                            "local": lambda: r.rt.ranks_per_node <= max(r.site.node.gpus, 1)}[r.site.scheduler](),
     "node.ranks_per_node": lambda r: r.rt.ranks_per_node == r.site.node.ranks_per_node,
     "pilot_walltime.min_minutes": lambda r: r.prov.walltime_min_min == r.site.pilot_walltime.min_minutes,
     "pilot_walltime.max_minutes": lambda r: r.prov.walltime_max_min == r.site.pilot_walltime.max_minutes,
@@ -429,3 +430,33 @@ def test_show_pilot_script_prints_what_would_be_submitted_and_submits_nothing(tm
     assert "#SBATCH --signal=B:USR1@60" in slurm
     assert main(["sites", "show", "--pilot-script", str(ROOT / "site_configs" / "local.yaml")]) == 2
     assert "submits no pilot jobs" in capsys.readouterr().err
+
+
+def test_a_slurm_pilot_asks_for_its_gpus_and_the_probe_tests_the_same_job(tmp_path):
+    """node.gpus becomes --gpus-per-node (unless the site's options ask already), and `sbatch --test-only` is
+    asked about the job the pilot script submits: account, QOS, GPUs and the site's options included."""
+    from parsl_bft.execution.slurm import SlurmCommands, SlurmPilotProvider
+    probes = []
+
+    def run(argv):
+        if argv[:2] == ["sbatch", "--test-only"]:
+            probes.append(argv)
+        return 0, "", ""
+    prov = SlurmPilotProvider("gpu", qos="scavenger", account="proj1", gpus_per_node=4, commands=SlurmCommands(run),
+                              script_dir=str(tmp_path), scheduler_options=["-C a100"])
+    script = prov.script("worker", "parsl.bft", 30)
+    for line in ("#SBATCH --gpus-per-node=4", "#SBATCH --account=proj1", "#SBATCH --qos=scavenger", "#SBATCH -C a100"):
+        assert line in script.splitlines(), script
+    prov.walltime_minutes(now=0.0)
+    (probe,) = probes
+    assert {"--gpus-per-node=4", "--account=proj1", "--qos=scavenger", "-C", "a100", "--partition=gpu"} <= set(probe)
+    asked = SlurmPilotProvider("gpu", gpus_per_node=4, scheduler_options=["--gres=gpu:a100:4"],
+                               script_dir=str(tmp_path))
+    assert "--gpus-per-node=4" not in asked.job_options(30)       # the site's own request stands
+
+
+def test_a_pbs_site_names_its_preemptable_queue_as_queue(tmp_path):
+    f = tmp_path / "pbs.yaml"
+    f.write_text("name: p\nscheduler: pbs\nqueue: prod\npreemptable_qos: preemptable\nnode: {cores: 32}\n")
+    with pytest.raises(SiteError, match="has no QOS: name the preemptable queue as 'queue'"):
+        load_site(f)

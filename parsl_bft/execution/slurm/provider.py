@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import getpass
 import math
+import re
+import shlex
 from typing import ClassVar
 
 import typeguard
@@ -57,12 +59,12 @@ class SlurmPilotProvider(PilotProvider, RepresentationMixin):
                  commands: SlurmCommands | None = None, walltime_min_min: int = 1, walltime_max_min: int = 30,
                  notice_s: int = 60, max_pending_s: float = 30.0, worker_init: str = "",
                  script_dir: str = "bft-pilots", nodes_per_block: int = 1, poll_s: int = 5,
-                 scheduler_options: list[str] | None = None, max_jobs: int | None = None):
+                 scheduler_options: list[str] | None = None, max_jobs: int | None = None, gpus_per_node: int = 0):
         super().__init__("slurm_pilot", walltime_min_min=walltime_min_min, walltime_max_min=walltime_max_min,
                          notice_s=notice_s, max_pending_s=max_pending_s, worker_init=worker_init,
                          script_dir=script_dir, nodes_per_block=nodes_per_block, poll_s=poll_s,
                          scheduler_options=scheduler_options, max_jobs=max_jobs)
-        self.partition, self.qos, self.account = partition, qos, account
+        self.partition, self.qos, self.account, self.gpus_per_node = partition, qos, account, gpus_per_node
         self.commands = commands
         self.cmd: SlurmCommands = commands or SlurmCommands()
         self._reservations: tuple[float, list[ReservationRecord]] | None = None
@@ -94,8 +96,8 @@ class SlurmPilotProvider(PilotProvider, RepresentationMixin):
         minutes = super().walltime_minutes(now)
         taken = self.snapshot().taken
         if self._test_only is None or self._test_only[:3] != (taken, minutes, self.pilot_nodes):
-            start, _ = self.cmd.test_only([f"--partition={self.partition}", f"--nodes={self.pilot_nodes}",
-                                           f"--time={minutes}", "--exclusive"])
+            # the job the pilot would be, as command-line arguments (a directive "-C gpu" is two of them)
+            start, _ = self.cmd.test_only([a for o in self.job_options(minutes) for a in shlex.split(o)])
             late = start is not None and start > (self.clock() if now is None else now) + 60
             self._test_only = (taken, minutes, self.pilot_nodes, late)
         return self.walltime_min_min if self._test_only[3] else minutes
@@ -112,14 +114,23 @@ class SlurmPilotProvider(PilotProvider, RepresentationMixin):
         """One task per node through srun (a one-node pilot runs the command itself)."""
         return command if nodes == 1 else f"srun --nodes={nodes} --ntasks={nodes} --ntasks-per-node=1 {command}"
 
-    def script(self, command: str, job_name: str, minutes: int) -> str:
-        """The sbatch script of the next pilot (aimed with --nodelist when ``pilot_target`` is set)."""
-        opts = [f"--job-name={job_name}", f"--partition={self.partition}", f"--nodes={self.pilot_nodes}",
-                f"--time={minutes}", f"--time-min={minutes}", f"--signal=B:USR1@{self.notice_s}",
-                "--exclusive", f"--output={self.directive_path(f'{self.script_dir}/%j.out')}"]
+    def job_options(self, minutes: int) -> list[str]:
+        """What a pilot asks Slurm for, ``minutes`` long: partition, nodes, time, QOS, account, GPUs and the
+        site's options. The pilot's script and the ``--test-only`` probe both use it, so the probe tests the job
+        that is submitted."""
+        opts = [f"--partition={self.partition}", f"--nodes={self.pilot_nodes}", f"--time={minutes}",
+                f"--time-min={minutes}", "--exclusive"]
         opts += [f"--nodelist={','.join(map(node_name, self.pilot_target))}"] if self.pilot_target else []
         opts += [f"--qos={self.qos}"] if self.qos else []
         opts += [f"--account={self.account}"] if self.account else []
-        lines = ["#!/bin/bash", *[f"#SBATCH {o}" for o in opts + self.scheduler_options], self.worker_init,
+        asks_gpus = any(re.match(r"(--gpus|--gres|-G\b|--gpus-per-node)", o) for o in self.scheduler_options)
+        opts += [f"--gpus-per-node={self.gpus_per_node}"] if self.gpus_per_node and not asks_gpus else []
+        return opts + self.scheduler_options
+
+    def script(self, command: str, job_name: str, minutes: int) -> str:
+        """The sbatch script of the next pilot (aimed with --nodelist when ``pilot_target`` is set)."""
+        opts = [f"--job-name={job_name}", *self.job_options(minutes), f"--signal=B:USR1@{self.notice_s}",
+                f"--output={self.directive_path(f'{self.script_dir}/%j.out')}"]
+        lines = ["#!/bin/bash", *[f"#SBATCH {o}" for o in opts], self.worker_init,
                  f"setsid {self.on_each_node(command, self.pilot_nodes)} &", *self.notice_trap("SLURM_JOB_ID")]
         return "\n".join(line for line in lines if line) + "\n"
