@@ -266,7 +266,7 @@ def show_pilot_script(site: Site) -> str:
         provider = getattr(ex, "provider", None)
         if not isinstance(provider, PilotProvider):
             continue
-        provider.script_dir = provider.script_dir or PLACEHOLDER_RUN_DIR
+        provider.script_dir = PLACEHOLDER_RUN_DIR     # Parsl sets it when the run starts
         # Parsl formats it when the executor starts (and {{block_id}} per block)
         command = str(getattr(ex, "launch_cmd", "")).replace("{{", "{").replace("}}", "}")
         head = (f"# the next pilot of executor {ex.label} (site {site.name}): {site.pilot_walltime.max_minutes} "
