@@ -1,50 +1,83 @@
-"""Live per-job progress bars (rich) for a running orchestrator: the demo's, and `parsl-bft run`'s on stderr."""
+"""Live per-job progress for a running orchestrator: the demo's, and `parsl-bft run`'s on stderr. Bars (rich) on
+a terminal; plain lines at a steady interval otherwise (nohup, a batch job's output file, a remote session's
+log), so a run that is not watched still says how it goes."""
 from __future__ import annotations
 
+import sys
+import time
 from types import TracebackType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TextIO
 
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
+
+from .errors import RunStopped
 
 if TYPE_CHECKING:
     from typing import Self
 
     from .orchestrator import Orchestrator
 
+PLAIN_EVERY_S = 30.0
+
 
 class LiveBars:
     """A progress callback for ``Orchestrator.run/start``: one bar per job (jobs submitted later get theirs when
     they arrive), filled from the fragments' live progress reports, with the nodes each job holds now. Use it as
-    a context manager around the run."""
+    a context manager around the run. When the console is not a terminal, a line per job every ``every_s``
+    seconds (and a last one at the end) instead."""
 
-    def __init__(self, console: Console | None = None):
+    def __init__(self, console: Console | None = None, *, every_s: float = PLAIN_EVERY_S,
+                 plain_to: TextIO | None = None):
+        console = console or Console(stderr=True)
+        self.plain = None if console.is_terminal else (plain_to or sys.stderr)
+        self.every_s, self._last_line = every_s, -float("inf")
         self.bar = Progress(TextColumn("{task.description:>10}"), BarColumn(), TextColumn("{task.percentage:>5.1f}%"),
                             TextColumn("{task.fields[nodes]}"), TextColumn("{task.fields[loss]}"), TimeElapsedColumn(),
-                            console=console or Console(stderr=True))
+                            console=console)
         self.tasks: dict[str, TaskID] = {}
         self._orch: Orchestrator | None = None
 
     def __enter__(self) -> Self:
-        self.bar.start()
+        if self.plain is None:
+            self.bar.start()
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         if self._orch is not None:          # the last word: where every job stands as the bars close
+            self._last_line = -float("inf")
             self(self._orch)
-        self.bar.stop()
+        if self.plain is None:
+            self.bar.stop()
 
     def __call__(self, orch: Orchestrator) -> None:
-        """Update every job's bar from ``orch`` (the orchestrator calls this as it runs)."""
+        """Update every job's bar (or, without a terminal, print its line when one is due) from ``orch`` (the
+        orchestrator calls this as it runs)."""
         self._orch = orch
-        live = orch.live_progress()
-        for name, done in live.items():
+        rows = [(name, done, *self._state(orch, name)) for name, done in orch.live_progress().items()]
+        if self.plain is not None:
+            now = time.monotonic()
+            if now - self._last_line >= self.every_s:
+                self._last_line = now
+                stamp = time.strftime("%H:%M:%S")
+                for name, done, nodes, loss in rows:
+                    total = orch.jobs[name].samples
+                    print(f"parsl-bft {stamp} {name}: {100 * done / max(total, 1):.1f}% of {total:,.0f} samples, "
+                          f"{nodes}{', ' + loss if loss else ''}", file=self.plain, flush=True)
+            return
+        for name, done, nodes, loss in rows:
             if name not in self.tasks:
                 self.tasks[name] = self.bar.add_task(name, total=orch.jobs[name].samples, nodes="", loss="")
-            r = orch.running.get(name)
-            p = orch.last_report(name)
-            finished = orch.futures[name].done()
-            self.bar.update(self.tasks[name], completed=done,
-                            nodes="done" if finished else f"{r.nodes} node(s)" if r else "waiting",
-                            loss=f"loss {p.loss:.4g}" if p is not None and p.loss == p.loss else "")
+            self.bar.update(self.tasks[name], completed=done, nodes=nodes, loss=loss)
+
+    @staticmethod
+    def _state(orch: Orchestrator, name: str) -> tuple[str, str]:
+        """(where the job stands: done, failed, stopped, its nodes or waiting; its last loss) for display."""
+        future, r, p = orch.futures[name], orch.running.get(name), orch.last_report(name)
+        if future.done():
+            e = future.exception()
+            nodes = "done" if e is None else "stopped" if isinstance(e, RunStopped) else "failed"
+        else:
+            nodes = f"{r.nodes} node(s)" if r else "waiting"
+        return nodes, f"loss {p.loss:.4g}" if p is not None and p.loss == p.loss else ""
