@@ -321,6 +321,8 @@ def cmd_status(args: argparse.Namespace) -> int:
             _console().print(Text.assemble((f"{j.name} failed: ", "bold red"), j.error or ""))
     for _ts, kind, d in last:
         _console().print(f"  {kind:15} {json.dumps(d)[:100]}")
+    if last and last[-1][1] == "stop" and str(last[-1][2].get("why", "")).startswith("error"):
+        _console().print(Text.assemble(("the run stopped on an error: ", "bold red"), str(last[-1][2]["why"])))
     return 0
 
 

@@ -25,6 +25,7 @@ from parsl.jobs.states import JobState, JobStatus
 from parsl.launchers import SingleNodeLauncher
 from parsl.providers.cluster_provider import ClusterProvider
 
+from ..errors import ParslBftError
 from ..topology import Topology, TopologyError
 from .commands import BatchCommands, SchedulerError
 
@@ -39,6 +40,11 @@ def node_name(node: str) -> str:
     if not re.fullmatch(r"[\w.-]+", node):
         raise ValueError(f"cannot aim a pilot at node {node!r}: not a plain host name")
     return node
+
+
+class PilotsRefused(ParslBftError):
+    """The scheduler refused the site's pilots again and again with the same words (a missing or wrong account,
+    partition, QOS, an option it cannot satisfy): the run stops with those words instead of retrying forever."""
 
 
 @dataclass(frozen=True)
@@ -121,6 +127,7 @@ class PilotProvider(ClusterProvider):
     STATES: ClassVar[dict[str, JobState]] = {}
     multi_node: ClassVar[bool] = False   # can one pilot start a worker pool on each of several nodes (on_each_node)?
     can_target: ClassVar[bool] = False   # can a pilot be aimed at given idle nodes (``pilot_target``)?
+    REFUSALS_IN_A_ROW: ClassVar[int] = 3  # the same refusal this often: the site file is wrong, stop submitting
     cmd: BatchCommands
 
     def __init__(self, label: str, *, walltime_min_min: int = 1, walltime_max_min: int = 30, notice_s: int = 60,
@@ -155,6 +162,8 @@ class PilotProvider(ClusterProvider):
         self.resources: dict[object, Any] = {}
         self.cores_per_node: int | None = None
         self.mem_per_node: float | None = None
+        self._refusals: list[str] = []
+        self.refused: PilotsRefused | None = None
 
     # --- hooks ------------------------------------------------------------------------------------------
     @abstractmethod
@@ -303,9 +312,23 @@ class PilotProvider(ClusterProvider):
         """Has the scheduler sent this pilot its notice (or begun ending it)?"""
         return (self._dir / f"{job_id}.noticed").exists()
 
+    def _refusal(self, e: SchedulerError) -> None:
+        """Count a submission the scheduler refused; ``REFUSALS_IN_A_ROW`` with the same words make the provider
+        ``refused`` (no more submissions: a site file the scheduler will not take is not retried forever)."""
+        words = " ".join((e.err or str(e)).split())[:300]
+        self._refusals = [*self._refusals, words][-self.REFUSALS_IN_A_ROW:]
+        logger.warning("the scheduler refused a pilot: %s", words)
+        if len(self._refusals) == self.REFUSALS_IN_A_ROW and len(set(self._refusals)) == 1:
+            self.refused = PilotsRefused(
+                f"the scheduler refused {self.REFUSALS_IN_A_ROW} pilots in a row: {words} (check the site file's "
+                "account, partition or queue, QOS and scheduler_options; `parsl-bft sites show --pilot-script "
+                "SITE.yaml` prints the script that was submitted)")
+
     # --- Parsl's provider interface ---------------------------------------------------------------------------
     def submit(self, command: str, tasks_per_node: int, job_name: str = "parsl.bft") -> str:
         """Write the next pilot's script (owner-only: shared file systems) and submit it; its job id."""
+        if self.refused is not None:          # the same refusal again and again: ask no more
+            raise self.refused
         d = self._dir
         d.mkdir(mode=0o700, parents=True, exist_ok=True)
         path = d / f"{job_name}.{time.monotonic_ns()}.sh"
@@ -313,7 +336,12 @@ class PilotProvider(ClusterProvider):
         with os.fdopen(fd, "w") as fh:
             fh.write(self.script(command, job_name, self.walltime_minutes()))
         os.chmod(path, 0o700)
-        job_id = self.cmd.submit(str(path))
+        try:
+            job_id = self.cmd.submit(str(path))
+        except SchedulerError as e:
+            self._refusal(e)
+            raise
+        self._refusals = []
         self.submitted[job_id] = self.clock()
         self.sizes[job_id] = self.pilot_nodes
         if self.pilot_target:

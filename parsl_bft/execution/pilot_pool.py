@@ -28,7 +28,7 @@ from parsl.jobs.states import JobState
 
 from ..topology import Topology
 from .lanes import Lanes
-from .pilot import Hole, PilotProvider
+from .pilot import Hole, PilotProvider, PilotsRefused
 from .protocols import NoticeReason, PilotExecutor, PoolEvent, PoolEventKind
 
 logger = logging.getLogger(__name__)
@@ -241,6 +241,8 @@ class PilotPool:
             except Exception as e:
                 logger.warning("pilot submission skipped: %s", e)
             self._record(self._pilots())
+            if self.provider.refused is not None:    # Parsl recorded each refusal as a failed block
+                raise PilotsRefused(f"executor {self.executor.label}: {self.provider.refused}")
         return events
 
     def _claims(self, pilots: dict[str, LaneBlock], now: float) -> set[str]:

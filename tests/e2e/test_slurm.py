@@ -14,8 +14,9 @@ import pytest
 import torch
 from parsl.jobs.states import JobState, JobStatus
 
+from parsl_bft.execution.commands import SchedulerError
 from parsl_bft.execution.jobstore import JobStore
-from parsl_bft.execution.pilot import Hole
+from parsl_bft.execution.pilot import Hole, PilotsRefused
 from parsl_bft.execution.pool import PilotPool, PilotState
 from parsl_bft.execution.slurm import SlurmCommands, SlurmPilotProvider
 from parsl_bft.execution.slurm.commands import (
@@ -110,6 +111,30 @@ def test_holes_and_pilot_scripts_on_canned_slurm(tmp_path):
     for opt in ("--nodes=1", "--time-min=1", "--signal=B:USR1@45", "--qos=standby", "--partition=debug"):
         assert f"#SBATCH {opt}" in script
     assert "process_worker_pool.py --foo" in script and "trap" in script
+
+
+def test_the_same_refusal_three_times_stops_submitting(tmp_path):
+    """A pilot the scheduler refuses is not retried forever: the same words three times in a row make the
+    provider refused, and no further sbatch is run; a refusal with other words, or a success, starts a new row."""
+    calls, answers = [], iter([(1, "", "sbatch: error: Invalid account"), (0, "Submitted batch job 41\n", ""),
+                               *[(1, "", "sbatch: error: Invalid account or account/partition combination")] * 9])
+
+    def run(argv):
+        if argv[0] != "sbatch" or argv[1] == "--test-only":       # surveys and probes: nothing to say
+            return 0, "", ""
+        calls.append(argv)
+        return next(answers)
+    prov = SlurmPilotProvider("debug", commands=SlurmCommands(run), script_dir=str(tmp_path))
+    with pytest.raises(SchedulerError):
+        prov.submit("worker", 1)
+    assert prov.submit("worker", 1) == "41"                     # a success ends the row
+    for _ in range(3):
+        with pytest.raises(SchedulerError):
+            prov.submit("worker", 1)
+    assert "refused 3 pilots in a row: sbatch: error: Invalid account or account/partition" in str(prov.refused)
+    with pytest.raises(PilotsRefused):
+        prov.submit("worker", 1)
+    assert len(calls) == 5                                      # nothing submitted once refused
 
 
 def test_pilot_states_never_failed_for_reclaims(tmp_path):
@@ -347,6 +372,41 @@ def test_chaos_on_real_slurm_pilots(slurm, tmp_path):
     assert_nothing_left(state, 120)
 
 
+REFUSED_SITE = """name: refused
+scheduler: slurm
+partition: backfill
+node: {{cores: 4}}
+interchange_address: 127.0.0.1
+worker_init: "export SLURM_CONF={conf}"
+scheduler_options: ["--mem=99999999"]      # more than any node has: sbatch refuses the pilot
+holes: {{poll_seconds: 2}}
+"""
+REFUSED_WORKFLOW = """from parsl_bft.execution import TrainingJob, training_session
+with training_session("state") as trainer:
+    trainer.submit(TrainingJob("a", workload="images", samples=32 * 100, global_batch=32))
+    trainer.run(timeout_s=600)
+"""
+
+
+@pytest.mark.slurm
+@pytest.mark.timeout(300)
+def test_a_site_the_scheduler_refuses_stops_the_run_with_its_words(slurm, tmp_path):
+    """sbatch refuses every pilot (an option no node satisfies, as a wrong account would be): the run stops at
+    once with exit 2 and the scheduler's own words, after 3 submissions, and `status` says why."""
+    (tmp_path / "site.yaml").write_text(REFUSED_SITE.format(conf=os.environ["SLURM_CONF"]))
+    (tmp_path / "w.py").write_text(REFUSED_WORKFLOW)
+    r = subprocess.run([sys.executable, "-m", "parsl_bft.cli", "run", "w.py", "--site", "site.yaml"], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=280)
+    assert r.returncode == 2, r.stderr[-3000:]
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith("parsl-bft run: error: executor bft_refused: the scheduler refused 3 pilots in a row: "
+                           "sbatch: error: Memory specification can not be satisfied"), r.stderr[-3000:]
+    assert len(list(tmp_path.glob("state/runinfo/*/submit_scripts/*.sh"))) == 3
+    status = subprocess.run([sys.executable, "-m", "parsl_bft.cli", "status", "state"], cwd=tmp_path,
+                            capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "300"})
+    assert "the run stopped on an error" in status.stdout and "Memory specification" in status.stdout
+
+
 def _pilot_under_a_rank(state):
     """A pilot whose node runs a training rank (the rank pid files name their node) and that has no notice:
     neither signalled (its mark: the USR1 notice, --signal=B:USR1@20, comes up to 60 s early on this Slurm) nor
@@ -420,7 +480,7 @@ class FakePilots:
     """The provider and executor sides PilotPool talks to, driven by the test (no scheduler, no Parsl); the
     pool's ``hold`` of a block is recorded (tests/e2e/test_pilot_pool_htex.py holds a real HTEX's block)."""
 
-    label, script_dir, can_target = "fake", None, False
+    label, script_dir, can_target, refused = "fake", None, False, None
 
     def __init__(self):
         self.notice_s, self.holes_n, self.running, self.claims, self.marks = 20, 0, {}, set(), set()
