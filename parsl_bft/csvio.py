@@ -10,7 +10,7 @@ import stat
 import zlib
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from .errors import BadRows, InputError
 
@@ -175,3 +175,25 @@ def parse_number(path: str, line: int, field: str, text: str, *, kind: type = fl
     if minimum is not None and value < minimum:
         raise InputError(path, line, field, f"must be >= {minimum:g}, got {text}")
     return value
+
+
+def parse_yaml(text: str, source: str) -> Any:
+    """A YAML document (safe types only) with aliases refused: nine levels of ``*alias`` in a few hundred bytes
+    expand to gigabytes, and a site file or job set has no need of them. Syntax errors, aliases and nesting deep
+    enough to exhaust the stack are InputErrors naming ``source`` (and the line)."""
+    import yaml
+
+    class NoAliases(yaml.SafeLoader):
+        def compose_node(self, parent: Any, index: Any) -> Any:
+            if self.check_event(yaml.AliasEvent):
+                line = self.peek_event().start_mark.line + 1
+                raise InputError(source, line, None, "YAML aliases (*name) are not allowed: write the value out")
+            return super().compose_node(parent, index)
+
+    try:
+        return yaml.load(text, Loader=NoAliases)  # a SafeLoader
+    except yaml.YAMLError as e:
+        line = getattr(getattr(e, "problem_mark", None), "line", -1) + 1
+        raise InputError(source, line, None, f"not valid YAML: {' '.join(str(e).split())[:200]}") from None
+    except RecursionError:
+        raise InputError(source, 0, None, "not valid YAML: nested too deeply") from None

@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from .csvio import parse_number, read_rows, read_small_text
+from .csvio import parse_number, parse_yaml, read_rows, read_small_text
 from .errors import BadRows, InputError
 from .scaling import LayerProfile, ScalingCurve, read_scaling_table
 
@@ -219,18 +219,9 @@ def jobs_from_dicts(items: list[Any], source: str = "<python>") -> list[JobSpec]
 
 
 def load_yaml(p: Path) -> Any:
-    """A YAML document from a small regular file; syntax errors, nesting deep enough to exhaust the stack and
-    unreadable bytes are InputErrors naming the file (and line)."""
-    import yaml
-
-    text = read_small_text(p)
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        line = getattr(getattr(e, "problem_mark", None), "line", -1) + 1
-        raise InputError(str(p), line, None, f"not valid YAML: {str(e).splitlines()[0]}") from None
-    except RecursionError:
-        raise InputError(str(p), 0, None, "not valid YAML: nested too deeply") from None
+    """A YAML document from a small regular file (``csvio.parse_yaml``: aliases refused); errors are InputErrors
+    naming the file (and line)."""
+    return parse_yaml(read_small_text(p), str(p))
 
 
 def read_jobset_yaml(path: str | Path) -> JobSet:

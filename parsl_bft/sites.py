@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any, Literal
 from uuid import UUID
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .errors import InputError, ParslBftError
@@ -25,14 +24,18 @@ from .errors import InputError, ParslBftError
 # the embedded default (this machine, an emulated idle pool): ships inside the package
 DEFAULT_SITE = Path(str(files("parsl_bft") / "data" / "sites" / "local.yaml"))
 _SECRETS = [re.compile(p, re.I) for p in (
-    r"(secret|passw(or)?d|passwd|pwd|token|api[_-]?key|access[_-]?key|private[_-]?key|credential)\w*\s*[=:]",
+    r"(secret|passw(or)?d|passwd|pwd|token|api[_-]?key|access[_-]?key|private[_-]?key|credential)s?\s*[=:]",
     r"(?<![\w-])--?(password|passwd|pass|token|secret|api-?key|access-?key|client-?secret)(\s*=|\s+)\S",
     r"\bauthorization\s*:", r"\bbearer\s+[\w.~+/=-]{6,}", r"\bbasic\s+[A-Za-z0-9+/=]{12,}",
     r"\bAKIA[0-9A-Z]{16}\b", r"\bgh[pousr]_[A-Za-z0-9]{20,}", r"\bxox[abprs]-[A-Za-z0-9-]{10,}",
     r"-----BEGIN [A-Z ]*PRIVATE KEY-----", r"\beyJ[\w-]{8,}\.[\w-]{8,}\.",
-    r"://[^/\s:@]+:[^/\s@]+@")]         # user:password@ in a URL
-_TOKEN = re.compile(r"^[A-Za-z0-9._:@+,=/%-]+$")          # a scheduler token: partition, account, queue, QOS ...
-_SITE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")   # names a folder (sites/<name>/jobs) and a label
+    r"://[^/\s:@]+:[^/\s@]+@",          # user:password@ in a URL
+    # a literal assigned to a name that ends like a credential (MY_PASS=, GITHUB_PAT=, WANDB_KEY=, AccountKey=);
+    # $VAR references pass (the value comes from the environment), as do TOKENIZERS_PARALLELISM= or PATH=
+    r"\b\w*(pass|passwd|password|secret|token|credential|pwd|pat|key)\s*=\s*['\"]?[^\s$'\"]",
+    r"\bsshpass\b", r"\bmysql\b[^|;&\n]*\s-p\S", r"\|\s*(sudo\s+)?kinit\b")]
+_TOKEN = re.compile(r"^[A-Za-z0-9._:@+,=/%-]+\Z")          # a scheduler token: partition, account, queue, QOS ...
+_SITE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")   # names a folder (sites/<name>/jobs) and a label
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")           # newline and tab are allowed in worker_init only
 
 
@@ -316,19 +319,15 @@ def _present(doc: Any, dotted: str) -> bool:
 
 def load_site(path: str | Path) -> Site:
     """Read and validate a site file; errors name the file, the field and what is allowed."""
-    from .csvio import read_small_text
+    from .csvio import parse_yaml, read_small_text
 
     p = Path(path)
     if not p.exists():
         raise SiteError(f"{p}: no such site file")
     try:
-        doc = yaml.safe_load(read_small_text(p, limit=1 << 20))
+        doc = parse_yaml(read_small_text(p, limit=1 << 20), str(p))
     except InputError as e:
         raise SiteError(str(e)) from None
-    except yaml.YAMLError as e:
-        raise SiteError(f"{p}: not valid YAML: {' '.join(str(e).split())}") from None
-    except RecursionError:
-        raise SiteError(f"{p}: not valid YAML: nested too deeply") from None
     if not isinstance(doc, dict):
         raise SiteError(f"{p}: a site file is a mapping of fields (name, scheduler, node, ...)")
     removed = [k for k in _REMOVED if _present(doc, k)]

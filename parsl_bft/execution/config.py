@@ -25,6 +25,12 @@ def ensure_venv_on_path() -> None:
         os.environ["PATH"] = bindir + os.pathsep + os.environ.get("PATH", "")
 
 
+def interchange_dies_with_us() -> list[str]:
+    """HTEX's ``interchange_launch_cmd``: the interchange ends when the process that started it does
+    (``die_with_parent``), so a killed orchestrator leaves no interchange, worker pool or rank behind."""
+    return [sys.executable, "-m", "parsl_bft.execution.die_with_parent", "interchange.py"]
+
+
 def local_config(workers: int = 8, run_dir: str = "runinfo", label: str = LOCAL_LABEL) -> Config:
     """HighThroughputExecutor on a LocalProvider: one block, ``workers`` fragment slots. Parsl retries are off:
     a reclaimed or failed fragment is a normal event the orchestrator handles (resume from the checkpoint)."""
@@ -39,6 +45,7 @@ def local_config(workers: int = 8, run_dir: str = "runinfo", label: str = LOCAL_
                                           # the core count (cores_per_worker=1) cap the number of fragment slots
                                           cores_per_worker=0.01,
                                           cpu_affinity="none", heartbeat_period=2, heartbeat_threshold=10,
+                                          interchange_launch_cmd=interchange_dies_with_us(),
                                           provider=LocalProvider(  # type: ignore[no-untyped-call]
                                               init_blocks=1, min_blocks=1, max_blocks=1))],
         run_dir=run_dir, retries=0, strategy="none", initialize_logging=False,

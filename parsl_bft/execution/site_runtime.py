@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from ..sites import Emulation, Site, SiteError
 from ..topology import Topology, topology_from_dict
-from .config import config_source, constructed, local_config
+from .config import config_source, constructed, interchange_dies_with_us, local_config
 from .pilot import PilotProvider
 
 if TYPE_CHECKING:
@@ -177,6 +177,7 @@ class SiteRuntime:
             max_workers_per_node=1,                   # one fragment slot per pilot node: its ranks use the node
             heartbeat_period=5, heartbeat_threshold=20,   # pilots come and go: notice lost ones soon
             block_error_handler=pilot_block_error_handler,  # a pilot that ends is normal
+            interchange_launch_cmd=interchange_dies_with_us(),
             provider=provider,
             **address,
         )

@@ -303,6 +303,46 @@ def test_one_signal_to_parsl_bft_run_checkpoints_and_leaves_nothing_behind(tmp_p
     assert_nothing_left(state, 60)
 
 
+@pytest.mark.timeout(900)
+def test_a_run_killed_outright_leaves_nothing_behind_and_resumes(tmp_path):
+    """`kill -9` of `parsl-bft run` alone (no signal to anything else) on the embedded default: its interchange
+    dies with it, the worker pool loses it and exits, the ranks die with their workers - nothing trains on for
+    nobody. Run again, the job resumes from its newest good checkpoint."""
+    workflow = HERE.parent / "workflows" / "image_classifier.py"
+    state = tmp_path / "bft-state" / "image_classifier"
+
+    def start():
+        return subprocess.Popen([sys.executable, "-m", "parsl_bft.cli", "run", str(workflow)], cwd=tmp_path,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    p = start()
+    try:
+        wait_for(lambda: live_ranks(state) and list(state.glob("jobs/*/ckpt-*.h5")), timeout=300,
+                 what="training with a checkpoint")
+        p.kill()
+        p.wait()
+        assert_nothing_left(state, 120)
+        saved = {d.name: CheckpointStore(d).latest(arrays=False).step for d in state.glob("jobs/*")
+                 if CheckpointStore(d).latest(arrays=False) is not None}
+        again = start()
+        db = JobStore(state / "state.sqlite")
+
+        def relaunched():       # each saved job's first launch in the second run: the step it resumed from
+            second = db.events("start")[1:2]
+            first = {}
+            for t, _, d in db.events("launch"):
+                if second and t >= second[0][0]:
+                    first.setdefault(d["job"], d["resume_step"])
+            return first if set(saved) <= set(first) else None
+        resumed = wait_for(relaunched, timeout=300, what="the second run's launches")
+    finally:
+        for q in [p, *([again] if "again" in locals() else [])]:
+            if q.poll() is None:
+                os.killpg(q.pid, signal.SIGKILL)
+                q.wait()
+    assert saved and all(resumed[n] >= step > 0 for n, step in saved.items()), (saved, resumed)
+    assert_nothing_left(state, 120)
+
+
 @pytest.mark.timeout(600)
 def test_the_demo_runs_to_its_table_plot_and_json(tmp_path):
     """The README's first command, with two small jobs: live table, final table, plot and JSON."""

@@ -1,3 +1,4 @@
+import json
 from pathlib import Path
 
 import pytest
@@ -459,4 +460,40 @@ def test_a_pbs_site_names_its_preemptable_queue_as_queue(tmp_path):
     f = tmp_path / "pbs.yaml"
     f.write_text("name: p\nscheduler: pbs\nqueue: prod\npreemptable_qos: preemptable\nnode: {cores: 32}\n")
     with pytest.raises(SiteError, match="has no QOS: name the preemptable queue as 'queue'"):
+        load_site(f)
+
+
+@pytest.mark.parametrize("line", [
+    "export MY_PASS=hunter2", "sshpass -p hunter2 ssh login1", "DB_PASS=abc", "SSHPASS=abc",
+    "mysql -uroot -phunter2 db", "export GITHUB_PAT=github_pat_11ABCDEFG", "WANDB_KEY=0123abcd",
+    "DefaultEndpointsProtocol=https;AccountName=a;AccountKey=abc==;", "echo hunter2 | kinit me"])
+def test_credentials_in_worker_init_are_refused_without_repeating_them(tmp_path, line):
+    f = tmp_path / "s.yaml"
+    f.write_text(f"name: s\nscheduler: slurm\npartition: p\nnode: {{cores: 4}}\nworker_init: {json.dumps(line)}\n")
+    with pytest.raises(SiteError, match="worker_init") as e:
+        load_site(f)
+    assert "hunter2" not in str(e.value) and "abc" not in str(e.value)
+
+
+@pytest.mark.parametrize("line", ["export PATH=/opt/bin:$PATH", "export TOKENIZERS_PARALLELISM=false",
+                                  "export WANDB_KEY=$WANDB_KEY", "mkdir -p /tmp/x", "module load pytorch"])
+def test_ordinary_worker_init_lines_are_not_taken_for_credentials(tmp_path, line):
+    f = tmp_path / "s.yaml"
+    f.write_text(f"name: s\nscheduler: slurm\npartition: p\nnode: {{cores: 4}}\nworker_init: {json.dumps(line)}\n")
+    assert load_site(f).worker_init == line
+
+
+def test_yaml_aliases_and_trailing_newlines_are_refused(tmp_path):
+    """Aliases expand without bound (nine levels of *a in 463 bytes: gigabytes), so site files and job sets
+    refuse them; a scheduler token with a trailing newline would put a blank line in the #SBATCH block."""
+    from parsl_bft.errors import InputError
+    from parsl_bft.jobs import load_yaml
+    f = tmp_path / "a.yaml"
+    f.write_text('a: &a ["x", "x"]\nb: &b [*a, *a]\nc: [*b, *b]\n')
+    with pytest.raises(SiteError, match=":2: YAML aliases"):
+        load_site(f)
+    with pytest.raises(InputError, match="YAML aliases"):
+        load_yaml(f)
+    f.write_text('name: s\nscheduler: slurm\npartition: "debug\\n"\nnode: {cores: 4}\n')
+    with pytest.raises(SiteError, match="partition"):
         load_site(f)
