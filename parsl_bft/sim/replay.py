@@ -171,7 +171,8 @@ def simulate(intervals: IdleIntervals, jobset: JobSet, planner: JobPlanner, *, m
     jobset = placed_in_window(jobset, intervals, duration, submits)
     bound = None
     if ceiling:
-        free = JobSet([dataclasses.replace(j, t_up=0.0, t_down=0.0) for j in jobset.jobs], jobset.curves)
+        # the same jobs, freeze levels (layers) included, with free rescales
+        free = dataclasses.replace(jobset, jobs=[dataclasses.replace(j, t_up=0.0, t_down=0.0) for j in jobset.jobs])
         bound = simulate(intervals, free, planner, max_concurrent=max_concurrent, duration=duration,
                          network=network, predict=predict, schedule=schedule, freeze=freeze,
                          freeze_profiles=freeze_profiles, until_done=until_done).metrics()

@@ -297,8 +297,9 @@ def test_runtime_feedback_charges_the_budget_and_follows_the_curve():
 
 @pytest.mark.slow
 def test_simulated_cluster_finishes_sooner_with_freezing_and_within_budgets(tmp_path):
-    """Eight jobs on a dedicated 4-node cluster, through the CLI: freezing shortens the average JCT, every job
-    stays within its budget, and --no-freeze replays exactly the jobs-without-freezing result."""
+    """Eight jobs on a dedicated 4-node cluster, through the CLI's default path (its ceiling replay included):
+    freezing shortens the average JCT, every job stays within its budget, and --no-freeze replays exactly the
+    jobs-without-freezing result."""
     import json
 
     from parsl_bft.cli import main
@@ -314,10 +315,11 @@ def test_simulated_cluster_finishes_sooner_with_freezing_and_within_budgets(tmp_
     for flag in ([], ["--no-freeze"]):
         path = tmp_path / f"r{len(flag)}.json"
         assert main(["simulate", "--cluster", "4", "--jobs", str(tmp_path / "x.jobs.csv"), "--planner", "dp",
-                     "--objective", "jct", "--tfwd", "300", "--no-ceiling", "--json", str(path), *flag]) == 0
+                     "--objective", "jct", "--tfwd", "300", "--json", str(path), *flag]) == 0
         out[bool(flag)] = json.loads(path.read_text())
     on, off = out[False], out[True]
     assert on["jobs_finished"] == off["jobs_finished"] == 8
+    assert on["ceiling_e_used"] >= on["e_used"] - 1e-9      # the ceiling replay keeps the freeze levels
     assert on["frozen_share"] > 0.1 and off["frozen_share"] == 0
     assert on["avg_jct_s"] < off["avg_jct_s"] and on["budget_violations"] == 0
     assert all(j["accuracy_spent"] <= 0.01 for j in on["jobs"])
