@@ -23,6 +23,7 @@ from .errors import BadRows, InputError
 
 SCALING_COLUMNS = ["model", "nodes", "samples_per_sec"]
 FREEZE_COLUMNS = ["freeze", "layers", "frozen_compute", "frozen_params"]
+MAX_LAYERS = 100_000            # freezable blocks of one model: a sanity cap, as for nodes (jobs.MAX_JOB_NODES)
 
 
 def fit_amdahl(nodes: np.ndarray, rates: np.ndarray) -> tuple[float, float]:
@@ -164,6 +165,8 @@ def _freeze_fields(p: str, line: int, row: dict[str, str]) -> tuple[int, int, fl
         return None
     f = int(parse_number(p, line, "freeze", row.get("freeze") or "0", kind=int, minimum=0))
     n = int(parse_number(p, line, "layers", row.get("layers", ""), kind=int, minimum=1))
+    if n > MAX_LAYERS:                  # per-layer arrays are sized by it
+        raise InputError(p, line, "layers", f"{n:,} layers is beyond any model (sanity cap {MAX_LAYERS:,})")
     if f >= n:
         raise InputError(p, line, "freeze", f"level {f} freezes all {n} layers: at least one must train")
     shares = []

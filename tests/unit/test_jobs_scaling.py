@@ -133,3 +133,12 @@ def test_curve_rejects_bad_points():
         ScalingCurve("m", {0: 5.0})
     with pytest.raises(ValueError):
         ScalingCurve("m", {1: -5.0})
+
+
+def test_a_layer_count_beyond_any_model_is_refused_before_anything_is_allocated(tmp_path):
+    from parsl_bft.errors import InputError
+    from parsl_bft.scaling import read_scaling_table
+    f = tmp_path / "x.scaling.csv"
+    f.write_text("model,nodes,samples_per_sec,freeze,layers,frozen_compute,frozen_params\nm,1,10,0,1e12,0,0\n")
+    with pytest.raises(InputError, match=r"field 'layers'.*beyond any model"):
+        read_scaling_table(f)
