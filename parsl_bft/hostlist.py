@@ -4,13 +4,20 @@ from __future__ import annotations
 
 import re
 
+MAX_HOSTS = 1_000_000       # more names than any machine has: a typo or a hostile file, refused before expanding
+
 
 def expand_hostlist(text: str) -> tuple[str, ...]:
     """'n[1-3,5],gpu07' -> ('n1', 'n2', 'n3', 'n5', 'gpu07'); text after a bracket and several brackets are kept
     ('n[1-2]-ib' -> ('n1-ib', 'n2-ib'); 'r[1-2]n[01-02]' -> 4 names); zero padding follows the lower bound;
-    '(null)' and 'N/A' (what Slurm prints for none) are dropped. A malformed range is a ValueError."""
+    '(null)' and 'N/A' (what Slurm prints for none) are dropped. A malformed range, or more than ``MAX_HOSTS``
+    names, is a ValueError (counted before anything is expanded)."""
+    items = _split_outside_brackets(text.strip())
+    total = sum(_count(item) for item in items)
+    if total > MAX_HOSTS:
+        raise ValueError(f"host list {text[:40]!r}... names {total:,} hosts: beyond any machine (cap {MAX_HOSTS:,})")
     out: list[str] = []
-    for item in _split_outside_brackets(text.strip()):
+    for item in items:
         out += _expand_one(item)
     return tuple(n for n in out if n and n not in ("(null)", "N/A"))
 
@@ -28,6 +35,20 @@ def _split_outside_brackets(text: str) -> list[str]:
             cur.append(ch)
     parts.append("".join(cur))
     return [p for p in parts if p]
+
+
+def _count(item: str) -> int:
+    """How many names ``item`` expands to (the product of its brackets' range sizes), without expanding it."""
+    n = 1
+    for group in re.findall(r"\[([^\]]*)\]", item):
+        size = 0
+        for part in group.split(","):
+            lo, _, hi = part.partition("-")
+            if not lo.isdigit() or (hi and not hi.isdigit()):
+                raise ValueError(f"bad host range {part!r} in {item[:80]!r}")
+            size += max(int(hi or lo) - int(lo) + 1, 0)
+        n *= size
+    return n
 
 
 def _expand_one(item: str) -> list[str]:

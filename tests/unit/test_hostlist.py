@@ -22,3 +22,11 @@ def test_the_slurm_back_end_reads_host_lists_through_the_same_function():
 def test_a_malformed_range_is_an_error():
     with pytest.raises(ValueError, match="bad host range"):
         expand_hostlist("n[a-3]")
+
+
+def test_a_host_list_beyond_any_machine_is_refused_before_it_is_expanded():
+    """n[1-1000000000] in a topology.conf or a site file's groups grew until memory ran out."""
+    for text in ("n[1-1000000000]", "r[1-2000]n[1-2000]"):
+        with pytest.raises(ValueError, match="beyond any machine"):
+            expand_hostlist(text)
+    assert len(expand_hostlist("r[1-1000]n[1-1000]")) == 1_000_000
