@@ -104,8 +104,9 @@ class HoleHistory(NoPrediction):
 
     def lengths(self) -> np.ndarray:
         """The completed hole lengths seen so far, sorted."""
-        if self._new:
-            self._sorted = np.sort(np.concatenate([self._sorted, self._new]))
+        if self._new:           # merged in, not re-sorted: a replan adds a few lengths to millions
+            new = np.sort(np.asarray(self._new, dtype=float))
+            self._sorted = np.insert(self._sorted, np.searchsorted(self._sorted, new), new)
             self._new = []
         return self._sorted
 

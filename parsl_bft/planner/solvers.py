@@ -1,9 +1,12 @@
 """Solvers of the size-choice problem: the MILP (PuLP with HiGHS or CBC), an exact DP, and two baselines."""
 from __future__ import annotations
 
+import contextlib
 import heapq
+import os
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import numpy as np
@@ -209,7 +212,8 @@ def solve_milp(p: SizeProblem, solver: str = "highs", time_limit: float = 10.0) 
         s = pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit, gapRel=0.0, gapAbs=1e-8)
     else:
         raise ValueError(f"unknown MILP solver {solver!r}: use highs or cbc")
-    prob.solve(s)
+    with _banner_to_stderr(solver == "highs"):
+        prob.solve(s)
     if prob.sol_status not in (pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible):
         raise RuntimeError(f"MILP gave no usable solution: {pulp.LpStatus[prob.status]}")
     sizes = {}
@@ -217,6 +221,29 @@ def solve_milp(p: SizeProblem, solver: str = "highs", time_limit: float = 10.0) 
         vals = [zi.value() or 0.0 for zi in z]
         sizes[name] = int(a[int(np.argmax(vals))])
     return sizes, ("optimal" if prob.sol_status == pulp.LpSolutionOptimal else "feasible")
+
+
+_banner_shown = False
+
+
+@contextlib.contextmanager
+def _banner_to_stderr(highs: bool) -> Iterator[None]:
+    """HiGHS writes its banner ('Running HiGHS ...') to the process's stdout at its first solve, whatever
+    ``msg`` says: there it would mix into a command's output (`simulate ... > report.txt`). Send that one to
+    stderr."""
+    global _banner_shown
+    if not highs or _banner_shown:
+        yield
+        return
+    _banner_shown = True
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 def solve_greedy(p: SizeProblem) -> tuple[dict[str, int], str]:
