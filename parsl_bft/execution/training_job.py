@@ -44,6 +44,9 @@ class TrainingJob:
 
     def check_workload(self) -> None:
         """At submit (not when a restart reads the job back): a typo fails here, not later in a rank."""
+        if self.loop is not None and self.freeze != "off":
+            raise ValueError(f"job {self.name!r}: freeze={self.freeze!r} needs a workload (the tool's loop freezes "
+                             "its blocks()); your own loop is never frozen: drop freeze, or write a Workload")
         if self.loop is None and self.workload not in WORKLOADS:
             self._check_spec("workload", self.workload, f"{' or '.join(map(repr, WORKLOADS))}, "
                              "'package.module:factory' or 'my_model.py:factory'")

@@ -185,8 +185,9 @@ def simulate(intervals: IdleIntervals, jobset: JobSet, planner: JobPlanner, *, m
     predictor = make_predictor(predict, schedule) if isinstance(predict, str) else predict
     layers = {m: LayerThroughput(jobset.curves[m], p) for m, p in jobset.layers.items()} if freeze else {}
     # with freezing off too: the planner looks again whenever a freezable job reports, so both runs replan alike
-    profiles = {j.name: (freeze_profiles or {}).get(j.name) or synthetic_profile(j) for j in jobset.jobs
-                if j.freeze != "off" and j.model in jobset.layers}
+    # the gradient statistics have the model's own number of layers (the penalty needs them to match)
+    profiles = {j.name: (freeze_profiles or {}).get(j.name) or synthetic_profile(j, jobset.layers[j.model].n_layers)
+                for j in jobset.jobs if j.freeze != "off" and j.model in jobset.layers}
     ctl = Controller(jobset.jobs, jobset.curves, planner, max_concurrent=max_concurrent, predictor=predictor,
                      layers=layers)
     r = _Replay(ctl, events, first, profiles, network)

@@ -352,3 +352,19 @@ def test_yaml_job_sets_declare_freezing(tmp_path):
         " freeze: auto, accuracy_budget: -1}\nscaling_csv: s.csv\n")
     with pytest.raises(InputError, match="accuracy_budget"):
         read_jobset_yaml(tmp_path / "j.yaml")
+
+
+@pytest.mark.parametrize("n_layers", [4, 8, 12])
+def test_a_replay_freezes_models_of_any_depth(n_layers):
+    """The replay's gradient statistics have the model's own number of layers: a 4-layer model (the built-in
+    images workload) was never frozen, its penalty curve being built for 8."""
+    from parsl_bft.sim import simulate
+    from parsl_bft.sim.freezing import synthetic_layers
+    from parsl_bft.sim.philly import dedicated_cluster
+
+    jobs = [JobSpec(f"j{i}", "m", 1, 4, 5.0, 5.0, 2e5, submit=100.0 * i, freeze="auto", accuracy_budget=0.01)
+            for i in range(4)]
+    js = JobSet(jobs, {"m": CURVE}, {"m": synthetic_layers("m", n_layers)})
+    m = simulate(dedicated_cluster(4, 0.0, 1e7), js, Planner(method="dp", objective="jct", t_fwd=300.0),
+                 until_done=True).metrics()
+    assert m["jobs_finished"] == 4 and m["frozen_share"] > 0.05, m["frozen_share"]
