@@ -92,6 +92,7 @@ class Controller:
     pool: dict[str, float] = field(default_factory=dict)        # idle node -> expected end of idleness
     predictor: Predictor | None = None   # idle.predict: predicted remaining idle time (else the ``until`` given)
     layers: dict[str, LayerThroughput] = field(default_factory=dict)    # model -> its layer throughput
+    held_before: dict[str, float] = field(default_factory=dict)   # node-seconds jobs held in earlier runs
     waiting: deque[JobSpec] = field(init=False)
     active: dict[str, ActiveJob] = field(default_factory=dict)
     done: list[ActiveJob] = field(default_factory=list)
@@ -185,7 +186,8 @@ class Controller:
         while self.waiting and len(self.active) < self.max_concurrent and self.waiting[0].submit <= t:
             spec = self.waiting.popleft()
             self.active[spec.name] = ActiveJob(JobState(spec, self.curves[spec.model],
-                                                        layers=self.layers.get(spec.model)), admitted_at=t)
+                                                        layers=self.layers.get(spec.model)), admitted_at=t,
+                                               node_seconds=self.held_before.get(spec.name, 0.0))
 
     def next_submit(self) -> float:
         """When the next waiting job could be admitted (inf: none waits, or no room for one)."""

@@ -115,6 +115,11 @@ class JobStore:
             self.db.execute(f"UPDATE jobs SET {sets}, updated = ? WHERE name = ?",
                             (*values.values(), time.time(), name))
 
+    def none_running(self) -> None:
+        """The run has ended: no job holds nodes any more (running ones wait for the next run)."""
+        self.db.execute("UPDATE jobs SET status = 'waiting', size = 0, updated = ? WHERE status = 'running'",
+                        (time.time(),))
+
     def record(self, ev: Event) -> None:
         """Append one event to the log (and to the ``parsl_bft.events`` logger, at INFO)."""
         self.event(ev.kind.value, **ev.detail())

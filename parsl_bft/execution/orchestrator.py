@@ -237,7 +237,7 @@ class Orchestrator:
         self._arrivals.clear()
         pending = self.pending_specs()
         ctl = Controller(pending, self.curves, self.planner, max_concurrent=self.max_concurrent, model_costs=False,
-                         layers=self.layers)
+                         layers=self.layers, held_before={n: r.node_s for n, r in self.db.jobs().items()})
         for spec in pending:
             self.fragments.fence(spec.name)
         self.db.record(events.Start(self.generation, [s.name for s in pending],
@@ -367,6 +367,7 @@ class Orchestrator:
             for name in list(self.running):        # did not stop in time: nothing may outlive us here
                 self.fragments.kill(name)
             self.pool.stop()
+            self.db.none_running()
             self.db.set_meta("checkpoint-policy", self.policy.state())
             self.db.record(events.Stop(self.generation, why, sorted(self.running)))
 

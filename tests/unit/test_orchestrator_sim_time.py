@@ -143,3 +143,28 @@ def test_a_crash_loop_fails_the_job_after_max_failures_and_the_other_job_goes_on
     assert len(failed) == 3 and not any(d["reclaimed"] for d in failed)
     assert orch.db.job("bad").status == "failed" and orch.db.job("good").status == "done"
     orch.close()
+
+
+def test_a_run_cut_short_leaves_its_jobs_waiting_and_the_next_run_counts_on(tmp_path):
+    """A run that ends before its jobs (here its time limit; Ctrl-C and SIGTERM take the same path) leaves no job
+    'running' on nodes it no longer holds, and the next run on the same state directory goes on counting the
+    node-seconds held (a restart began again from 0 while the training time added up: shares over 100 %)."""
+    clock = SimulatedClock()
+    job = TrainingJob("x", samples=200_000, min_nodes=1, max_nodes=2, global_batch=8, rate_guess=RATE)
+    first = _orchestrator(tmp_path, clock, ScriptedPool(clock, [(0, "join", ("a", "b"))]), SimulatedFragments(clock))
+    first.submit(job)
+    first.run(timeout_s=300)
+    row = first.db.job("x")
+    assert (row.status, row.size) == ("waiting", 0) and 500 <= row.node_s
+    held_before = row.node_s
+    first.close()
+    frags = SimulatedFragments(clock)
+    frags.saved["x"] = row.samples_done
+    second = _orchestrator(tmp_path, clock, ScriptedPool(clock, [(0, "join", ("a", "b"))]), frags)
+    fut = second.submit(job)
+    second.run(timeout_s=10_000)
+    assert fut.exception(timeout=0) is None
+    row = second.db.job("x")
+    assert row.status == "done" and row.node_s > held_before
+    assert row.train_node_s <= row.node_s
+    second.close()
