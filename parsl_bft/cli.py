@@ -372,9 +372,9 @@ def build_parser() -> argparse.ArgumentParser:
     pr = sub.add_parser("profile", help="measure a workload's samples/s on 1..k ranks and its rescale overheads")
     pr.add_argument("workload", help="images | lm | package.module:factory")
     pr.add_argument("--ranks", default="1,2", help="comma-separated rank counts (default 1,2)")
-    pr.add_argument("--steps", type=int, default=20)
-    pr.add_argument("--global-batch", type=int, default=64)
-    pr.add_argument("--freeze-layers", type=int, default=0)
+    pr.add_argument("--steps", type=int, default=20, help="training steps timed at each point")
+    pr.add_argument("--global-batch", type=int, default=64, help="samples per step, over all ranks")
+    pr.add_argument("--freeze-layers", type=int, default=0, help="measure with this many first layers frozen")
     pr.add_argument("--freeze-levels", help="measure with each of these numbers of layers frozen (e.g. 0,1,2) "
                     "and write the freeze columns the planner's layer elasticity reads")
     pr.add_argument("--model", help="model name to write in the CSV (default: the workload)")
@@ -382,9 +382,9 @@ def build_parser() -> argparse.ArgumentParser:
     pr.set_defaults(func=cmd_profile)
 
     j = sub.add_parser("jobs", help="check and summarise a job set (X.jobs.csv + X.scaling.csv, or YAML)")
-    j.add_argument("jobs")
-    j.add_argument("--scaling")
-    j.add_argument("--lenient", action="store_true")
+    j.add_argument("jobs", help="X.jobs.csv (X.scaling.csv beside it) or a YAML job set")
+    j.add_argument("--scaling", help="X.scaling.csv if not beside the jobs file")
+    j.add_argument("--lenient", action="store_true", help="skip malformed rows (and say how many) instead of stopping")
     j.set_defaults(func=cmd_jobs)
     for sp in [*sub.choices.values(), *_subcommands(sub.choices["sites"])]:   # --debug also after the command
         sp.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
@@ -408,7 +408,7 @@ def _add_runtime_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser
     r.add_argument("--new-run", action="store_true", help="start afresh: the workflow's old state directory is "
                    "kept aside (renamed), so jobs whose spec changed may keep their names")
     r.add_argument("--quiet", action="store_true", help="no live progress bars (on stderr)")
-    r.add_argument("workflow")
+    r.add_argument("workflow", help="the workflow file (Python) to run")
     # argparse counts a REMAINDER positional as required and names it in the "required" error; it may be empty
     r.add_argument("args", nargs=argparse.REMAINDER, help="passed to the workflow as sys.argv[1:]").required = False
     r.set_defaults(func=cmd_run)
@@ -425,9 +425,9 @@ def _add_runtime_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser
                         "or print the reference of every field (schema)")
     actions = si.add_subparsers(dest="action", required=True)
     actions.add_parser("validate", help="check site files (exit 1 if one is invalid)").add_argument(
-        "files", nargs="+", metavar="FILE")
+        "files", nargs="+", metavar="FILE", help="site files (YAML)")
     show = actions.add_parser("show", help="print the Parsl Config a site file builds, as Python code")
-    show.add_argument("files", nargs=1, metavar="FILE")
+    show.add_argument("files", nargs=1, metavar="FILE", help="a site file (YAML)")
     show.add_argument("--pilot-script", action="store_true", help="print the batch script of the next pilot "
                       "instead (a dry run: nothing is submitted)")
     actions.add_parser("schema", help="the reference of every site-file field (Markdown)")
@@ -449,7 +449,8 @@ def _add_simulate_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser
                    help="dp: the exact DP (default: the same optimum as milp, tens of times faster); milp: the "
                    "MILP (PuLP; --solver); equal-share, greedy: baselines")
     s.add_argument("--solver", choices=["highs", "cbc"], default="highs", help="MILP solver")
-    s.add_argument("--objective", choices=list(OBJECTIVES), default="speedup")
+    s.add_argument("--objective", choices=list(OBJECTIVES), default="speedup", help="what the planner maximises "
+                   "(the docs' explanation of the method says what each values)")
     s.add_argument("--tfwd", type=float, default=10.0, help="planning look-ahead T_fwd in seconds (BFTrainer: 10)")
     s.add_argument("--time-limit", type=float, default=10.0, help="MILP time limit per solve, seconds")
     s.add_argument("--horizon-aware", action="store_true",

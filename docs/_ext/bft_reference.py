@@ -21,7 +21,7 @@ class _Markdown(SphinxDirective):
         raise NotImplementedError
 
     def run(self) -> list[nodes.Node]:
-        container = nodes.section() if False else nodes.container()
+        container = nodes.container()
         self.state.nested_parse(self.markdown().splitlines(), self.content_offset, container)
         return container.children
 
@@ -44,17 +44,24 @@ def _option(action: argparse.Action) -> tuple[str, str, str]:
     return f"`{form}`", default, _cell(action.help)
 
 
-def cli_markdown(parser: argparse.ArgumentParser, level: int = 2) -> str:
-    """One section per subcommand: its one-line purpose, usage line and a table of its arguments."""
+def cli_markdown(parser: argparse.ArgumentParser, level: int = 2, prefix: str = "parsl-bft") -> str:
+    """One section per subcommand (nested ones too: ``sites validate``): its one-line purpose, usage line and a
+    table of its arguments."""
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     helps = {c.dest: c.help for c in sub._choices_actions}
     out = []
     for name, p in sorted(sub.choices.items()):
-        rows = [_option(a) for a in p._actions if a.help != argparse.SUPPRESS and not isinstance(a, argparse._HelpAction)]
-        usage = " ".join(p.format_usage().split())
-        out += [f"{'#' * level} `parsl-bft {name}`", "", helps.get(name) or "", "", "```text", usage, "```", ""]
+        out += [f"{'#' * level} `{prefix} {name}`", "", helps.get(name) or "", ""]
+        nested = any(isinstance(a, argparse._SubParsersAction) for a in p._actions)
+        if nested:
+            out.append(cli_markdown(p, level + 1, f"{prefix} {name}"))
+            continue
+        rows = [_option(a) for a in p._actions
+                if a.help != argparse.SUPPRESS and not isinstance(a, argparse._HelpAction)]
+        out += ["```text", " ".join(p.format_usage().split()), "```", ""]
         if rows:
-            out += ["| argument | default | what it does |", "|---|---|---|", *(f"| {a} | {d} | {h} |" for a, d, h in rows), ""]
+            out += ["| argument | default | what it does |", "|---|---|---|",
+                    *(f"| {a} | {d} | {h} |" for a, d, h in rows), ""]
     return "\n".join(out)
 
 
@@ -73,7 +80,8 @@ class SiteSchema(_Markdown):
 class JobColumns(_Markdown):
     def markdown(self) -> str:
         from parsl_bft.jobs import COLUMN_DOCS, JOB_COLUMNS
-        rows = [f"| `{c}` | {'required' if c in JOB_COLUMNS else 'optional'} | {_cell(d)} |" for c, d in COLUMN_DOCS.items()]
+        rows = [f"| `{c}` | {'required' if c in JOB_COLUMNS else 'optional'} | {_cell(d)} |"
+                for c, d in COLUMN_DOCS.items()]
         return "\n".join(["| column | | what it holds |", "|---|---|---|", *rows])
 
 

@@ -23,7 +23,7 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     s = sub.add_parser("submit", help="start a workflow at a facility through its Globus Compute endpoint; "
                        "prints the run id")
     _submit_options(s)
-    s.add_argument("workflow")
+    s.add_argument("workflow", help="the workflow file (Python) to run at the facility")
     s.add_argument("args", nargs=argparse.REMAINDER, help="passed to the workflow as sys.argv[1:] (the options "
                    "above may come after the workflow too)").required = False    # may be empty (see cli.py's run)
     s.set_defaults(func=cmd_submit)
@@ -32,7 +32,7 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
                              ("fetch", cmd_fetch, "where a submitted run's final checkpoints are, or (--checkpoint) "
                                                   "copy them here")):
         p = sub.add_parser(name, help=what)
-        p.add_argument("run_id")
+        p.add_argument("run_id", help="the run id submit printed")
         add_site_arg(p)
         p.set_defaults(func=func)
         if name == "logs":

@@ -70,3 +70,19 @@ def test_help_imports_no_solver_torch_or_parsl(argv):
                 if line.startswith("import time:") and "|" in line}
     assert "parsl_bft" in imported                       # the listing was read
     assert imported.isdisjoint({"pulp", "highspy", "torch", "parsl"}), imported & {"pulp", "highspy", "torch", "parsl"}
+
+
+def test_every_argument_says_what_it_does():
+    """The CLI reference in the docs is generated from the parser: an argument without help is a blank row."""
+    import argparse
+
+    from parsl_bft.cli import build_parser
+
+    def silent(p, where):
+        for a in p._actions:
+            if isinstance(a, argparse._SubParsersAction):
+                for name, q in a.choices.items():
+                    yield from silent(q, f"{where} {name}")
+            elif not a.help and not isinstance(a, argparse._HelpAction):
+                yield f"{where} {a.option_strings or a.dest}"
+    assert list(silent(build_parser(), "parsl-bft")) == []
