@@ -54,6 +54,7 @@ from .workloads import load_attr
 
 TrainFn = Callable[["TrainContext"], object]
 """A training function: called once per rank with its context (``def train(ctx)``)."""
+PREFETCH_BATCHES = 32       # batches a loop may take ahead of its steps (a DataLoader's workers prefetch)
 
 
 class TrainContext:
@@ -76,6 +77,7 @@ class TrainContext:
         self.args: dict[str, Any] = dict(cfg.workload_args)
         self.restored: dict[str, Any] | None = restored.model if restored is not None else None
         self._rng = restored.rng if restored is not None else None
+        self._n: int | None = None           # the size of the data set ctx.batches() walks, once it is asked
         self._position(restored)
         self._start_save_clock()
         self.saves, self.save_s, self.last_save_s = 0, 0.0, 0.0
@@ -214,27 +216,36 @@ class TrainContext:
 
     def _batches(self, n: int) -> Iterator[torch.Tensor]:
         """``batches`` without its size check: a data set smaller than the global batch gives each step all of a
-        fresh epoch (the built-in loop has always trained so)."""
+        fresh epoch (the built-in loop has always trained so). The job's data position moves with the steps
+        counted (``_count_step``), not with the batches taken: a DataLoader over these batches prefetches a few
+        ahead, and a resume must start after the last batch trained, not the last one fetched."""
         if self._rng:                            # the first batch of a resumed fragment: randomness continues
             restore_rng(self._rng)
             self._rng = None
-        B = self.global_batch
-        perm = self._permutation(n)
+        B, self._n = self.global_batch, n
+        epoch, pos, start, taken = self.epoch, self._pos, self.step, 0
+        perm = self._permutation(n, epoch)
         while self.stopped_by is None:
-            if self._pos + B > n:                # next epoch: a fresh permutation, the remainder is dropped
-                self.epoch, self._pos = self.epoch + 1, 0
-                perm = self._permutation(n)
-            idx = perm[self._pos: self._pos + B][self.rank::self.world_size]
-            self._pos += B                       # where the job stands once this step is done
-            step = self.step
-            yield idx
-            if self.step == step and self.stopped_by is None:   # else no notice ever stops it: it runs on
-                raise FragmentFailed(f"job {self.job}: the training function took the next batch without "
-                                     "calling ctx.should_stop() after the last one: call it once per step "
+            if taken - (self.step - start) > PREFETCH_BATCHES:       # else no notice ever stops it: it runs on
+                raise FragmentFailed(f"job {self.job}: the training function took {taken} batches in "
+                                     f"{self.step - start} steps without calling ctx.should_stop() once a step "
                                      "(it counts the step and ends the fragment when the nodes are reclaimed)")
+            if pos + B > n:                      # next epoch: a fresh permutation, the remainder is dropped
+                epoch, pos = epoch + 1, 0
+                perm = self._permutation(n, epoch)
+            idx = perm[pos: pos + B][self.rank::self.world_size]
+            pos, taken = pos + B, taken + 1
+            yield idx
 
-    def _permutation(self, n: int) -> torch.Tensor:
-        return torch.randperm(n, generator=torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch))
+    def _permutation(self, n: int, epoch: int) -> torch.Tensor:
+        return torch.randperm(n, generator=torch.Generator().manual_seed(self.seed * 1_000_003 + epoch))
+
+    def _advance_position(self) -> None:
+        """A step trained the next global batch: the job's data position follows (as ``_batches`` took it)."""
+        if self._n is not None:
+            if self._pos + self.global_batch > self._n:
+                self.epoch, self._pos = self.epoch + 1, 0
+            self._pos += self.global_batch
 
     def _count_step(self, loss: float, *, check: bool) -> tuple[float, bool, bool]:
         """A step is done on this rank: count it, then agree with every rank on the loss (all-reduced) and on
@@ -242,6 +253,7 @@ class TrainContext:
         self._join()
         self.step += 1
         self.samples_done += self.global_batch
+        self._advance_position()
         fault_point(self.rank, self.step)
         loss, stop, late = step_flags(self._cfg, self._rs, loss)
         if check and not math.isfinite(loss):

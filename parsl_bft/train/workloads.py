@@ -20,6 +20,7 @@ import random
 import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from types import ModuleType
 from typing import Any, cast
 
 import torch
@@ -268,16 +269,36 @@ def load_attr(spec: str, what: str = "workload") -> object:
             folder = str(Path(mod).resolve().parent)
             if folder not in sys.path:
                 sys.path.insert(0, folder)
-            loader = importlib.util.spec_from_file_location(f"parsl_bft_user_{abs(hash(mod))}", mod)
-            if loader is None or loader.loader is None:
-                raise ImportError(f"no such file: {mod}")
-            module = importlib.util.module_from_spec(loader)
-            loader.loader.exec_module(module)
+            module = _import_file(Path(mod).resolve())
         else:
             module = importlib.import_module(mod)
         return getattr(module, attr)
     except (ImportError, AttributeError, FileNotFoundError) as e:
         raise ValueError(f"cannot load {what} {spec!r}: {e}") from None
+
+
+def _import_file(path: Path) -> ModuleType:
+    """The module of a user's file, imported under its own name (its folder is on sys.path): then what it
+    defines pickles by reference, and DataLoader worker processes, which import it by that name, find it. A
+    name already taken by another module gets a private one instead (such classes then do not pickle)."""
+    name, private = path.stem, f"parsl_bft_user_{abs(hash(str(path)))}"
+    for candidate in (name, private):
+        where = getattr(sys.modules.get(candidate), "__file__", None)
+        if where and Path(where).resolve() == path:
+            return sys.modules[candidate]
+    if name in sys.modules or name in sys.stdlib_module_names or not name.isidentifier():
+        name = private
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"no such file: {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    return module
 
 
 def workload_factory(spec: str) -> Callable[..., Workload]:

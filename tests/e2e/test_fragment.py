@@ -417,3 +417,56 @@ def test_a_fenced_off_fragment_stops_training_at_its_next_progress_report(tmp_pa
     threading.Thread(target=give_up, daemon=True).start()
     with pytest.raises(FragmentFailed, match="fragment a-old of a is stale \\(the job runs as a-new now\\): stopping"):
         run_fragment(cfg(d, steps=10_000_000, world_size=2, generation="g1", fragment_id="a-old", timeout_s=20))
+
+
+DATALOADER_LOOP = '''
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+
+class Squares(Dataset):                 # defined in the loop file: the workers must import it by name
+    def __len__(self):
+        return 512
+
+    def __getitem__(self, i):
+        x = torch.tensor([float(i) / 512])
+        return x, x * x
+
+
+def train(ctx):
+    model = torch.nn.Sequential(torch.nn.Linear(1, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    if ctx.restored is not None:
+        model.load_state_dict(ctx.restored["model"])
+        opt.load_state_dict(ctx.restored["optimizer"])
+    data = Squares()
+    loader = DataLoader(data, batch_sampler=ctx.batches(len(data)), num_workers=2, prefetch_factor=4)
+    for x, y in loader:                 # the workers fetch up to 8 batches ahead of the steps
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        ctx.report(loss=loss.item())
+        if ctx.should_stop():
+            break
+    ctx.save({"model": model.state_dict(), "optimizer": opt.state_dict()})
+'''
+
+
+def test_a_dataloader_with_workers_in_your_own_loop_resumes_exactly(tmp_path):
+    """DataLoader(num_workers=2) over ctx.batches(), its Dataset defined in the loop file: the workers find the
+    class (the file is imported under its own name), and the batches they prefetched but the loop never trained
+    are not skipped on resume: two fragments of 20 steps equal one of 40, bit for bit (over an epoch boundary:
+    512 items, 16 a step)."""
+    (tmp_path / "dl_loop.py").write_text(DATALOADER_LOOP)
+
+    def frag(d, steps):
+        run_fragment(FragmentConfig(job="dl", workload="unused", loop=f"{tmp_path / 'dl_loop.py'}:train", steps=steps,
+                                    checkpoint_dir=str(tmp_path / d), global_batch=16, fsync=False, timeout_s=300))
+    frag("two", 20)
+    frag("two", 20)
+    frag("one", 40)
+    a, b = CheckpointStore(tmp_path / "two").latest(), CheckpointStore(tmp_path / "one").latest()
+    assert a.step == b.step == 40 and a.data_position == b.data_position and a.epoch == b.epoch == 1
+    for k in b.model["model"]:
+        assert torch.equal(a.model["model"][k], b.model["model"][k]), k
