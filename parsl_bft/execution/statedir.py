@@ -21,23 +21,48 @@ directory still points at its own files.
 """
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 import socket
+import stat
 import time
 from pathlib import Path
 from typing import IO
 
-from .errors import StateLocked
+from .errors import StateError, StateLocked
 
 DATABASE = "state.sqlite"
 LOCK = "orchestrator.lock"
 
 
+def check_private(d: Path) -> None:
+    """A state directory must be the user's own, a real directory, and writable by nobody else: on a shared login
+    node or project folder, another user could otherwise prepare one whose lock file is a link to the victim's
+    files, or whose database holds jobs (and training code) they chose. Refused, naming the path and the fix."""
+    st = os.lstat(d)
+    if stat.S_ISLNK(st.st_mode):
+        raise StateError(f"state directory {d} is a symbolic link: give the real path (a link may point into "
+                         "someone else's files)")
+    if st.st_uid != os.getuid():
+        raise StateError(f"state directory {d} belongs to another user (uid {st.st_uid}): use a directory of "
+                         "your own")
+    if st.st_mode & 0o022:
+        raise StateError(f"state directory {d} is writable by others (mode {stat.S_IMODE(st.st_mode):o}): "
+                         f"chmod 700 {d}, after checking nobody else has put files in it")
+
+
 def lock_state_dir(d: Path) -> IO[str]:
     """An exclusive lock on a state directory for as long as the returned file stays open (the process may die:
-    the kernel releases it). A second orchestrator on the same directory is refused, not run beside the first."""
-    fd = os.open(d / LOCK, os.O_RDWR | os.O_CREAT, 0o600)
+    the kernel releases it). A second orchestrator on the same directory is refused, not run beside the first.
+    The directory must be private (``check_private``); the lock file is never a link followed."""
+    check_private(d)
+    try:
+        fd = os.open(d / LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    except OSError as e:
+        if e.errno != errno.ELOOP:
+            raise
+        raise StateError(f"{d / LOCK} is a symbolic link: remove it (it may point into someone else's files)") from None
     f = os.fdopen(fd, "r+")
     try:
         fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -140,7 +140,8 @@ def submit_when_ready(job: TrainingJob, inputs: dict[str, Future[Any]],
 def check_same_spec(stored: TrainingJob, new: TrainingJob, state_dir: Path) -> None:
     """A job submitted again under a stored job's name must be the same job: say what changed and how to start
     afresh."""
-    old, now = asdict(stored), asdict(new)
+    # as stored: through JSON (a tuple in workload_args comes back a list, and is the same job)
+    old, now = json.loads(json.dumps(asdict(stored))), json.loads(json.dumps(asdict(new)))
     if old != now:
         changed = ", ".join(f"{k} {old[k]!r} -> {now[k]!r}" for k in now if old.get(k) != now[k])
         raise ValueError(f"job {new.name!r} already exists in {state_dir} with another spec ({changed}): "

@@ -13,3 +13,49 @@ def test_your_own_loop_cannot_be_frozen(tmp_path):
     with pytest.raises(ValueError, match="your own loop is never frozen"):
         job.check_workload()
     TrainingJob("k", loop=f"{script}:train").check_workload()          # without freezing: fine
+
+
+def test_a_job_with_a_tuple_argument_is_the_same_job_after_a_restart(tmp_path):
+    """The stored spec went through JSON: the tuple came back a list, and the job was refused as 'another spec'."""
+    import json
+    from dataclasses import asdict
+
+    from parsl_bft.execution.training_job import check_same_spec
+    job = TrainingJob("j", workload_args={"dims": (8, 16)})
+    stored = TrainingJob(**json.loads(json.dumps(asdict(job))))
+    check_same_spec(stored, job, tmp_path)
+    with pytest.raises(ValueError, match=r"another spec \(samples 50000 -> 60000\)"):
+        check_same_spec(stored, TrainingJob("j", workload_args={"dims": (8, 16)}, samples=60_000), tmp_path)
+
+
+def test_a_state_directory_must_be_private(tmp_path):
+    """On a shared login node another user could prepare a state directory: writable by others, a link, or
+    another's; each is refused naming the fix, and a lock file that is a link is never followed."""
+    import os
+
+    from parsl_bft.execution.errors import StateError
+    from parsl_bft.execution.statedir import lock_state_dir
+    open_dir = tmp_path / "open"
+    open_dir.mkdir()
+    open_dir.chmod(0o777)
+    with pytest.raises(StateError, match=r"writable by others \(mode 777\): chmod 700"):
+        lock_state_dir(open_dir)
+    mine = tmp_path / "mine"
+    mine.mkdir(mode=0o700)
+    (tmp_path / "link").symlink_to(mine)
+    with pytest.raises(StateError, match="is a symbolic link"):
+        lock_state_dir(tmp_path / "link")
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    (mine / "orchestrator.lock").symlink_to(victim)
+    with pytest.raises(StateError, match=r"orchestrator\.lock is a symbolic link"):
+        lock_state_dir(mine)
+    assert victim.read_text() == "precious"
+    (mine / "orchestrator.lock").unlink()
+    lock_state_dir(mine).close()                       # a private directory of one's own: fine
+    if os.getuid() == 0:                               # only root can give a directory away (CI runs as root)
+        theirs = tmp_path / "theirs"
+        theirs.mkdir(mode=0o700)
+        os.chown(theirs, 65534, 65534)
+        with pytest.raises(StateError, match="belongs to another user"):
+            lock_state_dir(theirs)
