@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import threading
 from collections.abc import Iterator
 from concurrent.futures import Future
@@ -30,6 +31,7 @@ class RemoteError(ParslBftError):
 
 
 LOCAL_ENDPOINT = "local"
+_SAFE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,200}")
 
 
 class NotLoggedIn(RemoteError):
@@ -289,13 +291,18 @@ class RemoteRun:
                 self._done.set_result(st)
 
     def fetch(self, dest: str | Path, jobs=None) -> dict[str, Path]:
-        """Copy the final checkpoints of the finished jobs (all, or those named) to ``dest``/<job>.h5, in chunks
-        of one Globus Compute task each, checked against their SHA-256 at the facility."""
+        """Copy each job's newest checkpoint (the final one of a finished job; of a cancelled, failed or running
+        one, where it stands) - all jobs, or those named - to ``dest``/<job>.h5, in chunks of one Globus Compute
+        task each, checked against their SHA-256 at the facility."""
         st = self.status()
-        rows = [r for r in st["jobs"] if r["status"] == "done" and (jobs is None or r["job"] in jobs)]
+        rows = [r for r in st["jobs"] if r.get("checkpoint") and (jobs is None or r["job"] in jobs)]
         if jobs is not None and {r["job"] for r in rows} != set(jobs):
             missing = sorted(set(jobs) - {r["job"] for r in rows})
-            raise RemoteError(f"run {self.run_id}: no final checkpoint yet for {', '.join(missing)}")
+            raise RemoteError(f"run {self.run_id}: no checkpoint yet for {', '.join(missing)}")
+        for r in rows:                  # the endpoint's answer names files here: nothing may leave dest
+            if not _SAFE_NAME.fullmatch(str(r["job"])) or not _SAFE_NAME.fullmatch(str(r["state"]).replace("/", "-")):
+                raise RemoteError(f"run {self.run_id}: the facility named a job {str(r['job'])[:60]!r} in "
+                                  f"{str(r['state'])[:60]!r}: not a safe file name")
         dest = Path(dest)
         try:
             dest.mkdir(parents=True, exist_ok=True)

@@ -29,8 +29,8 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     s.set_defaults(func=cmd_submit)
     for name, func, what in (("logs", cmd_logs, "the log of a submitted run's session"),
                              ("cancel", cmd_cancel, "stop a submitted run (it checkpoints; submit again resumes)"),
-                             ("fetch", cmd_fetch, "where a submitted run's final checkpoints are, or (--checkpoint) "
-                                                  "copy them here")):
+                             ("fetch", cmd_fetch, "where a submitted run's newest checkpoints are (final ones of "
+                                                  "finished jobs), or (--checkpoint) copy them here")):
         p = sub.add_parser(name, help=what)
         p.add_argument("run_id", help="the run id submit printed")
         add_site_arg(p)
@@ -40,7 +40,7 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         if name == "cancel":
             p.add_argument("--wait", action="store_true", help="return once the session has stopped")
         if name == "fetch":
-            p.add_argument("--checkpoint", action="store_true", help="copy the final checkpoints (in chunks)")
+            p.add_argument("--checkpoint", action="store_true", help="copy the checkpoints (in chunks)")
             p.add_argument("--job", action="append", help="only this job (repeatable)")
             p.add_argument("--out", help="folder for the checkpoints (default: ./RUN_ID)")
 
@@ -163,16 +163,19 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 
 
 def cmd_fetch(args: argparse.Namespace) -> int:
-    """One line per finished job: its name and its final checkpoint (at the facility, or the copy here)."""
+    """One line per job with a checkpoint: its name and its newest checkpoint - the final one of a finished job -
+    at the facility, or the copy here; a job not finished says so on stderr."""
     with _session(args) as remote:
         run = remote.run(args.run_id)
-        if args.checkpoint:
-            got = run.fetch(args.out or args.run_id, args.job)
-        else:
-            got = {r["job"]: r["checkpoint"] for r in run.status()["jobs"]
-                   if r["status"] == "done" and (not args.job or r["job"] in args.job)}
+        rows = [r for r in run.status()["jobs"] if r.get("checkpoint") and (not args.job or r["job"] in args.job)]
+        got = run.fetch(args.out or args.run_id, args.job) if args.checkpoint else \
+            {r["job"]: r["checkpoint"] for r in rows}
     for name, path in got.items():
         print(f"{name}\t{path}")
+    for r in rows:
+        if r["status"] != "done":
+            _say(f"{r['job']}: {r['status']}, not finished: its newest checkpoint ({r['samples_done']:,} of "
+                 f"{r['samples']:,} samples)")
     if not got:
-        _say(f"run {args.run_id}: no job has finished yet")
+        _say(f"run {args.run_id}: no job has a checkpoint yet")
     return 0

@@ -342,6 +342,35 @@ def test_fetch_keeps_same_named_jobs_of_same_named_state_dirs_apart(tmp_path):
     remote.close()
 
 
+def test_fetch_takes_the_newest_checkpoint_of_an_unfinished_job_and_no_name_leaves_out(tmp_path):
+    """A cancelled run's job has no final checkpoint, but its newest one is what a scientist wants back; and a
+    job name in the endpoint's answer is a file name here: '../../x' must not write outside --out."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from parsl_bft.execution.jobstore import JobStore
+    from parsl_bft.remote.client import RemoteSession
+    run = tmp_path / "runs" / "r1"
+    state = run / "work" / "bft-state"
+    (state / "jobs" / "a").mkdir(parents=True)
+    (run / "request.json").write_text('{"digest": "a"}')
+    (run / "exit.json").write_text('{"code": 130}')
+    (state / "jobs" / "a" / "ckpt-000000007.h5").write_text("step 7")
+    db = JobStore(state / "state.sqlite")
+    db.add("a", {"samples": 100})
+    db.update("a", status="waiting", samples_done=7, checkpoint="jobs/a/ckpt-000000007.h5")
+    db.close()
+    remote = RemoteSession(load_site(sites(tmp_path)), ThreadPoolExecutor(1))
+    got = remote.run("r1").fetch(tmp_path / "got")
+    assert {k: p.read_text() for k, p in got.items()} == {"a": "step 7"}
+    hostile = remote.run("r1")
+    hostile.status = lambda: {"jobs": [{"job": "../../x", "state": "bft-state", "status": "done",
+                                        "checkpoint": "/etc/passwd"}]}
+    with pytest.raises(RemoteError, match="not a safe file name"):
+        hostile.fetch(tmp_path / "got")
+    assert not (tmp_path / "x.h5").exists()
+    remote.close()
+
+
 @pytest.fixture(scope="module")
 def local_model(tmp_path_factory):
     """The workflow's job trained here, as one fragment: what a remote run of it must give back bit for bit."""
