@@ -46,20 +46,30 @@ class RemoteJobFailed(RemoteError):
     """A remote job ended without its final checkpoint (failed, or its run ended first)."""
 
 
+_NOT_LOGGED_IN = ("not logged in to Globus Compute: set GLOBUS_COMPUTE_CLIENT_ID and GLOBUS_COMPUTE_CLIENT_SECRET "
+                  "(a client identity), or log in once interactively: python -c 'import globus_compute_sdk as g; "
+                  "g.Client()'")
+
+
 def check_login():
     """The SDK's own app, if it can work without a prompt: client credentials in the environment or tokens from
     an earlier login. Otherwise a clear error - never the interactive login the SDK would start by itself."""
     from globus_compute_sdk.sdk.auth.globus_app import get_globus_app  # the SDK's own choice of identity
+    from globus_compute_sdk.sdk.compute_dir import get_compute_dir
     from globus_sdk import UserApp
+
+    creds = [os.environ.get(k) for k in ("GLOBUS_COMPUTE_CLIENT_ID", "GLOBUS_COMPUTE_CLIENT_SECRET")]
+    if not any(creds) and not (get_compute_dir() / "storage.db").exists():
+        # no client identity and no stored tokens: the SDK would create its token store (~/.globus_compute)
+        # before finding out there is no login
+        raise NotLoggedIn(_NOT_LOGGED_IN)
 
     try:
         app = get_globus_app()
     except ValueError as e:             # only one of the two variables set
         raise NotLoggedIn(str(e)) from None
     if isinstance(app, UserApp) and app.login_required():
-        raise NotLoggedIn("not logged in to Globus Compute: set GLOBUS_COMPUTE_CLIENT_ID and "
-                          "GLOBUS_COMPUTE_CLIENT_SECRET (a client identity), or log in once interactively: "
-                          "python -c 'import globus_compute_sdk as g; g.Client()'")
+        raise NotLoggedIn(_NOT_LOGGED_IN)
     return app
 
 

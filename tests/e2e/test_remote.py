@@ -138,6 +138,7 @@ def test_not_logged_in_is_a_clear_error_and_no_prompt(tmp_path, monkeypatch, cap
     code, _, err = cli(capsys, "submit", WORKFLOW, "--site", sites(tmp_path), "40", "--run", "../up")
     assert code == 2 and "not logged in" in err         # the workflow's own --run: no abbreviation of --run-id
     assert not (tmp_path / "home").exists()
+    assert not (tmp_path / "gc").exists()                # nothing written where the SDK keeps its tokens
 
 
 def test_unknown_or_offline_endpoint(tmp_path, endpoint, capsys):
