@@ -273,11 +273,26 @@ def show_pilot_script(site: Site) -> str:
         head = (f"# the next pilot of executor {ex.label} (site {site.name}): {site.pilot_walltime.max_minutes} "
                 f"minutes, {provider.pilot_nodes} node(s); a pilot's walltime is its hole's length within "
                 f"pilot_walltime; Parsl fills in the {{...}} when the executor starts")
-        scripts.append(head + "\n" + provider.script(command, "parsl.bft", site.pilot_walltime.max_minutes))
+        scripts.append(head + "\n" + provider.script(command, "parsl.bft", site.pilot_walltime.max_minutes)
+                       + _not_in_the_script(site))
     if not scripts:
         raise SiteError(f"site '{site.name}' ({site.scheduler}) submits no pilot jobs: the embedded default runs on "
                         "this machine (nothing to show)")
     return "\n".join(scripts)
+
+
+def _not_in_the_script(site: Site) -> str:
+    """The site's settings that shape the run but not the batch script, as comments under it: what the script
+    shows and this list together are the whole site file."""
+    h = site.holes
+    lines = [f"ranks per node: {SiteRuntime.of(site).ranks_per_node} (a fragment's ranks on each node)",
+             f"checkpoint_dir: {site.checkpoint_dir or '<state_dir>/jobs'}",
+             f"interchange_address: {site.interchange_address or 'every address of this host (probed)'}",
+             f"holes: a survey every {h.poll_seconds:g} s, queued pilots withdrawn after {h.max_pending_seconds:g} s, "
+             f"at most {h.max_pilots} nodes" + (f" and {h.max_jobs} jobs" if h.max_jobs else ""),
+             f"objective: {site.objective.name}, T_fwd {site.objective.t_fwd_seconds:g} s",
+             f"topology: {'the site file' if site.topology else 'from the scheduler, where it knows one'}"]
+    return "".join(f"# not in the script - {line}\n" for line in lines)
 
 
 def make_pool(site: Site, executor: ParslExecutor | None) -> EmulatedPool | PilotPool:

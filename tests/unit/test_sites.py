@@ -429,6 +429,9 @@ def test_show_pilot_script_prints_what_would_be_submitted_and_submits_nothing(tm
     slurm = capsys.readouterr().out
     assert "#SBATCH --qos=preempt" in slurm and "#SBATCH --constraint=gpu" in slurm
     assert "#SBATCH --signal=B:USR1@60" in slurm
+    # what shapes the run but not the script is listed under it: ranks per node, checkpoint dir, holes, objective
+    assert "# not in the script - ranks per node: 4" in slurm and "parsl-bft/checkpoints" in slurm
+    assert "# not in the script - objective: speedup, T_fwd 60 s" in slurm
     assert main(["sites", "show", "--pilot-script", str(ROOT / "site_configs" / "local.yaml")]) == 2
     assert "submits no pilot jobs" in capsys.readouterr().err
 
