@@ -17,6 +17,7 @@ if TYPE_CHECKING:
 
     from .idle.intervals import IdleIntervals
     from .idle.sources import IdleSource
+    from .sim.replay import SimResult
 
 
 def _console() -> Console:
@@ -187,6 +188,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
                        predict=args.predict, schedule=src.schedule, ceiling=not args.no_ceiling,
                        submits=args.submits, freeze=not args.no_freeze, until_done=bool(args.cluster))
     print_summary(res, console, title=f"{args.planner}/{args.objective} on {src.description}")
+    _warn_if_jobs_ran_out(res, len(jobset.jobs), bool(args.cluster))
     if args.json:
         Path(args.json).write_text(json.dumps(res.as_dict(), indent=1))
         console.print(f"wrote {args.json}")
@@ -194,6 +196,19 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         plot_replay(res, args.plot)
         console.print(f"wrote {args.plot}")
     return 0
+
+
+def _warn_if_jobs_ran_out(res: SimResult, n_jobs: int, cluster: bool) -> None:
+    """A replay whose jobs all finished early counts the idle capacity after that as unused: its e_idle says how
+    little work there was, not how well it was used. Say so (a dedicated cluster ends with its jobs)."""
+    ends = [a.finished_at for a in res.jobs if a.finished_at is not None]
+    span = res.end - res.start
+    if cluster or len(ends) < n_jobs or not ends or span <= 0 or max(ends) > res.start + 0.9 * span:
+        return
+    share = (max(ends) - res.start) / span
+    print(f"parsl-bft simulate: warning: all {n_jobs} jobs finished {share:.0%} into the replay; the idle capacity "
+          "after that counts as unused (e_idle measures the job set's size there): add jobs, or shorten "
+          "--duration", file=sys.stderr)
 
 
 def cmd_profile(args: argparse.Namespace) -> int:

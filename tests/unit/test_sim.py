@@ -189,3 +189,16 @@ def test_cli_simulate_refuses_a_replay_no_job_can_enter(tmp_path, shared_data):
     r = subprocess.run([*base, "--submits", "relative", "--json", str(out)], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert json.loads(out.read_text())["e_idle"] > 0.5
+
+
+def test_a_replay_whose_jobs_run_out_early_says_so(tmp_path, capsys):
+    """All jobs done a few minutes into a 6 h replay: its e_idle measures how little work there was, not how well
+    the idle nodes were used - a warning says so (it exited 0 with e_idle 0.002 and nothing else)."""
+    from parsl_bft.cli import main
+    (tmp_path / "s.jobs.csv").write_text("name,model,min_nodes,max_nodes,t_up,t_down,samples,submit\n"
+                                         "a,m,1,8,1,1,1000,0\n")
+    (tmp_path / "s.scaling.csv").write_text("model,nodes,samples_per_sec\nm,1,10\nm,8,70\n")
+    (tmp_path / "idle.csv").write_text("node,idle_start,idle_end\n" + "".join(f"n{i},0,21600\n" for i in range(4)))
+    assert main(["simulate", "--idle-intervals", str(tmp_path / "idle.csv"), "--jobs", str(tmp_path / "s.jobs.csv"),
+                 "--no-ceiling", "--no-mask"]) == 0          # (every node idle for hours: an outage, unmasked)
+    assert "warning: all 1 jobs finished 0% into the replay" in capsys.readouterr().err
