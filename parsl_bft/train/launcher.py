@@ -239,14 +239,33 @@ def _die_with_forkserver() -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
+LOG_MAX = 64 << 20         # bytes of one rank's output kept (a loop printing in a tight loop wrote 3 GB in 70 s)
+
+
+def _cap_log(limit: int, every_s: float = 1.0) -> None:
+    """Keep this rank's log (fd 1 and 2) near ``limit`` bytes: whatever grows past it is cut off, once a second,
+    under a note (the first ``limit`` bytes stay; a failed rank's traceback is kept apart, in .errors/)."""
+    note = f"\n[parsl-bft: output beyond {limit:,} bytes dropped]\n".encode()
+    while True:
+        time.sleep(every_s)
+        try:
+            if os.fstat(1).st_size > limit + len(note):
+                os.ftruncate(1, limit)
+                os.write(1, note)
+        except OSError:
+            return
+
+
 def _rank_entry(cfg_file: str, env: dict[str, str], log_path: str, job_dir: str, fragment: str, rank: int) -> None:
     _die_with_forkserver()
     os.environ.clear()
     os.environ.update(env)
-    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    os.dup2(fd, 1)       # a file, not a pipe: a chatty rank must never block on its output
+    # a file, not a pipe: a chatty rank must never block on its output; appending, so that _cap_log can cut it
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
+    os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.close(fd)
+    threading.Thread(target=_cap_log, args=(int(env.get("PARSL_BFT_RANK_LOG_MAX", LOG_MAX)),), daemon=True).start()
     sys.stdout = open(1, "w", buffering=1, closefd=False)   # noqa: SIM115 (the rank's stdout until it exits)
     sys.stderr = open(2, "w", buffering=1, closefd=False)   # noqa: SIM115
     try:

@@ -470,3 +470,24 @@ def test_a_dataloader_with_workers_in_your_own_loop_resumes_exactly(tmp_path):
     assert a.step == b.step == 40 and a.data_position == b.data_position and a.epoch == b.epoch == 1
     for k in b.model["model"]:
         assert torch.equal(a.model["model"][k], b.model["model"][k]), k
+
+
+def test_a_rank_printing_without_end_does_not_fill_the_disk(tmp_path, monkeypatch):
+    """A loop printing 2 MB a step (20 MB in all): its log is cut back to the cap (PARSL_BFT_RANK_LOG_MAX, 64 MiB by
+    default) once a second, under a note, and the training is not disturbed."""
+    monkeypatch.setenv("PARSL_BFT_RANK_LOG_MAX", "100000")
+    (tmp_path / "chatty.py").write_text(
+        "import sys, time\n"
+        "def train(ctx):\n"
+        "    for idx in ctx.batches(256):\n"
+        "        sys.stdout.write(('x' * 99 + '\\n') * 20_000)\n"
+        "        time.sleep(0.4)\n"
+        "        if ctx.should_stop():\n"
+        "            break\n"
+        "    ctx.save({'step': ctx.step})\n")
+    run_fragment(FragmentConfig(job="c", workload="unused", loop=f"{tmp_path / 'chatty.py'}:train", steps=10,
+                                checkpoint_dir=str(tmp_path / "j"), global_batch=32, fsync=False, timeout_s=300))
+    (log,) = (tmp_path / "j" / "logs").glob("*")
+    text = log.read_text()
+    assert "output beyond 100,000 bytes dropped" in text and log.stat().st_size < 8_000_000
+    assert CheckpointStore(tmp_path / "j").latest().step == 10
