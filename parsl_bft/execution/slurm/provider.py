@@ -123,7 +123,7 @@ class SlurmPilotProvider(PilotProvider, RepresentationMixin):
         opts += [f"--nodelist={','.join(map(node_name, self.pilot_target))}"] if self.pilot_target else []
         opts += [f"--qos={self.qos}"] if self.qos else []
         opts += [f"--account={self.account}"] if self.account else []
-        asks_gpus = any(re.match(r"(--gpus|--gres|-G\b|--gpus-per-node)", o) for o in self.scheduler_options)
+        asks_gpus = any(re.match(r"(--gpus|--gres|-G\b)", o) for o in self.scheduler_options)   # the site asks
         opts += [f"--gpus-per-node={self.gpus_per_node}"] if self.gpus_per_node and not asks_gpus else []
         return opts + self.scheduler_options
 
