@@ -1,0 +1,240 @@
+"""Every GPU measurement in one run (at most ~8 minutes on one H100), each against plain PyTorch timed in the same
+run on the same device, for a ResNet-50 (224x224, bf16 autocast, channels-last) and a GPT-2-medium-size
+decoder (1024 tokens, bf16 autocast) on synthetic data (benchmarks/gpu_models.py):
+
+  throughput   samples/s of the same training step in a plain loop and inside a parsl-bft fragment (a
+               scientist's own train(ctx); DDP on one rank, its per-step stop check, progress, periodic saves
+               off): ratio fragment / plain;
+  checkpoint   the model + optimizer state: HDF5 save (CheckpointStore) vs torch.save; the training pause of a
+               background save (BackgroundSave.start) vs a blocking save; restore into the built model
+               (load_checkpoint(into=) + load_state_dict) vs torch.load + load_state_dict;
+  resize       what a resize costs this runtime, phase by phase: a stop request to a training fragment -> it has
+               saved and exited -> the next fragment launched, restored, met its peers -> its first finished
+               step (warm-up included), and the total;
+  compile      the same resize with torch.compile (compile time is part of a restart), then again with the
+               inductor cache of the first (TORCHINDUCTOR_CACHE_DIR kept): what a cache across fragments saves.
+
+Also writes the measured costs as rows of a costs file (gpu.costs.csv beside the JSON: model, restart phases,
+save, stall), for the simulator. --smoke runs every part with tiny models on whatever device there is (CI
+runs it on CPU: tests/e2e/test_gpu_script.py); its numbers mean nothing.
+Usage: python benchmarks/gpu.py [--smoke] [--out gpu.json] [--only resnet50,gpt2-medium] [--no-compile]
+LAST line: one JSON object (also written to --out).
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import gpu_models  # noqa: E402
+
+from parsl_bft.train.checkpoint import (  # noqa: E402
+    BackgroundSave,
+    CheckpointStore,
+    TrainingState,
+    load_checkpoint,
+)
+from parsl_bft.train.fragment import FragmentConfig  # noqa: E402
+from parsl_bft.train.launcher import run_fragment  # noqa: E402
+from parsl_bft.train.protocol import JobDir  # noqa: E402
+
+FULL = {"resnet50": dict(batch=256, steps=60), "gpt2-medium": dict(batch=8, steps=30)}
+SMOKE = {"resnet-tiny": dict(batch=16, steps=6), "gpt-tiny": dict(batch=8, steps=6)}
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def plain(name: str, batch: int, steps: int, device: torch.device, compile_model: bool) -> float:
+    """Samples/s of the plain loop (after 5 warm-up steps), the same step and per-step loss read as the fragment."""
+    bf16 = device.type == "cuda"
+    run, _model, opt = gpu_models.build(name, device, channels_last=True, compile_model=compile_model)
+    x, y = gpu_models.SPECS[name].batch(batch, device, channels_last=True)
+    for _ in range(5):
+        gpu_models.step(name, run, opt, x, y, bf16).item()
+    sync(device)
+    t = time.perf_counter()
+    for _ in range(steps):
+        gpu_models.step(name, run, opt, x, y, bf16).item()
+    sync(device)
+    return batch * steps / (time.perf_counter() - t)
+
+
+def fragment_cfg(name: str, batch: int, steps: int, job: Path, device: torch.device, compile_model: bool,
+                 total: int | None = None) -> FragmentConfig:
+    args = {"model": name, "bf16": device.type == "cuda", "channels_last": True, "compile": compile_model}
+    return FragmentConfig(job=name, workload="unused", loop=f"{HERE / 'gpu_models.py'}:train", steps=steps,
+                          checkpoint_dir=str(job), global_batch=batch, fsync=False, deterministic=False,
+                          workload_args=args, timeout_s=900, total_samples=total)
+
+
+def in_fragment(name: str, batch: int, steps: int, device: torch.device, compile_model: bool) -> float:
+    """Samples/s while training inside a fragment (its own timer: from the first step to the last)."""
+    with tempfile.TemporaryDirectory(prefix="bft-gpu-") as d:
+        res = run_fragment(fragment_cfg(name, batch, steps + 5, Path(d), device, compile_model))
+        assert res is not None
+        return res.throughput
+
+
+def checkpoint_costs(name: str, device: torch.device, rounds: int) -> dict[str, float]:
+    """Save, background-save stall and restore of the model + optimizer state, against torch's (medians)."""
+    run, model, opt = gpu_models.build(name, device, channels_last=True, compile_model=False)
+    x, y = gpu_models.SPECS[name].batch(2, device, channels_last=True)
+    gpu_models.step(name, run, opt, x, y, device.type == "cuda")       # the optimizer has its state
+    state = {"model": model.state_dict(), "optimizer": opt.state_dict()}
+
+    def ts(step: int) -> TrainingState:           # as the built-in loop saves: the model, and its optimizer apart
+        return TrainingState(model=state["model"], optimizer=state["optimizer"], step=step)
+    out: dict[str, list[float]] = {k: [] for k in ("hdf5_save_s", "torch_save_s", "stall_s", "blocking_s",
+                                                   "hdf5_restore_s", "torch_restore_s")}
+    with tempfile.TemporaryDirectory(prefix="bft-gpu-ckpt-") as d:
+        store, tpath = CheckpointStore(Path(d) / "h5", keep=2), Path(d) / "t.pt"
+        bg = BackgroundSave(lambda st: store.save(st, fsync=True))
+        bg.prepare(ts(0))          # its buffers, as a fragment's first save has
+        bg.wait()
+        for i in range(rounds):
+            sync(device)
+            t = time.perf_counter()
+            store.save(ts(i + 1), fsync=False)
+            out["hdf5_save_s"].append(time.perf_counter() - t)
+            t = time.perf_counter()
+            torch.save(state, tpath)
+            out["torch_save_s"].append(time.perf_counter() - t)
+            t = time.perf_counter()
+            store.save(ts(1000 + i), fsync=True)
+            out["blocking_s"].append(time.perf_counter() - t)
+            t = time.perf_counter()
+            bg.start(ts(2000 + i))
+            out["stall_s"].append(time.perf_counter() - t)
+            path = bg.wait()                                     # (the write itself overlaps training)
+            assert path is not None
+            t = time.perf_counter()
+            got = load_checkpoint(path, into=model.state_dict())     # straight into the model on the device
+            model.load_state_dict(got.model)
+            opt.load_state_dict(got.optimizer or {})
+            sync(device)
+            out["hdf5_restore_s"].append(time.perf_counter() - t)
+            t = time.perf_counter()
+            loaded = torch.load(tpath, map_location=device)
+            model.load_state_dict(loaded["model"])
+            opt.load_state_dict(loaded["optimizer"])
+            sync(device)
+            out["torch_restore_s"].append(time.perf_counter() - t)
+    m = {k: statistics.median(v) for k, v in out.items()}
+    m.update(save_ratio=m["hdf5_save_s"] / m["torch_save_s"], stall_ratio=m["stall_s"] / m["blocking_s"],
+             restore_ratio=m["hdf5_restore_s"] / m["torch_restore_s"])
+    return m
+
+
+def resize(name: str, batch: int, device: torch.device, compile_model: bool, cache: Path | None) -> dict[str, float]:
+    """A stop request to a training fragment, then the next fragment's first finished step, phase by phase."""
+    env = {"TORCHINDUCTOR_CACHE_DIR": str(cache)} if cache is not None else {}
+    with tempfile.TemporaryDirectory(prefix="bft-gpu-resize-") as d:
+        job = JobDir(d).ensure()
+        first = {}
+
+        def before() -> None:
+            first["result"] = run_fragment(fragment_cfg(name, batch, None, Path(d), device, compile_model,
+                                                        total=batch * 10**9), env=env)
+        th = threading.Thread(target=before)
+        th.start()
+        while (p := job.progress()) is None or p.step < 3:      # training, past its warm-up
+            if not th.is_alive():
+                raise RuntimeError(f"{name}: the first fragment ended before it trained")
+            time.sleep(0.05)
+        t_stop = time.perf_counter()
+        job.request_stop()
+        th.join()
+        t_exited = time.perf_counter()
+        a = first["result"]
+        job.clear_stop()
+        t_launch = time.perf_counter()
+        b = run_fragment(fragment_cfg(name, batch, 1, Path(d), device, compile_model), env=env)
+        t_done = time.perf_counter()
+        assert a is not None and b is not None
+        step_s = CheckpointStore(d).latest(arrays=False).metrics[-1].get("first_step_s", 0.0)
+    launch = (t_done - t_launch) - b.restore_s - b.rendezvous_s - step_s - b.checkpoint_s
+    return {"stop_to_saved_and_exited_s": t_exited - t_stop, "final_save_s": a.checkpoint_s,
+            "launch_and_exit_s": launch, "restore_s": b.restore_s, "rendezvous_s": b.rendezvous_s,
+            "first_step_s": step_s, "total_s": (t_exited - t_stop) + (t_done - t_launch) - b.checkpoint_s}
+
+
+def measure(name: str, batch: int, steps: int, device: torch.device, do_compile: bool, rounds: int) -> dict:
+    row: dict = {"model": name, "batch": batch}
+    row["plain_samples_s"] = plain(name, batch, steps, device, False)
+    row["fragment_samples_s"] = in_fragment(name, batch, steps, device, False)
+    row["throughput_ratio"] = row["fragment_samples_s"] / row["plain_samples_s"]
+    print(f"{name}: plain {row['plain_samples_s']:.1f}/s, fragment {row['fragment_samples_s']:.1f}/s "
+          f"(x{row['throughput_ratio']:.3f})", flush=True)
+    row["checkpoint"] = checkpoint_costs(name, device, rounds)
+    c = row["checkpoint"]
+    print(f"{name}: save x{c['save_ratio']:.2f} of torch.save, stall x{c['stall_ratio']:.3f} of a blocking save, "
+          f"restore x{c['restore_ratio']:.2f} of torch.load", flush=True)
+    row["resize"] = resize(name, batch, device, False, None)
+    print(f"{name}: resize {json.dumps({k: round(v, 3) for k, v in row['resize'].items()})}", flush=True)
+    if do_compile:
+        with tempfile.TemporaryDirectory(prefix="bft-inductor-") as cache:
+            row["resize_compiled"] = resize(name, batch, device, True, Path(cache))
+            row["resize_compiled_cached"] = resize(name, batch, device, True, Path(cache))
+        print(f"{name}: compiled resize {row['resize_compiled']['total_s']:.2f} s, with the cache "
+              f"{row['resize_compiled_cached']['total_s']:.2f} s", flush=True)
+    return row
+
+
+def write_costs(rows: list[dict], path: Path, device: str) -> None:
+    """The measured costs, one row per model, for the simulator (what a restart and a save cost here)."""
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["model", "device", "restart_s", "launch_s", "restore_s", "first_step_s", "save_s", "stall_s"])
+        for r in rows:
+            z = r["resize"]
+            w.writerow([r["model"], device, f"{z['total_s']:.3f}", f"{z['launch_and_exit_s']:.3f}",
+                        f"{z['restore_s']:.3f}", f"{z['first_step_s']:.3f}", f"{z['final_save_s']:.3f}",
+                        f"{r['checkpoint']['stall_s']:.4f}"])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--smoke", action="store_true", help="tiny models on any device: every part runs, the numbers "
+                    "mean nothing")
+    ap.add_argument("--out", default="gpu.json")
+    ap.add_argument("--only", help="comma-separated models")
+    ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile resizes")
+    args = ap.parse_args()
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.type != "cuda" and not args.smoke:
+        raise SystemExit("gpu.py: no CUDA device here; --smoke runs every part with tiny models on the CPU")
+    plan = SMOKE if args.smoke else FULL
+    names = args.only.split(",") if args.only else list(plan)
+    card = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    print(f"device: {card}; torch {torch.__version__}; models {names}", flush=True)
+    t0 = time.perf_counter()
+    rows = [measure(n, plan[n]["batch"], plan[n]["steps"], device, not args.no_compile and device.type == "cuda",
+                    rounds=2 if args.smoke else 3) for n in names]
+    out = Path(args.out)
+    write_costs(rows, out.with_name(out.stem + ".costs.csv"), card)
+    summary = {"device": card, "smoke": args.smoke, "wall_s": time.perf_counter() - t0,
+               **{f"{r['model']}_throughput_ratio": r["throughput_ratio"] for r in rows},
+               **{f"{r['model']}_stall_ratio": r["checkpoint"]["stall_ratio"] for r in rows},
+               **{f"{r['model']}_restore_ratio": r["checkpoint"]["restore_ratio"] for r in rows},
+               **{f"{r['model']}_resize_s": r["resize"]["total_s"] for r in rows}, "models": rows}
+    out.write_text(json.dumps(summary, indent=1))
+    print(json.dumps({k: v for k, v in summary.items() if k != "models"}))
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    main()
