@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+
 from paths import ROOT
 
 
@@ -23,5 +24,5 @@ def test_the_gpu_benchmark_runs_every_part_on_cpu(tmp_path):
     (row,) = json.loads((tmp_path / "gpu.json").read_text())["models"]
     phases = row["resize"]
     assert phases["total_s"] > 0 and phases["restore_s"] > 0 and phases["first_step_s"] > 0
-    (cost,) = list(csv.DictReader(open(tmp_path / "gpu.costs.csv")))
+    (cost,) = list(csv.DictReader((tmp_path / "gpu.costs.csv").read_text().splitlines()))
     assert cost["model"] == "resnet-tiny" and float(cost["restart_s"]) == pytest.approx(phases["total_s"], abs=1e-3)
