@@ -72,7 +72,7 @@ def fields_markdown() -> str:
         prefix, model = todo.pop(0)
         rows = ["| field | type | default | what it does |", "|---|---|---|---|"]
         for name, f in model.model_fields.items():
-            desc = " ".join((f.description or "").split()).replace("|", "\\|")
+            desc = " ".join((f.description or "").split()).replace("|", "\\|").replace("<", "\\<")   # not HTML
             rows.append(f"| `{prefix}{name}` | {_type(f.annotation)} | {_default(f)} | {desc} |")
             for m in _models(f.annotation):
                 if m not in seen:

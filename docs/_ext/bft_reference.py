@@ -27,7 +27,7 @@ class _Markdown(SphinxDirective):
 
 
 def _cell(text: str | None) -> str:
-    return (text or "").replace("|", "\\|").replace("\n", " ")
+    return (text or "").replace("|", "\\|").replace("<", "\\<").replace("\n", " ")    # Markdown, not HTML
 
 
 def _option(action: argparse.Action) -> tuple[str, str, str]:
