@@ -113,6 +113,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     if not 0 < args.speedup < float("inf"):
         raise UsageError(f"--speedup must be a finite number > 0, got {args.speedup}")
+    try:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+    except OSError as e:                # before the long work, not a traceback after it
+        raise UsageError(f"--out {args.out}: cannot make that folder: {e.strerror}") from None
     console = _console()
     console.rule("parsl-bft demo: 3 training jobs on the idle nodes of a (replayed) supercomputer")
     run_demo(args.out, speedup=args.speedup, console=console)
@@ -285,6 +289,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     if not path.exists():
         print(f"parsl-bft run: error: no such workflow file: {path}", file=sys.stderr)
         return 2
+    if not path.is_file():
+        raise UsageError(f"{path} is not a file: give the workflow's Python file")
     rest, paths = [], list(args.site or [])
     it = iter(args.args)
     for a in it:                      # --site may also follow the workflow (parsl-bft run W.py --site S.yaml)

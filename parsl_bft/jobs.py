@@ -267,6 +267,13 @@ def read_jobset_yaml(path: str | Path) -> JobSet:
 def load_jobset(jobs: str | Path, scaling: str | Path | None = None, *, lenient: bool = False) -> JobSet:
     """Load a job set from ``X.jobs.csv`` (+ ``X.scaling.csv``, found beside it if not given) or a YAML file."""
     jp = Path(jobs)
+    js = _load_jobset(jp, scaling, lenient)
+    if not js.jobs:                     # a report of nothing, exit 0, said nothing was wrong
+        raise InputError(str(jp), 0, None, "no jobs in this job set")
+    return js
+
+
+def _load_jobset(jp: Path, scaling: str | Path | None, lenient: bool) -> JobSet:
     if jp.suffix in (".yaml", ".yml"):
         return read_jobset_yaml(jp)
     if scaling is None:

@@ -1,6 +1,7 @@
 """One entry point for every trace-backed idle-capacity source, and the selections users apply to them."""
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -70,9 +71,13 @@ def parse_time(text: str, origin: float) -> float:
     if s.startswith("+"):
         return origin + parse_duration(s[1:])
     try:
-        return float(s)
+        t = float(s)
     except ValueError:
         pass
+    else:
+        if not math.isfinite(t):          # nan replayed nothing, silently
+            raise ValueError(f"not a time: {text!r} (a finite number of unix seconds)")
+        return t
     try:
         dt = datetime.fromisoformat(s)
     except ValueError:

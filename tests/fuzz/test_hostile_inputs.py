@@ -632,6 +632,8 @@ def bad(tmp_path_factory):
     (d / "newline.yaml").write_text(SLURM_SITE.replace("backfill", '"backfill\\n#SBATCH --uid=0"'))
     (d / "topo.yaml").write_text("topology: {groups: [\n")
     (d / "topo.conf").write_bytes(b"\xff\xfeSwitchName=s1 Nodes=a\n")
+    (d / "header.jobs.csv").write_text("name,model,min_nodes,max_nodes,t_up,t_down,samples,submit\n")
+    (d / "header.scaling.csv").write_text("model,nodes,samples_per_sec\nm,1,10\n")
     (d / "lvl0.jobs.csv").write_text((d / "ok.jobs.csv").read_text())
     (d / "lvl0.scaling.csv").write_text("model,nodes,samples_per_sec,freeze,layers,frozen_compute,frozen_params\n"
                                         "m,1,10,0,3,0.5,0.5\nm,2,19,,,,\n")
@@ -653,6 +655,10 @@ CLI_CASES = {     # name: (argv with {d} for the folder of bad files, what the o
     "not gzip at all": (["idle", "{d}/notgz.csv.gz"], "notgz.csv.gz:1: damaged gzip data"),
     "a CSV field over the size limit": (["idle", "{d}/bigfield.csv"], "bigfield.csv:2: not valid CSV"),
     "a directory as the source": (["idle", "{d}/dir.swf"], "dir.swf: is a directory"),
+    "a header-only job set": (["jobs", "{d}/header.jobs.csv"], "header.jobs.csv: no jobs in this job set"),
+    "a window starting at nan": (["idle", OK_CSV, "--window", "nan/+1h"], "not a time: 'nan'"),
+    "a directory as the workflow": (["run", "{d}/dir.swf"], "dir.swf is not a file: give the workflow's Python"),
+    "demo --out where no folder can be": (["demo", "--out", "/proc/parsl-bft-nowhere"], "cannot make that folder"),
     "/dev/zero as the source": (["idle", "/dev/zero"], "/dev/zero: not a regular file"),
     "missing source": (["idle", "{d}/nope.csv"], "nope.csv: no such file"),
     "idle --json into a missing folder": (["idle", OK_CSV, "--json", "{d}/no/x.json"], "--json: no such directory"),
