@@ -146,7 +146,7 @@ class TrainContext:
         if not isinstance(state, dict):
             raise TypeError(f"ctx.save takes a dict of state (state_dicts, tensors, numbers), not "
                             f"{type(state).__name__}")
-        bad = finite_weights(state["model"] if isinstance(state.get("model"), dict) else state)
+        bad = finite_weights(state)          # the whole state: a model may be under any key
         if bad is not None:
             raise FragmentFailed(f"job {self.job}: {bad} is not finite at step {self.step}: not saving (the last "
                                  "finite checkpoint stays)")

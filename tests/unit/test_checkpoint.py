@@ -463,3 +463,13 @@ def test_a_checkpoint_replaced_between_the_stat_and_the_open_is_bounded_by_its_o
     st = store.latest()
     assert st.step == 5 and torch.equal(st.model["w"], torch.ones(100_000)) and not store.skipped
     assert store.paths() == [path]
+
+
+def test_a_non_finite_tensor_is_found_under_any_key():
+    """A scientist's state keeps its model under any key ({"net": ..., "ema": ...}): NaN weights there passed
+    the check, which looked at "model" only, and replaced the last finite checkpoint."""
+    from parsl_bft.train.checkpoint import finite_weights
+    good = {"net": {"w": torch.ones(2)}, "step": 3, "opt": {"state": {0: {"m": torch.zeros(2)}}}}
+    assert finite_weights(good) is None
+    good["ema"] = {"w": torch.tensor([1.0, float("nan")])}
+    assert finite_weights(good) == "ema.w"

@@ -74,11 +74,16 @@ class TrainingState:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def finite_weights(model: dict[str, Any]) -> str | None:
-    """The name of the first floating-point tensor holding NaN or infinity, None when all are finite."""
+def finite_weights(model: dict[str, Any], prefix: str = "") -> str | None:
+    """The name of the first floating-point tensor holding NaN or infinity, None when all are finite; nested
+    dicts are searched too (a scientist's state keeps its model under any key: {"net": ..., "ema": ...})."""
     for k, t in model.items():
-        if isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel() and not bool(torch.isfinite(t).all()):
-            return str(k)
+        if isinstance(t, dict):
+            bad = finite_weights(t, f"{prefix}{k}.")
+            if bad is not None:
+                return bad
+        elif isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel() and not bool(torch.isfinite(t).all()):
+            return f"{prefix}{k}"
     return None
 
 
