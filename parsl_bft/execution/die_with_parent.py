@@ -1,23 +1,29 @@
-"""``python -m parsl_bft.execution.die_with_parent CMD ...``: exec CMD so that it is killed (SIGTERM) when the
-process that started it dies, however it dies (Linux PR_SET_PDEATHSIG; elsewhere CMD runs plainly).
+"""``python -m parsl_bft.execution.die_with_parent CMD ...``: run CMD, and end it when the process that started
+this one dies, however it dies (``kill -9``, the OOM killer).
 
-The HTEX interchange runs as such a child of the orchestrator: when ``parsl-bft run`` is killed outright
-(``kill -9``, the OOM killer), the interchange goes with it, its worker pools lose it and exit after their
-heartbeat threshold, and the ranks go with their workers. Without it the interchange, the local worker pool and
-its ranks went on training for nobody. Parsl starts the interchange from the thread that starts the executor:
-the session's main thread, or the orchestrator's loop (network-group lanes), both of which live as long as the
-run."""
+The HTEX interchange runs under it: when ``parsl-bft run`` is killed outright, the interchange goes with it, its
+worker pools lose it and exit after their heartbeat threshold, and the ranks go with their workers. Without it
+the interchange, the local worker pool and its ranks went on training for nobody.
+
+It watches its parent's pid rather than ask the kernel for a parent-death signal (PR_SET_PDEATHSIG): that signal
+comes when the parent *thread* ends, and Parsl starts an interchange from whichever thread adds the executor (a
+network group's lane is added from the orchestrator's loop thread, which ends before Parsl's cleanup talks to
+that interchange one last time: it would wait for ever). SIGTERM is passed on to CMD (a terminal's Ctrl-C reaches
+CMD itself, as one of its process group), and CMD gets the parent-death signal with respect to this watcher,
+whose only thread is its main one, so neither outlives the other."""
 from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 
 PR_SET_PDEATHSIG = 1
 
 
 def die_with_parent(sig: int = signal.SIGTERM) -> bool:
-    """Ask the kernel to send ``sig`` to this process when its parent dies; False where it cannot."""
+    """Ask the kernel to send ``sig`` to this process when the thread that started it ends; False where it
+    cannot (not Linux). Right for a process started by a single-threaded parent, like the watcher's child."""
     parent = os.getppid()
     try:
         import ctypes
@@ -31,12 +37,33 @@ def die_with_parent(sig: int = signal.SIGTERM) -> bool:
     return True
 
 
+def watch(argv: list[str], every_s: float = 0.5) -> int:
+    """Run ``argv`` until it ends (its exit status) or this process's parent is gone (then end it: SIGTERM,
+    SIGKILL 5 s later)."""
+    parent = os.getppid()
+    child = subprocess.Popen(argv, preexec_fn=die_with_parent)          # stdin (Parsl's config) inherited
+    signal.signal(signal.SIGTERM, lambda s, _f: child.send_signal(s))
+    signal.signal(signal.SIGINT, signal.SIG_IGN)     # the child has it too: the watcher keeps watching
+    while True:
+        try:
+            return child.wait(timeout=every_s)
+        except subprocess.TimeoutExpired:
+            pass
+        if os.getppid() != parent:
+            child.terminate()
+            try:
+                return child.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                return child.wait()
+
+
 def main(argv: list[str]) -> None:
-    """Exec ``argv`` (the setting survives exec) after asking to die with the parent."""
+    """Run ``argv`` under the watcher; exit with its status."""
     if not argv:
         raise SystemExit("usage: python -m parsl_bft.execution.die_with_parent CMD [ARG ...]")
-    die_with_parent()
-    os.execvp(argv[0], argv)
+    code = watch(argv)
+    sys.exit(code if code >= 0 else 128 - code)
 
 
 if __name__ == "__main__":
