@@ -7,13 +7,40 @@ the SDK's serialiser to the endpoint and run there like any other Parsl app.
 """
 from __future__ import annotations
 
+import concurrent.futures
 import multiprocessing
+import subprocess
+import sys
+import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ProcessPoolExecutor
 from typing import Any
 
 from globus_compute_sdk import Executor
 from globus_compute_sdk.serialize import ComputeSerializer
+
+
+class TaskProcesses(concurrent.futures.Executor):
+    """Endpoint workers for ``LocalEndpointExecutor``'s ``pool``: each task in a fresh Python process (an
+    endpoint's worker is a separate process too), started by its command line - unlike a multiprocessing pool,
+    which would import the caller's __main__ again in every worker (a script without an ``if __name__`` guard
+    would start over)."""
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
+        """Run ``_run_serialised(payload)`` in a new process; its result (or its failure) in the future."""
+        assert fn is _run_serialised and len(args) == 1 and not kwargs, "TaskProcesses runs serialised tasks"
+        fut: Future[Any] = Future()
+
+        def run() -> None:
+            try:
+                r = subprocess.run([sys.executable, "-m", __name__], input=args[0], capture_output=True, text=True)
+                if r.returncode != 0:
+                    raise RuntimeError(f"the task's process exited {r.returncode}: {r.stderr.strip()[-2000:]}")
+                fut.set_result(r.stdout)
+            except BaseException as e:
+                fut.set_exception(e)
+        threading.Thread(target=run, daemon=True).start()
+        return fut
 
 
 def _run_serialised(payload: str) -> str:
@@ -36,7 +63,7 @@ class LocalEndpointExecutor(Executor):
     GlobusComputeExecutor wiring are real; only the AMQP round trip to the service is replaced."""
 
     def __init__(self, endpoint_id: str = "00000000-0000-0000-0000-000000000000", workers: int = 2,
-                 pool: ProcessPoolExecutor | None = None) -> None:
+                 pool: concurrent.futures.Executor | None = None) -> None:
         """``pool``: an endpoint's worker processes that outlive this executor (a laptop's connection to a
         facility); by default its own."""
         # deliberately not calling Executor.__init__: it would log in to the cloud service
@@ -77,3 +104,7 @@ class LocalEndpointExecutor(Executor):
 
     def _get_result_watcher(self) -> _Watcher:  # type: ignore[override]
         return _Watcher()
+
+
+if __name__ == "__main__":          # a TaskProcesses worker: one serialised task from stdin, its result to stdout
+    sys.stdout.write(_run_serialised(sys.stdin.read()))

@@ -85,8 +85,8 @@ def sdk_executor(endpoint_id: str):
     ``local``: the SDK's serialiser and a worker process on this machine instead of the cloud and an endpoint
     (the session a submit starts detaches from the worker, as at a facility)."""
     if endpoint_id == LOCAL_ENDPOINT:
-        from ..execution.globus import LocalEndpointExecutor
-        executor = LocalEndpointExecutor(workers=1)        # the nil endpoint id
+        from ..execution.globus import LocalEndpointExecutor, TaskProcesses
+        executor = LocalEndpointExecutor(pool=TaskProcesses())        # the nil endpoint id
         executor.client = _LocalService()  # type: ignore[assignment]  # answers the one query connect() asks
         return executor
     from globus_compute_sdk import Client, Executor

@@ -21,7 +21,7 @@ class LocalPilots(LocalProvider):
     'localhost', there are no holes to soak and no facility job claims a node; the test marks a pilot as
     signalled by its scheduler (``marks``)."""
 
-    notice_s, can_target, multi_node, pilot_nodes = 20, False, False, 1
+    notice_s, can_target, multi_node, pilot_nodes, refused = 20, False, False, 1, None
 
     def __init__(self):
         super().__init__(init_blocks=1, min_blocks=0, max_blocks=1)
