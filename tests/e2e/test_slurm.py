@@ -403,14 +403,15 @@ def test_a_site_the_scheduler_refuses_stops_the_run_with_its_words(slurm, tmp_pa
                            "sbatch: error: Memory specification can not be satisfied"), r.stderr[-3000:]
     scripts = list(tmp_path.glob("state/runinfo/*/submit_scripts/*.sh"))
     assert len(scripts) == 3
-    # `sites show --pilot-script` is what was submitted: the same directives, but for the hole's length and the
-    # run directory, which only the run knows
+    # `sites show --pilot-script` is what was submitted: the same directives, but for what only the run knows: the
+    # hole's length and node (--time, --nodelist), the block's name and the run directory
     shown = subprocess.run([sys.executable, "-m", "parsl_bft.cli", "sites", "show", "--pilot-script", "site.yaml"],
                            cwd=tmp_path, capture_output=True, text=True, timeout=120).stdout
 
     def directives(text):
         return [line for line in text.splitlines() if line.startswith("#SBATCH")
-                and not line.startswith(("#SBATCH --time", "#SBATCH --output"))]
+                and not line.startswith(("#SBATCH --time", "#SBATCH --output", "#SBATCH --job-name",
+                                         "#SBATCH --nodelist"))]
     assert directives(shown) == directives(scripts[0].read_text()) and "--mem=99999999" in shown
     status = subprocess.run([sys.executable, "-m", "parsl_bft.cli", "status", "state"], cwd=tmp_path,
                             capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "300"})
