@@ -18,30 +18,14 @@ import signal
 import subprocess
 import sys
 
-PR_SET_PDEATHSIG = 1
-
-
-def die_with_parent(sig: int = signal.SIGTERM) -> bool:
-    """Ask the kernel to send ``sig`` to this process when the thread that started it ends; False where it
-    cannot (not Linux). Right for a process started by a single-threaded parent, like the watcher's child."""
-    parent = os.getppid()
-    try:
-        import ctypes
-        libc = ctypes.CDLL(None, use_errno=True)
-        if libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
-            return False
-    except (OSError, AttributeError):
-        return False
-    if os.getppid() != parent:            # the parent died before the line above: nothing will tell us
-        os.kill(os.getpid(), sig)
-    return True
+from ..parent_death import signal_on_parent_death
 
 
 def watch(argv: list[str], every_s: float = 0.5) -> int:
     """Run ``argv`` until it ends (its exit status) or this process's parent is gone (then end it: SIGTERM,
     SIGKILL 5 s later)."""
     parent = os.getppid()
-    child = subprocess.Popen(argv, preexec_fn=die_with_parent)          # stdin (Parsl's config) inherited
+    child = subprocess.Popen(argv, preexec_fn=lambda: signal_on_parent_death(signal.SIGTERM))  # stdin inherited
     signal.signal(signal.SIGTERM, lambda s, _f: child.send_signal(s))
     signal.signal(signal.SIGINT, signal.SIG_IGN)     # the child has it too: the watcher keeps watching
     while True:

@@ -29,6 +29,7 @@ from typing import Any
 
 from torch._C._distributed_c10d import PrefixStore, Store, TCPStore  # typed here; torch.distributed re-exports
 
+from ..parent_death import signal_on_parent_death
 from .config import FragmentConfig, FragmentFailed, FragmentResult
 from .fragment import main
 from .protocol import JobDir
@@ -228,15 +229,7 @@ def _die_with_forkserver() -> None:
         with contextlib.suppress(OSError):
             os.close(fs._forkserver_alive_fd)
         fs._forkserver_alive_fd = None
-    parent = os.getppid()
-    try:
-        import ctypes
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, int(signal.SIGKILL), 0, 0, 0)       # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        return
-    if os.getppid() != parent:                            # the forkserver died before the line above
-        os.kill(os.getpid(), signal.SIGKILL)
+    signal_on_parent_death(signal.SIGKILL)
 
 
 LOG_MAX = 64 << 20         # bytes of one rank's output kept (a loop printing in a tight loop wrote 3 GB in 70 s)
