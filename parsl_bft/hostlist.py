@@ -41,14 +41,16 @@ def _count(item: str) -> int:
     """How many names ``item`` expands to (the product of its brackets' range sizes), without expanding it."""
     n = 1
     for group in re.findall(r"\[([^\]]*)\]", item):
-        size = 0
-        for part in group.split(","):
-            lo, _, hi = part.partition("-")
-            if not lo.isdigit() or (hi and not hi.isdigit()):
-                raise ValueError(f"bad host range {part!r} in {item[:80]!r}")
-            size += max(int(hi or lo) - int(lo) + 1, 0)
-        n *= size
+        n *= sum(max(hi - lo + 1, 0) for lo, hi, _ in (_range(part, item) for part in group.split(",")))
     return n
+
+
+def _range(part: str, item: str) -> tuple[int, int, int]:
+    """One range of a bracket ('3', '01-12'): its bounds and the zero-padded width (the lower bound's)."""
+    lo, _, hi = part.partition("-")
+    if not lo.isdigit() or (hi and not hi.isdigit()):
+        raise ValueError(f"bad host range {part!r} in {item[:80]!r}")
+    return int(lo), int(hi or lo), len(lo)
 
 
 def _expand_one(item: str) -> list[str]:
@@ -57,8 +59,6 @@ def _expand_one(item: str) -> list[str]:
         return [item]
     head, tail, out = item[:m.start()], item[m.end():], []
     for part in m.group(1).split(","):
-        lo, _, hi = part.partition("-")
-        if not lo.isdigit() or (hi and not hi.isdigit()):
-            raise ValueError(f"bad host range {part!r} in {item!r}")
-        out += [n for i in range(int(lo), int(hi or lo) + 1) for n in _expand_one(f"{head}{i:0{len(lo)}d}{tail}")]
+        lo, hi, width = _range(part, item)
+        out += [n for i in range(lo, hi + 1) for n in _expand_one(f"{head}{i:0{width}d}{tail}")]
     return out
