@@ -213,6 +213,11 @@ class RemoteSession:
             run._abandon()
 
 
+def with_checkpoint(status: dict, jobs=None) -> list[dict]:
+    """The jobs of a run's ``status`` that have a checkpoint (all, or those named in ``jobs``)."""
+    return [r for r in status["jobs"] if r.get("checkpoint") and (jobs is None or r["job"] in jobs)]
+
+
 class RemoteRun:
     """One run at the facility, seen from the laptop: its status, logs and cancel, and futures that resolve
     when its jobs or the whole run end."""
@@ -300,12 +305,12 @@ class RemoteRun:
             if ended and self._done is not None and not self._done.done():
                 self._done.set_result(st)
 
-    def fetch(self, dest: str | Path, jobs=None) -> dict[str, Path]:
+    def fetch(self, dest: str | Path, jobs=None, status: dict | None = None) -> dict[str, Path]:
         """Copy each job's newest checkpoint (the final one of a finished job; of a cancelled, failed or running
         one, where it stands) - all jobs, or those named - to ``dest``/<job>.h5, in chunks of one Globus Compute
-        task each, checked against their SHA-256 at the facility."""
-        st = self.status()
-        rows = [r for r in st["jobs"] if r.get("checkpoint") and (jobs is None or r["job"] in jobs)]
+        task each, checked against their SHA-256 at the facility. ``status``: the run's, if the caller has just
+        asked for it (each ask is a task at the endpoint)."""
+        rows = with_checkpoint(status or self.status(), jobs)
         if jobs is not None and {r["job"] for r in rows} != set(jobs):
             missing = sorted(set(jobs) - {r["job"] for r in rows})
             raise RemoteError(f"run {self.run_id}: no checkpoint yet for {', '.join(missing)}")

@@ -165,10 +165,13 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 def cmd_fetch(args: argparse.Namespace) -> int:
     """One line per job with a checkpoint: its name and its newest checkpoint - the final one of a finished job -
     at the facility, or the copy here; a job not finished says so on stderr."""
+    from .client import with_checkpoint
+
     with _session(args) as remote:
         run = remote.run(args.run_id)
-        rows = [r for r in run.status()["jobs"] if r.get("checkpoint") and (not args.job or r["job"] in args.job)]
-        got = run.fetch(args.out or args.run_id, args.job) if args.checkpoint else \
+        status = run.status()
+        rows = with_checkpoint(status, args.job)
+        got = run.fetch(args.out or args.run_id, args.job, status) if args.checkpoint else \
             {r["job"]: r["checkpoint"] for r in rows}
     for name, path in got.items():
         print(f"{name}\t{path}")
