@@ -57,6 +57,12 @@ def undocumented(model: type[BaseModel] = Site, prefix: str = "") -> list[str]:
     return out
 
 
+def markdown_cell(text: str | None) -> str:
+    """``text`` as one cell of a Markdown table: one line, its '|' escaped, and '<name>' shown, not taken for HTML
+    (the docs' reference pages use it too)."""
+    return " ".join((text or "").split()).replace("|", "\\|").replace("<", "\\<")
+
+
 def reference() -> str:
     """The reference of every site-file field as a Markdown page (what `parsl-bft sites schema` prints)."""
     return HEAD + "\n" + fields_markdown()
@@ -72,7 +78,7 @@ def fields_markdown() -> str:
         prefix, model = todo.pop(0)
         rows = ["| field | type | default | what it does |", "|---|---|---|---|"]
         for name, f in model.model_fields.items():
-            desc = " ".join((f.description or "").split()).replace("|", "\\|").replace("<", "\\<")   # not HTML
+            desc = markdown_cell(f.description)
             rows.append(f"| `{prefix}{name}` | {_type(f.annotation)} | {_default(f)} | {desc} |")
             for m in _models(f.annotation):
                 if m not in seen:

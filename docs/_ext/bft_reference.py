@@ -13,6 +13,8 @@ from docutils import nodes
 from sphinx.application import Sphinx
 from sphinx.util.docutils import SphinxDirective
 
+from parsl_bft.site_schema import markdown_cell
+
 
 class _Markdown(SphinxDirective):
     """A directive whose body is Markdown made by ``markdown()``."""
@@ -26,10 +28,6 @@ class _Markdown(SphinxDirective):
         return container.children
 
 
-def _cell(text: str | None) -> str:
-    return (text or "").replace("|", "\\|").replace("<", "\\<").replace("\n", " ")    # Markdown, not HTML
-
-
 def _option(action: argparse.Action) -> tuple[str, str, str]:
     """(how it is written, default, help) of one argument."""
     if action.option_strings:
@@ -41,7 +39,7 @@ def _option(action: argparse.Action) -> tuple[str, str, str]:
     if action.choices and not isinstance(action, argparse._SubParsersAction):
         form += " {" + ",".join(map(str, action.choices)) + "}"
     default = "" if action.default in (None, False, argparse.SUPPRESS) or action.required else f"`{action.default}`"
-    return f"`{form}`", default, _cell(action.help)
+    return f"`{form}`", default, markdown_cell(action.help)
 
 
 def cli_markdown(parser: argparse.ArgumentParser, level: int = 2, prefix: str = "parsl-bft") -> str:
@@ -80,7 +78,7 @@ class SiteSchema(_Markdown):
 class JobColumns(_Markdown):
     def markdown(self) -> str:
         from parsl_bft.jobs import COLUMN_DOCS, JOB_COLUMNS
-        rows = [f"| `{c}` | {'required' if c in JOB_COLUMNS else 'optional'} | {_cell(d)} |"
+        rows = [f"| `{c}` | {'required' if c in JOB_COLUMNS else 'optional'} | {markdown_cell(d)} |"
                 for c, d in COLUMN_DOCS.items()]
         return "\n".join(["| column | | what it holds |", "|---|---|---|", *rows])
 
