@@ -473,15 +473,19 @@ def test_a_dataloader_with_workers_in_your_own_loop_resumes_exactly(tmp_path):
 
 
 def test_a_rank_printing_without_end_does_not_fill_the_disk(tmp_path, monkeypatch):
-    """A loop printing 2 MB a step (20 MB in all): its log is cut back to the cap (PARSL_BFT_RANK_LOG_MAX, 64 MiB by
-    default) once a second, under a note, and the training is not disturbed."""
+    """A loop printing 2 MB a step (20 MB in all), each step waiting until its log is cut back: the cap
+    (PARSL_BFT_RANK_LOG_MAX, 64 MiB by default) cuts it once a second, under a note, and the training is not
+    disturbed (a loop the cap never reached would wait out its deadline and fail the size check)."""
     monkeypatch.setenv("PARSL_BFT_RANK_LOG_MAX", "100000")
     (tmp_path / "chatty.py").write_text(
-        "import sys, time\n"
+        "import os, sys, time\n"
         "def train(ctx):\n"
         "    for idx in ctx.batches(256):\n"
         "        sys.stdout.write(('x' * 99 + '\\n') * 20_000)\n"
-        "        time.sleep(0.4)\n"
+        "        sys.stdout.flush()\n"
+        "        deadline = time.monotonic() + 120\n"           # the cap cuts the log back (a condition, not a pause)
+        "        while os.fstat(1).st_size > 200_000 and time.monotonic() < deadline:\n"
+        "            time.sleep(0.05)\n"
         "        if ctx.should_stop():\n"
         "            break\n"
         "    ctx.save({'step': ctx.step})\n")

@@ -312,6 +312,25 @@ def test_checkpoints_leave_in_chunks_and_only_recorded_ones(tmp_path):
     assert "no checkpoint of job 'a'" in facility.call("chunk", runs, "r1", "..", "a", 0)["error"]
 
 
+def _ended_run(tmp_path, exit_code: int, states: dict) -> None:
+    """Run r1's folder under tmp_path/runs as its ended session leaves it: per state directory (relative to the
+    run's work/), its one job "a" as (status, samples, samples_done, the checkpoint file's text)."""
+    from parsl_bft.execution.jobstore import JobStore
+    run = tmp_path / "runs" / "r1"
+    (run / "work").mkdir(parents=True)
+    (run / "request.json").write_text('{"digest": "a"}')
+    (run / "exit.json").write_text(json.dumps({"code": exit_code}))
+    for rel, (status, samples, done, text) in states.items():
+        state = run / "work" / rel
+        (state / "jobs" / "a").mkdir(parents=True)
+        ckpt = f"jobs/a/ckpt-{done:09d}.h5"
+        (state / ckpt).write_text(text)
+        db = JobStore(state / "state.sqlite")
+        db.add("a", {"samples": samples})
+        db.update("a", status=status, samples_done=done, checkpoint=ckpt)
+        db.close()
+
+
 def test_fetch_keeps_same_named_jobs_of_same_named_state_dirs_apart(tmp_path):
     """Two sessions of one workflow in exp1/bft-state and exp2/bft-state, each with a job "a": both final
     checkpoints were copied to bft-state-a.h5, the second over the first. And --out naming a file raised a
@@ -319,20 +338,8 @@ def test_fetch_keeps_same_named_jobs_of_same_named_state_dirs_apart(tmp_path):
     laptop's side)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from parsl_bft.execution.jobstore import JobStore
     from parsl_bft.remote.client import RemoteSession
-    run = tmp_path / "runs" / "r1"
-    (run / "work").mkdir(parents=True)
-    (run / "request.json").write_text('{"digest": "a"}')
-    (run / "exit.json").write_text('{"code": 0}')
-    for exp in ("exp1", "exp2"):
-        state = run / "work" / exp / "bft-state"
-        (state / "jobs" / "a").mkdir(parents=True)
-        (state / "jobs" / "a" / "ckpt-000000001.h5").write_text(exp)
-        db = JobStore(state / "state.sqlite")
-        db.add("a", {"samples": 1})
-        db.update("a", status="done", samples_done=1, checkpoint="jobs/a/ckpt-000000001.h5")
-        db.close()
+    _ended_run(tmp_path, 0, {f"{exp}/bft-state": ("done", 1, 1, exp) for exp in ("exp1", "exp2")})
     remote = RemoteSession(load_site(sites(tmp_path)), ThreadPoolExecutor(1))
     got = remote.run("r1").fetch(tmp_path / "got")
     assert sorted(p.read_text() for p in got.values()) == ["exp1", "exp2"]
@@ -348,18 +355,8 @@ def test_fetch_takes_the_newest_checkpoint_of_an_unfinished_job_and_no_name_leav
     job name in the endpoint's answer is a file name here: '../../x' must not write outside --out."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from parsl_bft.execution.jobstore import JobStore
     from parsl_bft.remote.client import RemoteSession
-    run = tmp_path / "runs" / "r1"
-    state = run / "work" / "bft-state"
-    (state / "jobs" / "a").mkdir(parents=True)
-    (run / "request.json").write_text('{"digest": "a"}')
-    (run / "exit.json").write_text('{"code": 130}')
-    (state / "jobs" / "a" / "ckpt-000000007.h5").write_text("step 7")
-    db = JobStore(state / "state.sqlite")
-    db.add("a", {"samples": 100})
-    db.update("a", status="waiting", samples_done=7, checkpoint="jobs/a/ckpt-000000007.h5")
-    db.close()
+    _ended_run(tmp_path, 130, {"bft-state": ("waiting", 100, 7, "step 7")})
     remote = RemoteSession(load_site(sites(tmp_path)), ThreadPoolExecutor(1))
     got = remote.run("r1").fetch(tmp_path / "got")
     assert {k: p.read_text() for k, p in got.items()} == {"a": "step 7"}
