@@ -9,16 +9,18 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from ..save_interval import MAX_INTERVAL_S, MIN_INTERVAL_S, PRIOR_MTBF_NODE_S, mtbf_node_s, young_interval
+
 
 @dataclass
 class CheckpointPolicy:
     """The books the interval comes from (measured saves, node-seconds trained, losses without notice) and the
     interval itself (the module docstring says how)."""
 
-    prior_mtbf_node_s: float = 6 * 3600.0
+    prior_mtbf_node_s: float = PRIOR_MTBF_NODE_S
     prior_save_s: float = 1.0
-    min_interval_s: float = 5.0      # never spend more than C / min_interval of the time saving
-    max_interval_s: float = 900.0
+    min_interval_s: float = MIN_INTERVAL_S   # never spend more than C / min_interval of the time saving
+    max_interval_s: float = MAX_INTERVAL_S
     exposure_node_s: float = 0.0     # node-seconds fragments have trained
     losses: int = 0                  # fragments lost without notice
     save_s: float | None = None      # running mean of measured saves
@@ -42,15 +44,12 @@ class CheckpointPolicy:
 
     def mtbf_node_s(self) -> float:
         """M for one node: (prior + node-seconds trained) / (1 + losses without notice)."""
-        return (self.prior_mtbf_node_s + self.exposure_node_s) / (1 + self.losses)
+        return mtbf_node_s(self.exposure_node_s, self.losses, self.prior_mtbf_node_s)
 
     def interval(self, nodes: int, hole_left_s: float = math.inf) -> float:
         """Seconds between saves for a fragment on ``nodes`` nodes whose hole ends in ``hole_left_s``."""
         c = self.save_s if self.save_s is not None else self.prior_save_s
-        tau = math.sqrt(2.0 * c * self.mtbf_node_s() / max(nodes, 1))
-        if math.isfinite(hole_left_s):
-            tau = min(tau, hole_left_s / 2)
-        return min(self.max_interval_s, max(self.min_interval_s, tau))
+        return young_interval(c, self.mtbf_node_s(), nodes, hole_left_s, self.min_interval_s, self.max_interval_s)
 
     def state(self) -> dict[str, Any]:
         """The books as plain data (the state directory keeps them across runs)."""
