@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import csv
+import re
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -89,6 +90,20 @@ class JobSpec:
         if problems:
             field, msg = problems[0]
             raise JobSpecError(field, f"job {self.name!r}: {msg}", msg)
+
+
+_JOB_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}\Z")
+
+
+def check_job_name(name: object) -> str:
+    """A job's name is its directory's name: one path component of letters, digits, '.', '_' and '-', starting with
+    a letter or digit - so no name reaches outside its own directory (no '/', '..', absolute paths, no trailing
+    newline) and no two spellings ('a', './a', 'x/../a') share one. Also what the laptop checks a name the
+    facility sends back against before it names a file."""
+    if not isinstance(name, str) or not _JOB_NAME.match(name):
+        raise ValueError(f"job name {str(name)[:60]!r}: use 1-128 letters, digits, '.', '_' or '-', starting with a "
+                         "letter or digit (it names the job's directory)")
+    return name
 
 
 class JobSpecError(ValueError):

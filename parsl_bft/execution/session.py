@@ -93,6 +93,7 @@ def training_session(state_dir: str | Path, site: SiteArg | Sequence[SiteArg] = 
             print(f"parsl-bft: a new run; the previous state is kept in {old}", file=sys.stderr)
     Path(state_dir).mkdir(mode=0o700, parents=True, exist_ok=True)
     orchestrator_kw["state_lock"] = lock_state_dir(Path(state_dir))   # refused before any pilot is started
+    check_checkpoint_dirs(Path(state_dir), runtimes)
     ensure_venv_on_path()          # pilots inherit PATH: their worker pools start from this environment
     configs = [rt.config() for rt in runtimes]
     first = configs[0]
@@ -132,6 +133,17 @@ def _orchestrator(state_dir: str | Path, runtimes: list[SiteRuntime], dfk: DataF
 
     multi = MultiPool({rt.site.name: rt.site_pool(p) for rt, p in zip(runtimes, pools)})
     return Orchestrator(state_dir, multi, MultiSitePlanner(runtimes[0].planner()), **kw)
+
+
+def check_checkpoint_dirs(state_dir: Path, runtimes: list[SiteRuntime]) -> None:
+    """Each site's checkpoint_dir, and this run's folder in it, made and checked (the user's own, writable by
+    nobody else) before any pilot starts: a refusal comes first, not with the first fragment."""
+    from .statedir import StateDir
+
+    state = StateDir(state_dir)
+    for rt in runtimes:
+        if rt.checkpoint_dir is not None:
+            state.jobs_root(rt.site.name, rt.checkpoint_dir)
 
 
 LOGIN = "login"

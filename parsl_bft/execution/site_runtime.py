@@ -287,7 +287,7 @@ def _not_in_the_script(site: Site) -> str:
     shows and this list together are the whole site file."""
     h = site.holes
     lines = [f"ranks per node: {SiteRuntime.of(site).ranks_per_node} (a fragment's ranks on each node)",
-             f"checkpoint_dir: {site.checkpoint_dir or '<state_dir>/jobs'}",
+             f"checkpoint_dir: {site.checkpoint_dir + '/<run-id>' if site.checkpoint_dir else '<state_dir>/jobs'}",
              f"interchange_address: {site.interchange_address or 'every address of this host (probed)'}",
              f"holes: a survey every {h.poll_seconds:g} s, queued pilots withdrawn after {h.max_pending_seconds:g} s, "
              f"at most {h.max_pilots} nodes" + (f" and {h.max_jobs} jobs" if h.max_jobs else ""),

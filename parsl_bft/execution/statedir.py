@@ -5,8 +5,10 @@
     <state_dir>/                      0700, one orchestrator at a time (flock on orchestrator.lock)
       orchestrator.lock               who holds it: "pid P on HOST, since T"
       state.sqlite                    jobs, the event log, measured curves, where each job last ran (JobStore)
+      run-id                          this run's name outside the state directory: <workflow>-<12 hex digits>
       jobs/<job>/                     a job's checkpoints and protocol files at the single (or default) site,
-                                      unless the site file names a checkpoint_dir (then <checkpoint_dir>/<job>/)
+                                      unless the site file names a checkpoint_dir: then
+                                      <checkpoint_dir>/<run-id>/<job>/ (0700; another run never sees them)
         ckpt-<step>.h5, damaged/      checkpoints (train.checkpoint) and the ones set aside as damaged
         GENERATION, FRAGMENT, STOP    the fence and the stop request (train.protocol.JobDir)
         progress.json, logs/          live progress, rank output (the newest 32 logs kept)
@@ -24,6 +26,8 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+import re
+import secrets
 import socket
 import stat
 import time
@@ -34,22 +38,37 @@ from .errors import StateError, StateLocked
 
 DATABASE = "state.sqlite"
 LOCK = "orchestrator.lock"
+RUN_ID = "run-id"
+_RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,79}\Z")
 
 
-def check_private(d: Path) -> None:
-    """A state directory must be the user's own, a real directory, and writable by nobody else: on a shared login
-    node or project folder, another user could otherwise prepare one whose lock file is a link to the victim's
-    files, or whose database holds jobs (and training code) they chose. Refused, naming the path and the fix."""
+def check_private(d: Path, what: str = "state directory") -> None:
+    """A state directory (or a checkpoint directory, a remote run's folder: ``what``) must be the user's own, a
+    real directory, and writable by nobody else: on a shared login node or project folder, another user could
+    otherwise prepare one whose lock file is a link to the victim's files, or whose database holds jobs (and
+    training code) they chose. Refused, naming the path and the fix."""
     st = os.lstat(d)
     if stat.S_ISLNK(st.st_mode):
-        raise StateError(f"state directory {d} is a symbolic link: give the real path (a link may point into "
+        raise StateError(f"{what} {d} is a symbolic link: give the real path (a link may point into "
                          "someone else's files)")
+    if not stat.S_ISDIR(st.st_mode):
+        raise StateError(f"{what} {d} is not a directory: give a directory of your own")
     if st.st_uid != os.getuid():
-        raise StateError(f"state directory {d} belongs to another user (uid {st.st_uid}): use a directory of "
+        raise StateError(f"{what} {d} belongs to another user (uid {st.st_uid}): use a directory of "
                          "your own")
     if st.st_mode & 0o022:
-        raise StateError(f"state directory {d} is writable by others (mode {stat.S_IMODE(st.st_mode):o}): "
+        raise StateError(f"{what} {d} is writable by others (mode {stat.S_IMODE(st.st_mode):o}): "
                          f"chmod 700 {d}, after checking nobody else has put files in it")
+
+
+def private_dir(d: Path, what: str) -> Path:
+    """``d`` made (0700, with its missing parents) if missing, then checked (``check_private``)."""
+    try:
+        d.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except OSError as e:        # a file of that name, a parent that is a file, no permission
+        raise StateError(f"{what} {d}: cannot use it as a directory: {e.strerror}") from None
+    check_private(d, what)
+    return d
 
 
 def lock_state_dir(d: Path) -> IO[str]:
@@ -78,6 +97,32 @@ def lock_state_dir(d: Path) -> IO[str]:
     return f
 
 
+def read_run_id(path: Path, stem: str) -> str:
+    """The run id kept in ``path``, made (``<stem>-<12 hex digits>``) if there is none yet; never through a link."""
+    while True:
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        except FileNotFoundError:
+            new = f"{re.sub(r'[^A-Za-z0-9._-]', '_', stem).lstrip('._-')[:40] or 'run'}-{secrets.token_hex(6)}"
+            try:
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+            except FileExistsError:
+                continue
+            with os.fdopen(fd, "w") as f:
+                f.write(new + "\n")
+            return new
+        except OSError as e:
+            if e.errno != errno.ELOOP:
+                raise
+            raise StateError(f"{path} is a symbolic link: remove it (it may point into someone else's files)") from None
+        with os.fdopen(fd) as f:
+            text = f.read(200).strip()
+        if not _RUN_ID.match(text):
+            raise StateError(f"{path} holds no run id ({text[:40]!r}): remove it if this state directory never ran "
+                             "with a site's checkpoint_dir (a new one is made), else restore it")
+        return text
+
+
 class StateDir:
     """The paths of one state directory (see the module's tree); ``create`` makes it (0700) if missing."""
 
@@ -85,6 +130,8 @@ class StateDir:
         self.root = Path(root)
         if create:
             self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self._run_id: str | None = None
+        self._outside: dict[Path, Path] = {}     # checkpoint_dir -> this run's folder there, checked
 
     @property
     def database(self) -> Path:
@@ -95,11 +142,24 @@ class StateDir:
         """Take the state directory (``lock_state_dir``)."""
         return lock_state_dir(self.root)
 
+    def run_id(self) -> str:
+        """This run's name for what it keeps outside the state directory (under a site's checkpoint_dir): made
+        at its first use and kept here, so a restart finds its own job directories, while a new run
+        (``--new-run`` sets the old state aside) or another workflow's state directory gets folders of its own."""
+        if self._run_id is None:
+            self._run_id = read_run_id(self.root / RUN_ID, self.root.resolve().name)
+        return self._run_id
+
     def jobs_root(self, site: str, checkpoint_dir: Path | None) -> Path:
-        """Where a site's job directories live: its checkpoint_dir when the site names one, else here."""
-        if checkpoint_dir is not None:
-            return Path(checkpoint_dir)
-        return self.root / "jobs" if not site else self.root / "sites" / site / "jobs"
+        """Where a site's job directories live: this run's folder in the site's checkpoint_dir when it names one
+        (both the user's own and writable by nobody else, ``check_private``; made 0700 if missing), else here."""
+        if checkpoint_dir is None:
+            return self.root / "jobs" if not site else self.root / "sites" / site / "jobs"
+        top = Path(checkpoint_dir)
+        if top not in self._outside:
+            private_dir(top, "checkpoint directory")
+            self._outside[top] = private_dir(top / self.run_id(), "checkpoint directory")
+        return self._outside[top]
 
     def warm_up_dir(self, generation: str, site: str) -> Path:
         """The start barrier of one site's rank forkservers in one orchestrator generation."""

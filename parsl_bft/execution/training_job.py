@@ -4,7 +4,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -13,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ..jobs import JobSpec, JobSpecError
+from ..jobs import check_job_name as check_job_name  # re-exported: its home moved to jobs (no torch there)
 from ..train.workloads import WORKLOADS
 
 
@@ -82,19 +82,6 @@ class TrainingJob:
         if self.global_batch < self.max_nodes * ranks_per_node:
             raise ValueError(f"job {self.name!r}: global_batch {self.global_batch} < max_nodes {self.max_nodes} x "
                              f"{ranks_per_node} ranks per node: every rank needs at least one sample per step")
-
-
-_JOB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-
-
-def check_job_name(name: object) -> str:
-    """A job's name is its directory's name: one path component of letters, digits, '.', '_' and '-', starting with
-    a letter or digit - so no name reaches outside its own directory (no '/', '..', absolute paths) and no two
-    spellings ('a', './a', 'x/../a') share one."""
-    if not isinstance(name, str) or not _JOB_NAME.match(name):
-        raise ValueError(f"job name {name!r}: use 1-128 letters, digits, '.', '_' or '-', starting with a letter or "
-                         "digit (it names the job's directory)")
-    return name
 
 
 def check_json_args(job: TrainingJob) -> None:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import re
 import threading
 from collections.abc import Iterator
 from concurrent.futures import Future
@@ -21,7 +20,7 @@ from pathlib import Path
 
 from ..errors import ParslBftError
 from ..sites import RemoteRuns, Site, SiteError, load_site
-from . import facility
+from . import answers, facility
 from .bundle import Bundle, make_bundle
 from .facility import END_STATES
 
@@ -31,7 +30,6 @@ class RemoteError(ParslBftError):
 
 
 LOCAL_ENDPOINT = "local"
-_SAFE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,200}")
 
 
 class NotLoggedIn(RemoteError):
@@ -150,7 +148,8 @@ class RemoteSession:
         self._poller: threading.Thread | None = None
 
     def call(self, op: str, run_id: str, *args):
-        """One facility function, by name, through the endpoint: its refusal is a RemoteError here."""
+        """One facility function, by name, through the endpoint: its refusal is a RemoteError here, and so is an
+        answer of another shape than the facility sends (``answers``: every value checked)."""
         fut = self.executor.submit(facility.call, op, self.remote.runs_dir, run_id, *args)
         try:
             out = fut.result(timeout=self.call_timeout_s)
@@ -158,9 +157,13 @@ class RemoteSession:
             raise RemoteError(f"the endpoint did not answer {op} within {self.call_timeout_s:.0f} s") from None
         except Exception as e:          # the SDK's task failure, whatever its class
             raise RemoteError(f"{op} failed at the endpoint: {' '.join(str(e).split())[-500:]}") from None
-        if "error" in out:
-            raise RemoteError(out["error"])
-        return out["ok"]
+        try:
+            ok, value = answers.reply(op, out)
+        except answers.BadAnswer as e:
+            raise RemoteError(str(e)) from None
+        if not ok:
+            raise RemoteError(value)
+        return value
 
     def submit(self, workflow: str | Path, args=(), files=(), run_id: str | None = None) -> RemoteRun:
         """Ship the workflow (and the files it names, and ``files``) and start it detached at the facility. The
@@ -314,10 +317,10 @@ class RemoteRun:
         if jobs is not None and {r["job"] for r in rows} != set(jobs):
             missing = sorted(set(jobs) - {r["job"] for r in rows})
             raise RemoteError(f"run {self.run_id}: no checkpoint yet for {', '.join(missing)}")
-        for r in rows:                  # the endpoint's answer names files here: nothing may leave dest
-            if not _SAFE_NAME.fullmatch(str(r["job"])) or not _SAFE_NAME.fullmatch(str(r["state"]).replace("/", "-")):
-                raise RemoteError(f"run {self.run_id}: the facility named a job {str(r['job'])[:60]!r} in "
-                                  f"{str(r['state'])[:60]!r}: not a safe file name")
+        try:                            # the endpoint's answer names files here: nothing may leave dest
+            rows = [answers.job_row(r, "fetch") for r in rows]
+        except answers.BadAnswer as e:
+            raise RemoteError(str(e)) from None
         dest = Path(dest)
         try:
             dest.mkdir(parents=True, exist_ok=True)

@@ -3,7 +3,8 @@
 Each function is sent by reference (the endpoint's Python has parsl-bft installed) and returns quickly: the
 training itself runs in a detached process (``parsl_bft.remote.runner``), never inside a Globus Compute task.
 
-A run's folder ``<runs_dir>/<run_id>/``:
+A run's folder ``<runs_dir>/<run_id>/`` is the user's own, 0700, and used only while it stays so (another user of a
+shared runs_dir cannot prepare one); nothing in it is written through a symbolic link:
 
     request.json   what was submitted (workflow, arguments, facility site file, content digest)
     work/          the shipped workflow and model files; the session's working directory (its state dirs)
@@ -13,6 +14,8 @@ A run's folder ``<runs_dir>/<run_id>/``:
 """
 from __future__ import annotations
 
+import contextlib
+import errno
 import fcntl
 import hashlib
 import json
@@ -28,10 +31,11 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from ..errors import ParslBftError
+from ..execution.statedir import check_private, private_dir
 
 END_STATES = ("finished", "failed", "cancelled", "lost")    # the run's session is over (run_status)
 CHUNK = 4 << 20                  # checkpoint bytes per call: base64-encoded still well under the 10 MB task limit
-_RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+_RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}\Z")
 
 
 class FacilityError(ParslBftError):
@@ -56,6 +60,42 @@ def _safe_relative(name: str) -> PurePosixPath:
     if p.is_absolute() or not p.parts or ".." in p.parts:
         raise FacilityError(f"shipped file {name!r}: must be a relative path inside the workflow's folder")
     return p
+
+
+def open_in(d: Path, name: str, flags: int, dir_fd: int | None = None) -> int:
+    """``os.open`` of ``name`` in the run's folder ``d`` (or in the folder open as ``dir_fd``), never through a
+    symbolic link: one there is refused, naming it."""
+    try:
+        return os.open(name if dir_fd is not None else d / name, flags | os.O_NOFOLLOW, 0o600, dir_fd=dir_fd)
+    except OSError as e:
+        if e.errno not in (errno.ELOOP, errno.ENOTDIR):
+            raise
+        raise FacilityError(f"{d / name} is a symbolic link or not what the run left there: remove it (a link may "
+                            "point into someone else's files)") from None
+
+
+def write_in(d: Path, name: str, text: str) -> None:
+    """Replace the file ``name`` of the run's folder ``d`` with ``text`` (``open_in``: no link followed)."""
+    with os.fdopen(open_in(d, name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), "w") as f:
+        f.write(text)
+
+
+def _write_work(d: Path, rel: PurePosixPath, data: bytes) -> None:
+    """A shipped file into ``d``/work, folder by folder through open descriptors (O_NOFOLLOW): a link prepared
+    anywhere on the way is refused, never followed out of the run's folder."""
+    fd = open_in(d, ".", os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        where = d
+        for part in ("work", *rel.parts[:-1]):
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(part, 0o700, dir_fd=fd)
+            sub = open_in(where, part, os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+            os.close(fd)
+            fd, where = sub, where / part
+        with os.fdopen(open_in(where, rel.parts[-1], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, dir_fd=fd), "wb") as f:
+            f.write(data)
+    finally:
+        os.close(fd)
 
 
 def _alive(d: Path) -> bool:
@@ -91,22 +131,20 @@ def start_run(runs_dir: str, run_id: str, files: dict[str, bytes], request: dict
     """Write the run's files (first time) and start its session detached, unless one runs or the run finished:
     the same run id submitted again never starts a second session; after a cancel or a failure it resumes
     (same state directories, so every job continues from its newest checkpoint)."""
-    d = run_dir(runs_dir, run_id)
-    d.mkdir(mode=0o700, parents=True, exist_ok=True)
-    with open(d / "submit.lock", "a") as guard:
+    d = private_dir(run_dir(runs_dir, run_id), "run folder")
+    with os.fdopen(open_in(d, "submit.lock", os.O_WRONLY | os.O_CREAT | os.O_APPEND), "a") as guard:
         fcntl.flock(guard, fcntl.LOCK_EX)       # two submits of one run id at once: one starts it
         old = _read_json(d / "request.json")
         if old is not None and old.get("digest") != request.get("digest"):
             raise FacilityError(f"run id {run_id} already names a different submission (other files or "
                                 "arguments): choose another run id")
         if old is None:
-            paths = {d / "work" / _safe_relative(name): data for name, data in files.items()}
-            if d / "work" / _safe_relative(request["workflow"]) not in paths:
+            paths = {_safe_relative(name): data for name, data in files.items()}
+            if _safe_relative(request["workflow"]) not in paths:
                 raise FacilityError(f"the workflow {request['workflow']!r} is not among the shipped files")
-            for p, data in paths.items():
-                p.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-                p.write_bytes(data)
-            (d / "request.json").write_text(json.dumps(request))   # last: the run exists once it is complete
+            for rel, data in paths.items():
+                _write_work(d, rel, data)
+            write_in(d, "request.json", json.dumps(request))   # last: the run exists once it is complete
         if _alive(d) or _ended_well(d):
             return {**run_status(runs_dir, run_id), "started": False}
         for stale in ("exit.json", "cancel", "runner.json"):
@@ -118,10 +156,10 @@ def start_run(runs_dir: str, run_id: str, files: dict[str, bytes], request: dict
 def _spawn(d: Path) -> None:
     """Start the runner holding the run's lock from the first instant: the lock is taken here and the runner
     inherits it, so no second submit can slip in before the session has started."""
-    fd = os.open(d / "session.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    fd = open_in(d, "session.lock", os.O_RDWR | os.O_CREAT)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        with open(d / "session.log", "ab") as log:
+        with os.fdopen(open_in(d, "session.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND), "ab") as log:
             # the runner forks and this child exits at once: the session is nobody's child here, so it
             # outlives the endpoint worker and leaves no zombie behind in it
             try:
@@ -171,8 +209,9 @@ def _jobs(d: Path) -> list[dict]:
 
 def _submitted(runs_dir: str, run_id: str) -> Path:
     d = run_dir(runs_dir, run_id)
-    if not (d / "request.json").exists():
+    if not d.is_dir() or not (d / "request.json").exists():
         raise FacilityError(f"no run {run_id} under {runs_dir} at the facility")
+    check_private(d, "run folder")       # another user's folder is none of this run's: nothing read, signalled
     return d
 
 
@@ -212,7 +251,7 @@ def cancel_run(runs_dir: str, run_id: str) -> dict:
     d = _submitted(runs_dir, run_id)
     if _alive(d):
         # the mark before runner.json is read: runner.main writes runner.json, then looks for the mark
-        (d / "cancel").write_text(time.strftime("%Y-%m-%d %H:%M:%S"))
+        write_in(d, "cancel", time.strftime("%Y-%m-%d %H:%M:%S"))
         runner = _read_json(d / "runner.json")
         if runner and runner.get("host") != socket.gethostname():
             # runs_dir on a file system several login nodes share: that pid means another process here

@@ -21,6 +21,7 @@ from types import FrameType
 from typing import Any
 
 from ..errors import ParslBftError
+from .facility import write_in
 
 
 def _stop(signum: int, frame: FrameType | None) -> None:
@@ -79,8 +80,8 @@ def main(argv: list[str]) -> int:
         os._exit(0)                       # the starter returns; the session is re-parented to init
     os.setsid()                           # no signal meant for the endpoint's process group reaches it
     signal.signal(signal.SIGTERM, _stop)
-    (d / "runner.json").write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
-                                               "started": time.strftime("%Y-%m-%d %H:%M:%S")}))
+    write_in(d, "runner.json", json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
+                                           "started": time.strftime("%Y-%m-%d %H:%M:%S")}))
     req = json.loads((d / "request.json").read_text())
     os.environ.pop("PARSL_BFT_SITE", None)    # nothing the workflow starts reads this endpoint worker's sites
     dropped = drop_worker_pinning(os.environ)
@@ -104,7 +105,7 @@ def main(argv: list[str]) -> int:
     finally:
         sys.stdout.flush()
         sys.stderr.flush()
-        (d / "exit.json").write_text(json.dumps({"code": code, "ended": time.strftime("%Y-%m-%d %H:%M:%S")}))
+        write_in(d, "exit.json", json.dumps({"code": code, "ended": time.strftime("%Y-%m-%d %H:%M:%S")}))
         os.close(lock_fd)                 # only now may a new submit start the run again
     return code
 

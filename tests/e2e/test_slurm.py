@@ -283,6 +283,11 @@ def started(slurm, job_id):
 CHAOS_SEED = 20261123
 
 
+def run_checkpoints(state):
+    """The run's job folders in the site's checkpoint_dir: <checkpoint_dir>/<run-id> (statedir.StateDir.run_id)."""
+    return state / "checkpoints" / (state / "run-id").read_text().strip()
+
+
 @pytest.mark.slurm
 @pytest.mark.timeout(1500)
 def test_chaos_on_real_slurm_pilots(slurm, tmp_path):
@@ -352,7 +357,7 @@ def test_chaos_on_real_slurm_pilots(slurm, tmp_path):
                 orch.wait()
                 faults["orchestrator"] += 1
                 orch = start_orchestrator(state, timeout=900, mode=str(site), env=env, img_steps=IMG_STEPS)
-        img_then = JobDir(state / "checkpoints" / "img").progress()
+        img_then = JobDir(run_checkpoints(state) / "img").progress()
         _out, err = orch.communicate(timeout=950)
     finally:
         if orch.poll() is None:          # never leave an orchestrator submitting pilots behind a failed test
@@ -469,14 +474,14 @@ def _check_outcome(slurm, state, tmp_path, ref, after_id, killed):
     # weight (measured: 0.0092 max, 8.2e-3 relative L2). Bit-exact resumes, where the world size stays, are
     # checked by tests/e2e/test_execution.py's crash test.
     ref.wait(timeout=300)
-    final = CheckpointStore(state / "checkpoints" / "img").latest()
+    final = CheckpointStore(run_checkpoints(state) / "img").latest()
     reference = CheckpointStore(tmp_path / "ref-img").latest()
     assert_same_training(final, reference, IMG_STEPS)
     rel = _relative_distance(final.model, reference.model)
     print(f"img: relative L2 distance to the uninterrupted run {rel:.2e}")
     assert rel < IMG_MAX_RELATIVE_DRIFT, f"img: parameters {rel:.2e} (relative L2) from the uninterrupted run"
     # lm (AdamW) ran at world sizes 2 and 4 (2 ranks a node)
-    assert_same_training(CheckpointStore(state / "checkpoints" / "lm").latest(),
+    assert_same_training(CheckpointStore(run_checkpoints(state) / "lm").latest(),
                          CheckpointStore(tmp_path / "ref-lm").latest(), LM_STEPS)
 
 
