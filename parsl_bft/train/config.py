@@ -25,6 +25,18 @@ class StopReason(StrEnum):
         return self.value
 
 
+class Precision(StrEnum):
+    """The dtype the built-in loop's forward pass and loss run in (autocast); weights and optimizer state stay
+    float32. ``fp16`` scales the loss (a GradScaler, its state carried in the checkpoint); ``bf16`` needs none."""
+
+    FP32 = "fp32"
+    BF16 = "bf16"
+    FP16 = "fp16"
+
+    def __str__(self) -> str:
+        return self.value
+
+
 @dataclass
 class FragmentConfig:
     """One fragment of a job: where its checkpoints live, how many ranks, how long it may train."""
@@ -54,6 +66,9 @@ class FragmentConfig:
     ranks_per_node: int = 1           # a gang task starts this many ranks on its node (its accelerators)
     grad_stats_interval: int = 50     # steps per interval of per-layer gradient statistics (train/freezing.py)
     loop: str | None = None           # a user's training function ('file.py:fn'), instead of the workload loop
+    precision: Precision = Precision.FP32    # the built-in loop's autocast dtype
+    compile: str | None = None        # the built-in loop runs torch.compile(model, backend=compile) ("inductor")
+    channels_last: bool = False       # the built-in loop's model and 4-d inputs in channels-last memory format
 
     def __post_init__(self) -> None:
         if self.world_size < 1:
@@ -67,6 +82,13 @@ class FragmentConfig:
             raise ValueError(f"checkpoint_every_s must be > 0, got {self.checkpoint_every_s}")
         if self.ranks_per_node < 1:
             raise ValueError(f"ranks_per_node must be >= 1, got {self.ranks_per_node}")
+        try:
+            self.precision = Precision(self.precision)          # from JSON: the plain value
+        except ValueError:
+            raise ValueError(f"precision must be one of {', '.join(p.value for p in Precision)}, got "
+                             f"{str(self.precision)[:40]!r}") from None
+        if self.compile == "":
+            raise ValueError("compile names a torch.compile backend (e.g. 'inductor'), or is None")
         if not self.fragment_id:
             self.fragment_id = f"{self.job}-{uuid.uuid4().hex[:10]}"
 
