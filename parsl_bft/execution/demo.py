@@ -29,6 +29,7 @@ def run_demo(out: str | Path, *, speedup: float = 30.0, console: Console | None 
     from ..planner import Planner
     from ..plots import plot_allocation
     from .config import local_config
+    from .ledger import ref_words, stop_words
     from .live import LiveBars
     from .orchestrator import Orchestrator, TrainingJob
     from .pool import EmulatedPool
@@ -45,17 +46,22 @@ def run_demo(out: str | Path, *, speedup: float = 30.0, console: Console | None 
     with parsl.load(local_config(workers=5, run_dir=str(out / "runinfo"))):
         orch = Orchestrator(state, pool, Planner(method="dp", objective="speedup", t_fwd=30.0), max_concurrent=3,
                             warm_up=warm_up)
-        futures = {j["name"]: orch.submit(TrainingJob(**j)) for j in (jobs or DEMO_JOBS)}
+        for j in jobs or DEMO_JOBS:
+            orch.submit(TrainingJob(**j))
         with LiveBars(console) as bars:
             summary = orch.run(progress=bars, timeout_s=600)
-        results = {n: f.result(timeout=1) if f.done() else None for n, f in futures.items()}
-    t = Table(title=f"demo finished in {summary['wall_s']:.0f} s")
+    results = {r["job"]: r["checkpoint"] for r in summary["jobs"]}       # the newest, done or not
+    ended = summary.get("ended")
+    t = Table(title=f"demo finished in {summary['wall_s']:.0f} s" if ended == "done" else
+              f"demo stopped after {summary['wall_s']:.0f} s: {stop_words(ended or 'stopped')}")
     for c in ("job", "status", "samples", "fragments", "rescales", "reclaims", "node-s held", "E_used"):
         t.add_column(c, justify="right")
     for r in summary["jobs"]:
         t.add_row(r["job"], r["status"], f"{r['samples']:,}", str(r["fragments"]), str(r["rescales"]),
-                  str(r["reclaims"]), f"{r['node_s']:.0f}", f"{r['e_used']:.2f}")
+                  str(r["reclaims"]), f"{r['node_s']:.0f}", "-" if r["e_used"] is None else f"{r['e_used']:.2f}")
     console.print(t)
+    console.print("E_used: samples kept at the job's reference rate per node-second held; reference: "
+                  + ", ".join(f"{r['job']}: {ref_words(r['ref_rate'])}" for r in summary["jobs"]))
     console.print(f"held node-time spent training: {summary['train_share']:.1%} (workers warmed up first: "
                   f"{summary['warm_up_s']:.0f} s); final checkpoints: "
                   + ", ".join(f"{n}: {Path(p).name if p else '-'}" for n, p in results.items()))

@@ -143,7 +143,8 @@ class Placed(Event):
 
 @dataclass(frozen=True)
 class FragmentDone(Event):
-    """A fragment ended with a result (it saved its checkpoint)."""
+    """A fragment ended with a result (it saved its checkpoint): ``samples`` trained in it, ``ended``: unix time it
+    was collected (``launched`` to ``ended`` is the node-time it held; older logs lack both)."""
 
     kind = EventKind.FRAGMENT_DONE
     job: str
@@ -158,12 +159,15 @@ class FragmentDone(Event):
     stopped_by: str
     periodic_saves: int
     checkpoint_s: float
+    samples: int | None = _opt()
+    ended: float | None = _opt()
 
 
 @dataclass(frozen=True)
 class FragmentFailedEvent(Event):
     """A fragment ended without a result: killed by a reclaim (``reclaimed``) or failed on its own. ``lost_steps``
-    and ``lost_s``: training since its last save, when its progress report says."""
+    and ``lost_s``: training since its last save, when its progress report says; ``launched`` and ``ended``: unix
+    times (the node-time it held)."""
 
     kind = EventKind.FRAGMENT_FAILED
     job: str
@@ -176,6 +180,8 @@ class FragmentFailedEvent(Event):
     checkpoint_every_s: float
     lost_steps: int | None = _opt()
     lost_s: float | None = _opt()
+    launched: float | None = _opt()
+    ended: float | None = _opt()
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,9 @@ A fragment ends in one of four ways. It returns its result (``ENDED``; the user'
 ``FINISHED``: the job is done). Or it fails: when its nodes were reclaimed (it was killed, its gang's shares were
 given up or lost with their nodes, or its worker pool died with its node) that is ``RECLAIMED``, a normal event
 that costs the job only the work since its last save; otherwise ``FAILED``, which counts towards the job's
-crash-loop limit. Either way the job resumes from its newest good checkpoint.
+crash-loop limit. Either way the job resumes from its newest good checkpoint. A fragment killed with its nodes
+that had held them ``NO_REPORT_S`` without a single progress report of its own (its loop never reaches
+``ctx.should_stop()``) is ``FAILED`` too: such a loop would otherwise be relaunched on every hole for ever.
 """
 from __future__ import annotations
 
@@ -21,12 +23,13 @@ from parsl.executors.high_throughput.errors import ManagerLost
 from ..train.checkpoint import CheckpointStore, TrainingState
 from ..train.config import FragmentConfig, FragmentResult, StopReason
 from ..train.protocol import JobDir
-from .events import Abandon, FragmentFailedEvent, StopRequest
+from .events import Abandon, FragmentDone, FragmentFailedEvent, StopRequest
 from .htex import FragmentHandle, FragmentLost
 from .jobstore import JobStore
 from .training_job import TrainingJob
 
 COLLECTIVE_TIMEOUT_S = 30.0      # a dead peer fails the fragment after this long, it does not hang
+NO_REPORT_S = 300.0              # a killed fragment silent this long after its launch failed on its own
 
 
 class FragmentRunner(Protocol):
@@ -92,6 +95,7 @@ class Collected:
     result: FragmentResult | None = None
     error: str = ""
     stands: TrainingState | None = None      # the newest stored checkpoint's attributes (failures only)
+    ended: float = 0.0                       # unix time it was collected
 
 
 class Fragments:
@@ -160,8 +164,9 @@ def newest_step(d: Path) -> int:
     return int(paths[0].stem.split("-")[1]) if paths else 0
 
 
-def collect(r: Running, jd: JobDir, *, lost: bool, job_samples: int) -> Collected:
-    """Classify an ended fragment (``r.handle.done()``, or ``lost``: every node it ran on has left)."""
+def collect(r: Running, jd: JobDir, *, lost: bool, job_samples: int, now: float) -> Collected:
+    """Classify an ended fragment (``r.handle.done()``, or ``lost``: every node it ran on has left), collected
+    at unix time ``now``."""
     try:
         if lost:
             r.killed = True         # reclaimed: not the job's own failure
@@ -171,10 +176,22 @@ def collect(r: Running, jd: JobDir, *, lost: bool, job_samples: int) -> Collecte
     except Exception as e:   # a killed or failed fragment: resume from the last good checkpoint
         r.killed |= isinstance(e, ManagerLost)     # its node's worker pool died with the node
         st, done, ckpt = where_it_stands(jd, job_samples)
-        return Collected(Outcome.RECLAIMED if r.killed else Outcome.FAILED, done, ckpt,
-                         error=first_error(jd, r.fragment) or str(e), stands=st)
+        error = first_error(jd, r.fragment) or str(e)
+        silent = r.killed and never_reported(r, jd, now)
+        if silent:
+            error = (f"fragment {r.fragment} held its nodes {now - r.launched:.0f} s without one progress report "
+                     "(its loop never reached ctx.should_stop()), then was killed with them: counted as the job's "
+                     f"own failure\n{error}")
+        return Collected(Outcome.RECLAIMED if r.killed and not silent else Outcome.FAILED, done, ckpt,
+                         error=error, stands=st, ended=now)
     outcome = Outcome.FINISHED if res.stopped_by is StopReason.FINISHED else Outcome.ENDED
-    return Collected(outcome, res.samples_done, res.checkpoint, result=res)
+    return Collected(outcome, res.samples_done, res.checkpoint, result=res, ended=now)
+
+
+def never_reported(r: Running, jd: JobDir, now: float) -> bool:
+    """The fragment held its nodes ``NO_REPORT_S`` or longer and wrote no progress report in its life."""
+    p = jd.progress()
+    return now - r.launched >= NO_REPORT_S and not (p is not None and p.t >= r.launched)
 
 
 def first_error(jd: JobDir, fragment: str) -> str:
@@ -201,8 +218,17 @@ def failure_event(job: str, r: Running, c: Collected, jd: JobDir) -> FragmentFai
     p = jd.progress()
     fresh = p is not None and p.t >= r.launched and p.step >= r.resume_step
     return FragmentFailedEvent(
-        job, r.fragment, c.error[-4000:], reclaimed=r.killed, without_notice=not r.stop_requested,
-        resume_step=r.resume_step, saved_step=c.stands.step if c.stands else 0,
+        job, r.fragment, c.error[-4000:], reclaimed=c.outcome is Outcome.RECLAIMED,
+        without_notice=not r.stop_requested, resume_step=r.resume_step, saved_step=c.stands.step if c.stands else 0,
         checkpoint_every_s=round(r.interval_s, 2),
         lost_steps=p.step - p.saved_step if fresh and p else None,
-        lost_s=round(p.t - p.saved_at, 3) if fresh and p else None)
+        lost_s=round(p.t - p.saved_at, 3) if fresh and p else None, launched=r.launched, ended=c.ended)
+
+
+def done_event(job: str, r: Running, c: Collected) -> FragmentDone:
+    """The event log's record of a fragment that ended with its result (``c.result``)."""
+    res = c.result
+    assert res is not None
+    return FragmentDone(job, r.fragment, r.nodes, res.world_size, r.launched, res.train_started, res.train_s,
+                        res.start_step, res.end_step, res.stopped_by, res.periodic_saves, res.checkpoint_s,
+                        samples=res.samples, ended=c.ended)

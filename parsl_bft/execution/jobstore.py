@@ -135,6 +135,12 @@ class JobStore:
         q = "SELECT t, kind, detail FROM events" + (" WHERE kind = ?" if kind else "") + " ORDER BY rowid"
         return [(t, k, json.loads(d)) for t, k, d in self.db.execute(q, (kind,) if kind else ())]
 
+    def events_after(self, rowid: int) -> tuple[int, list[tuple[float, str, dict[str, Any]]]]:
+        """Events appended after row ``rowid`` (0: all), oldest first, and the newest row's id (to ask again)."""
+        rows = self.db.execute("SELECT rowid, t, kind, detail FROM events WHERE rowid > ? ORDER BY rowid",
+                               (rowid,)).fetchall()
+        return (rows[-1][0] if rows else rowid), [(t, k, json.loads(d)) for _, t, k, d in rows]
+
     def set_meta(self, key: str, value: Any) -> None:
         """Keep one measured value (JSON) under ``key``."""
         self.db.execute("INSERT INTO meta VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value",

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, TextIO
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
-from .errors import RunStopped
+from .ledger import RunLedger
 
 if TYPE_CHECKING:
     from typing import Self
@@ -23,9 +23,10 @@ PLAIN_EVERY_S = 30.0
 
 class LiveBars:
     """A progress callback for ``Orchestrator.run/start``: one bar per job (jobs submitted later get theirs when
-    they arrive), filled from the fragments' live progress reports, with the nodes each job holds now. Use it as
-    a context manager around the run. When the console is not a terminal, a line per job every ``every_s``
-    seconds (and a last one at the end) instead."""
+    they arrive), filled from the fragments' live progress reports, with where each job stands by the event log
+    (running on how many nodes from its fragment's launch until it ends, waiting, done, failed, stopped and why).
+    Use it as a context manager around the run. When the console is not a terminal, a line per job every
+    ``every_s`` seconds (and a last one at the end) instead."""
 
     def __init__(self, console: Console | None = None, *, every_s: float = PLAIN_EVERY_S,
                  plain_to: TextIO | None = None):
@@ -37,6 +38,8 @@ class LiveBars:
                             console=console)
         self.tasks: dict[str, TaskID] = {}
         self._orch: Orchestrator | None = None
+        self._ledger: RunLedger | None = None
+        self._seen = 0                       # the event log's rows read so far
 
     def __enter__(self) -> Self:
         if self.plain is None:
@@ -55,6 +58,12 @@ class LiveBars:
         """Update every job's bar (or, without a terminal, print its line when one is due) from ``orch`` (the
         orchestrator calls this as it runs)."""
         self._orch = orch
+        if self._ledger is None:
+            self._ledger = RunLedger({})
+        for n, j in list(orch.jobs.items()):
+            self._ledger.batch.setdefault(n, j.global_batch)
+        self._seen, new = orch.db.events_after(self._seen)
+        self._ledger.feed(new)
         rows = [(name, done, *self._state(orch, name)) for name, done in orch.live_progress().items()]
         if self.plain is not None:
             now = time.monotonic()
@@ -71,13 +80,8 @@ class LiveBars:
                 self.tasks[name] = self.bar.add_task(name, total=orch.jobs[name].samples, nodes="", loss="")
             self.bar.update(self.tasks[name], completed=done, nodes=nodes, loss=loss)
 
-    @staticmethod
-    def _state(orch: Orchestrator, name: str) -> tuple[str, str]:
-        """(where the job stands: done, failed, stopped, its nodes or waiting; its last loss) for display."""
-        future, r, p = orch.futures[name], orch.running.get(name), orch.last_report(name)
-        if future.done():
-            e = future.exception()
-            nodes = "done" if e is None else "stopped" if isinstance(e, RunStopped) else "failed"
-        else:
-            nodes = f"{r.nodes} node(s)" if r else "waiting"
-        return nodes, f"loss {p.loss:.4g}" if p is not None and p.loss == p.loss else ""
+    def _state(self, orch: Orchestrator, name: str) -> tuple[str, str]:
+        """(where the job stands, by the event log; its last loss) for display."""
+        assert self._ledger is not None
+        p = orch.last_report(name)
+        return self._ledger.job(name).state, f"loss {p.loss:.4g}" if p is not None and p.loss == p.loss else ""

@@ -21,15 +21,13 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import IO, Any
 
-from torch.distributed import TCPStore
-
 from ..control import Controller, Timeline
 from ..jobs import JobSpec
 from ..nodes import local_name, node_id, site_of
 from ..planner.freeze import LayerThroughput
 from ..scaling import ScalingCurve
 from ..train.checkpoint import CheckpointStore
-from ..train.config import FragmentResult
+from ..train.launcher import RendezvousStore
 from ..train.protocol import JobDir, Progress
 from . import events
 from .checkpoint_policy import CheckpointPolicy
@@ -42,12 +40,13 @@ from .fragments import (
     Outcome,
     Running,
     collect,
+    done_event,
     failure_event,
     fragment_config,
     new_fragment_id,
     newest_step,
 )
-from .htex import SiteRunner
+from .htex import SiteRunner, serve_site_store
 from .jobstore import JobRow, JobStore, damaged_advice
 from .layers import fragment_reported, job_layers
 from .pool import MultiPool, PoolEvent, SitePool
@@ -106,7 +105,7 @@ class Orchestrator:
         self.pool_node_s = 0.0
         self.warm_up_s = 0.0
         self._runners: dict[str, FragmentRunner] = {}
-        self._store: TCPStore | None = None
+        self._store: RendezvousStore | None = None
         self._thread: threading.Thread | None = None   # the loop, when it runs in the background (start())
         self._stopping = threading.Event()
         self._arrivals: list[str] = []                 # jobs submitted while the loop runs
@@ -126,6 +125,8 @@ class Orchestrator:
     def close(self) -> None:
         """Give the state directory up (its lock, the database); the process ending does the same."""
         self.db.close()
+        if self._store is not None:     # the rendezvous store's process
+            self._store.close()
         if self._lock is not None:
             self._lock.close()
             self._lock = None
@@ -265,10 +266,7 @@ class Orchestrator:
     def _site_runners(self, sites: dict[str, SitePool]) -> dict[str, FragmentRunner]:
         """The default runners: each site's Parsl apps, meeting at one rendezvous store served here (loopback
         only unless ranks on other nodes, on pilots, must reach it)."""
-        from ..train.launcher import serve_store
-
-        gang = any(s.pool.gang for s in sites.values())
-        store = self._store = serve_store("" if gang else "127.0.0.1")
+        store = self._store = serve_site_store(sites)      # its own process; ends with the run (close())
         return {name: SiteRunner(name, s, store) for name, s in sites.items()}
 
     def _loop(self, ctl: Controller, t_start: float, progress: Callable[[Orchestrator], object] | None,
@@ -424,7 +422,7 @@ class Orchestrator:
             changed = True
             jd = JobDir(self.job_dir(name))
             try:
-                c = collect(r, jd, lost=lost, job_samples=self.jobs[name].samples)
+                c = collect(r, jd, lost=lost, job_samples=self.jobs[name].samples, now=self.clock.time())
                 go_on = self._account(ctl, name, r, c, jd)
             finally:
                 jd.kill_ranks(r.fragment)                # stragglers of a failed share, on this host
@@ -439,7 +437,7 @@ class Orchestrator:
         row = self.db.job(name)
         held_s = max(self.clock.time() - r.launched, 0.0) * r.nodes
         if c.result is not None:
-            self._record_result(ctl, name, r, c.result)
+            self._record_result(ctl, name, r, c)
             self.policy.observe_training(held_s, lost_without_notice=False)
             self.db.update(name, fragments=row.fragments + 1,
                            train_node_s=row.train_node_s + c.result.train_s * r.nodes)
@@ -456,11 +454,10 @@ class Orchestrator:
                 return False
         return True
 
-    def _record_result(self, ctl: Controller, name: str, r: Running, res: FragmentResult) -> None:
-        k = self.sites[r.site].ranks_per_node
-        self.db.record(events.FragmentDone(
-            name, r.fragment, r.nodes, res.world_size, r.launched, res.train_started, res.train_s, res.start_step,
-            res.end_step, res.stopped_by, res.periodic_saves, res.checkpoint_s))
+    def _record_result(self, ctl: Controller, name: str, r: Running, c: Collected) -> None:
+        k, res = self.sites[r.site].ranks_per_node, c.result
+        assert res is not None
+        self.db.record(done_event(name, r, c))
         self.policy.observe_save(res.periodic_save_s or res.checkpoint_s)
         if res.throughput > 0 and res.end_step > res.start_step:      # the planner counts nodes
             ctl.measured(name, self.db.measured(name, res.world_size // k, res.throughput))
@@ -524,5 +521,4 @@ class Orchestrator:
 
     def summary(self, wall_s: float) -> dict[str, Any]:
         """The run's table (``report.run_summary``)."""
-        return run_summary(self.db, self.dir, self.curves, wall_s=wall_s, warm_up_s=self.warm_up_s,
-                           pool_node_s=self.pool_node_s)
+        return run_summary(self.db, self.dir, wall_s=wall_s, warm_up_s=self.warm_up_s, pool_node_s=self.pool_node_s)

@@ -1,17 +1,18 @@
 """The one reader of a state directory: where each job stands, for the running loop, `parsl-bft status` and the
 remote side (remote/facility.py). A job's stored row is what its last collected fragment left; a running
-fragment's own progress report (the job directory's progress.json) is newer."""
+fragment's own progress report (the job directory's progress.json) is newer; whether it runs, and its node-time
+and E_used, come from the event log (ledger.py)."""
 from __future__ import annotations
 
 import sqlite3
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from ..scaling import ScalingCurve
 from ..train.protocol import JobDir, Progress
 from .errors import StateError
 from .jobstore import JobRow, JobStore, damaged_advice
+from .ledger import JobLedger, Phase, RunLedger
 from .statedir import DATABASE, StateDir
 
 
@@ -24,6 +25,18 @@ class JobReport:
     live: Progress | None
     checkpoint: str | None          # absolute
     error: str | None = None
+    ledger: JobLedger | None = None  # the event log's account of it
+
+    @property
+    def state(self) -> str:
+        """Where it stands: running (on how many nodes), waiting, done, failed, or stopped and why (the event
+        log's word; the stored status for a job the log does not name)."""
+        return self.ledger.state if self.ledger is not None else self.row.status
+
+    @property
+    def e_used(self) -> float | None:
+        """Samples kept at the job's reference rate per node-second held (ledger.py); None before it held any."""
+        return self.ledger.e_used(self.row.samples_done, self.row.node_s) if self.ledger is not None else None
 
     @property
     def samples(self) -> int:
@@ -41,17 +54,22 @@ def job_dir(db: JobStore, root: Path, name: str) -> JobDir:
     return JobDir(db.meta(f"dir:{name}") or root / "jobs" / name)
 
 
+def read_ledger(db: JobStore, rows: dict[str, JobRow] | None = None) -> RunLedger:
+    """The event log's account of every job (``rows``: the job rows, if read already)."""
+    rows = db.jobs() if rows is None else rows
+    return RunLedger({n: int(r.spec.get("global_batch") or 0) for n, r in rows.items()}).feed(db.events())
+
+
 def read_jobs(db: JobStore, root: Path) -> list[JobReport]:
-    """Every job of a state directory, in submission order, with live progress and the error of failed ones."""
+    """Every job of a state directory, in submission order, with live progress, the event log's account and
+    the error of failed ones."""
     sd = StateDir(root, create=False)
-    errors: dict[str, str] = {}
-    out = []
-    for name, r in db.jobs().items():
-        if r.status == "failed" and not errors:
-            errors = {d["job"]: d["error"] for _, _, d in db.events("failed")}     # the newest per job
-        out.append(JobReport(name, r, job_dir(db, root, name).progress(), sd.abs(r.checkpoint),
-                             errors.get(name) if r.status == "failed" else None))
-    return out
+    rows = db.jobs()
+    ledger = read_ledger(db, rows)
+    return [JobReport(name, r, job_dir(db, root, name).progress(), sd.abs(r.checkpoint),
+                      ledger.jobs[name].why if name in ledger.jobs and ledger.jobs[name].phase is Phase.FAILED
+                      else None, ledger.jobs.get(name))
+            for name, r in rows.items()]
 
 
 def open_state(root: str | Path) -> JobStore:
@@ -68,7 +86,7 @@ def open_state(root: str | Path) -> JobStore:
 def read_state(root: str | Path, *,
                last_events: int = 0) -> tuple[list[JobReport], list[tuple[float, str, dict[str, Any]]]]:
     """Jobs and the newest ``last_events`` events of a state directory, read-only; a damaged database is a
-    StateError that says what to do."""
+    StateError that says what to do. (Whether the run has ended: ``run_ended``.)"""
     db = open_state(root)
     try:
         jobs = read_jobs(db, Path(root))
@@ -80,25 +98,39 @@ def read_state(root: str | Path, *,
     return jobs, events
 
 
-def run_summary(db: JobStore, root: Path, curves: dict[str, ScalingCurve], *, wall_s: float, warm_up_s: float,
-                pool_node_s: float) -> dict[str, Any]:
-    """A run's table: per job its status, samples, node-seconds held and spent training, fragments, rescales,
-    reclaims, final checkpoint and E_used (work at the job's one-node rate per node-second held); and the run's
-    totals (``train_share``: held node-time spent training)."""
+def run_summary(db: JobStore, root: Path, *, wall_s: float, warm_up_s: float, pool_node_s: float) -> dict[str, Any]:
+    """A run's table: per job where it stands (``status``: done, failed, stopped, ...; ``state`` in words),
+    samples, node-seconds held and spent training, fragments, rescales, reclaims, final checkpoint, E_used and
+    the reference rate it is measured against (ledger.py; None before the job held nodes); and the run's totals
+    (``train_share``: held node-time spent training) and ``ended``: why the run ended ('timeout': its time cap)."""
     rows = []
     held = trained = work = 0.0
     reclaims = [d["job"] for _, _, d in db.events("reclaim")]
-    for j in read_jobs(db, root):
-        r, c = j.row, curves[j.name]
-        rows.append({"job": j.name, "status": r.status, "samples": r.samples_done, "node_s": r.node_s,
-                     "train_node_s": r.train_node_s, "fragments": r.fragments, "rescales": r.rescales,
-                     "reclaims": reclaims.count(j.name), "checkpoint": j.checkpoint,
-                     "e_used": (r.samples_done / c.rate(1)) / r.node_s if r.node_s else 0.0})
-        held += r.node_s
-        trained += r.train_node_s
-        work += r.samples_done / c.rate(1)
+    jobs = read_jobs(db, root)
+    for j in jobs:
+        r, lj = j.row, j.ledger
+        job_held = max(r.node_s, lj.held_node_s if lj else 0.0)
+        rows.append({"job": j.name, "status": lj.phase.value if lj else r.status, "state": j.state,
+                     "samples": r.samples_done, "node_s": job_held, "train_node_s": r.train_node_s,
+                     "fragments": r.fragments, "rescales": r.rescales, "reclaims": reclaims.count(j.name),
+                     "checkpoint": j.checkpoint, "e_used": j.e_used,
+                     "ref_rate": asdict(lj.ref) if lj and lj.ref else None})
+        held += job_held
+        trained += min(r.train_node_s, job_held)
+        if lj is not None and lj.ref is not None:
+            work += min(r.samples_done, lj.kept) / lj.ref.per_node_s
     return {"wall_s": wall_s, "warm_up_s": warm_up_s, "jobs": rows, "pool_node_s": pool_node_s,
-            "held_node_s": held, "train_share": trained / held if held else 0.0, "e_used": work / held if held else 0.0}
+            "held_node_s": held, "train_share": trained / held if held else 0.0, "e_used": work / held if held else 0.0,
+            "ended": run_ended(db)}
+
+
+def run_ended(db: JobStore) -> str | None:
+    """Why the newest orchestrator life ended (a Stop event's ``why``: done, timeout, stopped, ...); None while
+    it runs, or if it died without a word."""
+    for _, kind, d in reversed(db.events()):
+        if kind in ("start", "stop"):
+            return str(d.get("why", "")) if kind == "stop" else None
+    return None
 
 
 def live_progress(db: JobStore, jobs: dict[str, tuple[int, Path]]) -> dict[str, float]:

@@ -1,38 +1,102 @@
-"""`parsl-bft run`'s progress without a terminal: plain lines at a steady interval, and each job's last state
-as it is (a failed job is not shown as done)."""
+"""`parsl-bft run`'s progress without a terminal: plain lines at a steady interval, and each job's state as the
+event log tells it (a failed job is not shown as done, a fragment that is still saving shows as running, a run
+cut by its time cap says so); E_used from the event log never above 1."""
 import io
-from concurrent.futures import Future
 from types import SimpleNamespace
 
+import pytest
 from rich.console import Console
 
-from parsl_bft.execution.errors import JobFailed, RunStopped
+from parsl_bft.execution import events as ev
+from parsl_bft.execution.jobstore import JobStore
+from parsl_bft.execution.ledger import Phase, RunLedger
 from parsl_bft.execution.live import LiveBars
+from parsl_bft.execution.report import run_summary
 
 
-def _orch():
-    futures = {n: Future() for n in ("ok", "bad", "cut", "busy")}
-    futures["ok"].set_result("ckpt.h5")
-    futures["bad"].set_exception(JobFailed("bad failed"))
-    futures["cut"].set_exception(RunStopped("not done when the run stopped"))
+def _launch(db, job, fragment, size):
+    db.record(ev.Launch(job, size, size, fragment, [f"n{i}" for i in range(size)], 0, 10.0))
+
+
+def _done(db, job, fragment, size, *, launched, ended, train_s, steps, start=0, batch=10):
+    db.record(ev.FragmentDone(job, fragment, size, size, launched, launched + 1, train_s, start, start + steps,
+                              "signal", 0, 0.1, samples=steps * batch, ended=ended))
+
+
+def _orch(tmp_path):
+    db = JobStore(tmp_path / "state.sqlite")
+    names = ("ok", "bad", "cut", "busy")
+    for n in names:
+        db.add(n, {"name": n, "samples": 1000, "global_batch": 10})
+    db.record(ev.Start("g1", list(names), {n: 0 for n in names}))
+    for n in names:
+        _launch(db, n, f"{n}-1", 2)
+    _done(db, "ok", "ok-1", 2, launched=0.0, ended=60.0, train_s=50.0, steps=100)
+    db.record(ev.Done("ok", "/x/ok/ckpt-100.h5"))
+    db.record(ev.FragmentFailedEvent("bad", "bad-1", "ValueError", False, True, 0, 0, 10.0))
+    db.record(ev.Failed("bad", "ValueError"))
+    db.update("busy", status="waiting", size=0)       # planned no nodes: its fragment is still saving
     return SimpleNamespace(
-        futures=futures, jobs={n: SimpleNamespace(samples=1000) for n in futures},
-        running={"busy": SimpleNamespace(nodes=2)},
+        db=db, jobs={n: SimpleNamespace(samples=1000, global_batch=10) for n in names},
         last_report=lambda n: SimpleNamespace(loss=0.5) if n == "busy" else None,
         live_progress=lambda: {"ok": 1000, "bad": 300, "cut": 500, "busy": 250})
 
 
-def test_without_a_terminal_progress_is_plain_lines_at_an_interval_and_a_last_word():
+def test_without_a_terminal_progress_is_plain_lines_at_an_interval_and_a_last_word(tmp_path):
     out = io.StringIO()
-    orch = _orch()
+    orch = _orch(tmp_path)
     with LiveBars(Console(file=io.StringIO(), force_terminal=False), every_s=3600, plain_to=out) as bars:
         bars(orch)
         bars(orch)                      # within the interval: nothing new
-        assert len(out.getvalue().splitlines()) == 4
+        lines = out.getvalue().splitlines()
+        assert len(lines) == 4
+        now = {line.split()[2].rstrip(":"): line for line in lines}
+        assert now["busy"].endswith("25.0% of 1,000 samples, running on 2 node(s), loss 0.5")
+        assert now["cut"].endswith("50.0% of 1,000 samples, running on 2 node(s)")
+        orch.db.record(ev.Stop("g1", "timeout", ["busy", "cut"]))     # the run's time cap
     lines = out.getvalue().splitlines()
     assert len(lines) == 8              # the last word, at exit
     last = {line.split()[2].rstrip(":"): line for line in lines[4:]}
     assert last["ok"].endswith("100.0% of 1,000 samples, done")
     assert last["bad"].endswith("30.0% of 1,000 samples, failed")
-    assert last["cut"].endswith("50.0% of 1,000 samples, stopped")
-    assert last["busy"].endswith("25.0% of 1,000 samples, 2 node(s), loss 0.5")
+    assert last["cut"].endswith("50.0% of 1,000 samples, stopped: time cap reached")
+    assert last["busy"].endswith("25.0% of 1,000 samples, stopped: time cap reached, loss 0.5")
+
+
+def test_e_used_is_at_most_one_against_the_fastest_rate_the_job_measured(tmp_path):
+    """A rate guessed before training, or one measured while the machine was loaded, made E_used 2.3. The
+    reference is the job's fastest measured per-node rate: a fragment at half speed shows as 0.5, none above 1."""
+    db = JobStore(tmp_path / "state.sqlite")
+    db.add("j", {"name": "j", "samples": 10_000, "global_batch": 10})
+    db.record(ev.Start("g1", ["j"], {"j": 0}))
+    _launch(db, "j", "j-1", 1)
+    _done(db, "j", "j-1", 1, launched=0.0, ended=100.0, train_s=100.0, steps=100)          # 10 samples/s/node
+    _launch(db, "j", "j-2", 2)
+    _done(db, "j", "j-2", 2, launched=200.0, ended=300.0, train_s=100.0, steps=100, start=100)   # 5 /s/node
+    db.update("j", samples_done=2000, node_s=250.0, train_node_s=300.0)   # the loop's own count may lag
+    ledger = RunLedger({"j": 10}).feed(db.events())
+    j = ledger.jobs["j"]
+    assert j.ref is not None and (j.ref.per_node_s, j.ref.fragment, j.ref.nodes) == (10.0, "j-1", 1)
+    assert j.held_node_s == 300.0 and j.kept == 2000
+    assert j.e_used(2000, 250.0) == pytest.approx(2000 / 10.0 / 300.0)
+    summary = run_summary(db, tmp_path, wall_s=300.0, warm_up_s=0.0, pool_node_s=600.0)
+    (row,) = summary["jobs"]
+    assert row["e_used"] == pytest.approx(2 / 3) and summary["e_used"] == pytest.approx(2 / 3)
+    assert row["ref_rate"]["fragment"] == "j-1" and row["node_s"] == 300.0 and summary["train_share"] <= 1.0
+    assert row["status"] == "waiting" and summary["ended"] is None        # the run goes on
+
+
+def test_a_new_life_starts_from_where_the_log_stands(tmp_path):
+    """A life killed outright left a fragment without an end: the next life's start does not count it as
+    running; a failed fragment's saved work counts as kept."""
+    db = JobStore(tmp_path / "state.sqlite")
+    db.record(ev.Start("g1", ["j"], {"j": 0}))
+    _launch(db, "j", "j-1", 1)
+    db.record(ev.Start("g2", ["j"], {"j": 40}))
+    ledger = RunLedger({"j": 10}).feed(db.events())
+    assert ledger.jobs["j"].phase is Phase.WAITING and ledger.jobs["j"].saved_step == 40
+    _launch(db, "j", "j-2", 1)
+    db.record(ev.FragmentFailedEvent("j", "j-2", "killed", True, True, 40, 60, 10.0, launched=0.0, ended=50.0))
+    ledger = RunLedger({"j": 10}).feed(db.events())
+    j = ledger.jobs["j"]
+    assert (j.kept, j.held_node_s, j.ref.per_node_s, j.phase) == (200, 50.0, 4.0, Phase.WAITING)

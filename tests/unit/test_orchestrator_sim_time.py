@@ -16,7 +16,7 @@ from parsl_bft.execution.orchestrator import Orchestrator, TrainingJob
 from parsl_bft.execution.protocols import PoolEvent
 from parsl_bft.planner import Planner
 from parsl_bft.train.config import FragmentConfig, FragmentFailed, FragmentResult, StopReason
-from parsl_bft.train.protocol import JobDir
+from parsl_bft.train.protocol import JobDir, Progress
 
 RATE = 100.0          # samples/s per node
 
@@ -31,6 +31,7 @@ class ScriptedPool:
     def __init__(self, clock: SimulatedClock, script: list[tuple[float, str, tuple[str, ...]]]):
         self.clock, self.script, self.released = clock, sorted(script), []
         self.t0 = 0.0
+        self.left: set[str] = set()
 
     def start(self) -> None:
         self.t0 = self.clock.monotonic()
@@ -39,6 +40,8 @@ class ScriptedPool:
         wall = self.clock.monotonic() - self.t0
         due = [e for e in self.script if e[0] <= wall]
         self.script = self.script[len(due):]
+        for _, kind, nodes in due:
+            (self.left.update if kind == "leave" else self.left.difference_update if kind == "join" else len)(nodes)
         return [PoolEvent(kind, nodes, t) for t, kind, nodes in due]
 
     def release(self, nodes) -> None:
@@ -53,12 +56,16 @@ class ScriptedPool:
 
 class SimulatedFragments:
     """Fragments that advance RATE samples/s per node of simulated time, end at their job's budget or at the job
-    directory's STOP file (saving what they did), and fail at once for jobs listed in ``crash``."""
+    directory's STOP file (saving what they did), and fail at once for jobs listed in ``crash``. Jobs in ``deaf``
+    report progress but never stop, those in ``silent`` never report either: both die when a node of theirs
+    leaves (``pool.left``)."""
 
     gang = False
 
-    def __init__(self, clock: SimulatedClock, crash: tuple[str, ...] = ()):
-        self.clock, self.crash = clock, crash
+    def __init__(self, clock: SimulatedClock, crash: tuple[str, ...] = (), deaf: tuple[str, ...] = (),
+                 silent: tuple[str, ...] = (), pool: ScriptedPool | None = None):
+        self.clock, self.crash, self.deaf, self.silent, self.pool = clock, crash, deaf, silent, pool
+        self.nodes: dict[str, tuple[str, ...]] = {}
         self.saved: dict[str, int] = {}
         self.live: list[tuple[FragmentConfig, float, Future]] = []
         self.launches: list[tuple[str, int]] = []
@@ -67,6 +74,7 @@ class SimulatedFragments:
     def launch(self, cfg: FragmentConfig, nodes: tuple[str, ...]) -> FragmentHandle:
         fut: Future = Future()
         self.launches.append((cfg.job, len(nodes)))
+        self.nodes[cfg.fragment_id] = nodes
         if cfg.job in self.crash:
             fut.set_exception(FragmentFailed(f"{cfg.job}: ImportError in the user's model"))
         else:
@@ -76,6 +84,13 @@ class SimulatedFragments:
     def advance(self) -> None:
         for item in list(self.live):
             cfg, t0, fut = item
+            if cfg.job in self.deaf + self.silent:
+                if cfg.job in self.deaf:
+                    JobDir(cfg.checkpoint_dir).write_progress(Progress(1, 8, 0.5, 1, 0, time.time(), time.time()))
+                if self.pool is not None and set(self.nodes[cfg.fragment_id]) & self.pool.left:
+                    self.live.remove(item)
+                    fut.set_exception(FragmentFailed(f"{cfg.job}: rank 0 exited with -9"))
+                continue
             start = self.saved.get(cfg.job, 0)
             done = min(int(start + RATE * cfg.world_size * (self.clock.monotonic() - t0)), cfg.total_samples)
             stop = JobDir(cfg.checkpoint_dir).stop_file.exists()
@@ -98,8 +113,8 @@ class SimulatedFragments:
 
 def _orchestrator(tmp_path, clock, pool, fragments, **kw) -> Orchestrator:
     return Orchestrator(tmp_path / "state", pool, Planner(method="dp", objective="throughput"), warm_up=False,
-                        clock=clock, poll_s=1.0, settle_s=2.0, runners=lambda sites: {n: fragments for n in sites},
-                        **kw)
+                        clock=clock, runners=lambda sites: {n: fragments for n in sites},
+                        **{"poll_s": 1.0, "settle_s": 2.0, **kw})
 
 
 def test_a_notice_stops_the_fragment_on_that_node_and_the_jobs_finish_on_what_is_left(tmp_path):
@@ -153,7 +168,10 @@ def test_a_run_cut_short_leaves_its_jobs_waiting_and_the_next_run_counts_on(tmp_
     job = TrainingJob("x", samples=200_000, min_nodes=1, max_nodes=2, global_batch=8, rate_guess=RATE)
     first = _orchestrator(tmp_path, clock, ScriptedPool(clock, [(0, "join", ("a", "b"))]), SimulatedFragments(clock))
     first.submit(job)
-    first.run(timeout_s=300)
+    cut = first.run(timeout_s=300)
+    assert cut["ended"] == "timeout" and [(r["status"], r["state"]) for r in cut["jobs"]] == [
+        ("stopped", "stopped: time cap reached")]
+    assert 0 < cut["jobs"][0]["e_used"] <= 1 and cut["e_used"] <= 1 and cut["train_share"] <= 1
     row = first.db.job("x")
     assert (row.status, row.size) == ("waiting", 0) and row.node_s >= 500
     held_before = row.node_s
@@ -168,3 +186,34 @@ def test_a_run_cut_short_leaves_its_jobs_waiting_and_the_next_run_counts_on(tmp_
     assert row.status == "done" and row.node_s > held_before
     assert row.train_node_s <= row.node_s
     second.close()
+
+
+def test_a_loop_that_never_reports_fails_its_own_job_and_a_deaf_one_is_only_reclaimed(tmp_path):
+    """A loop that never reaches ctx.should_stop() writes no progress report and ignores the stop request: it is
+    killed when its node leaves. Having held its node NO_REPORT_S without one report, that is its own failure
+    (three in a row: the job fails), not a reclaim to relaunch on every hole for ever. A loop that reports but
+    does not stop in time is killed the same way, and that stays a reclaim. The run then hits its time cap and
+    says so."""
+    from parsl_bft.execution.fragments import NO_REPORT_S
+    clock = SimulatedClock()
+    hole = NO_REPORT_S + 100
+    script = [(0.0, "join", ("a", "b"))]
+    for k in range(4):                      # each node idle for `hole` s, then a notice, then gone for 7 s
+        t = k * (hole + 10)
+        script += [(t + hole, "notice", ("a", "b")), (t + hole + 3, "leave", ("a", "b")),
+                   (t + hole + 10, "join", ("a", "b"))]
+    pool = ScriptedPool(clock, script)
+    frags = SimulatedFragments(clock, deaf=("deaf",), silent=("mute",), pool=pool)
+    orch = _orchestrator(tmp_path, clock, pool, frags, max_failures=3, poll_s=5.0)
+    mute = orch.submit(TrainingJob("mute", samples=10**6, max_nodes=1, global_batch=8, rate_guess=RATE))
+    deaf = orch.submit(TrainingJob("deaf", samples=10**6, max_nodes=1, global_batch=8, rate_guess=RATE))
+    summary = orch.run(timeout_s=3.5 * (hole + 10))
+    with pytest.raises(JobFailed, match=r"job mute: 3 fragments failed in a row .*without one progress report"):
+        mute.result(timeout=0)
+    failed = [d for _, _, d in orch.db.events("fragment-failed")]
+    assert [d["reclaimed"] for d in failed if d["job"] == "mute"] == [False] * 3
+    deaf_failed = [d["reclaimed"] for d in failed if d["job"] == "deaf"]
+    assert len(deaf_failed) == 3 and all(deaf_failed) and not deaf.done()
+    assert summary["ended"] == "timeout"
+    assert {r["job"]: r["status"] for r in summary["jobs"]} == {"mute": "failed", "deaf": "stopped"}
+    orch.close()
