@@ -84,6 +84,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from .planner.netcost import NetworkCost
     from .planner.topo_placement import make_placement
     from .sim import simulate
+    from .sim.costs import cost_model
     from .sim.report import plot_replay, print_summary
     from .topology import load_topology
 
@@ -102,6 +103,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
                       placement=make_placement(args.placement, topo),
                       network=network if args.placement != "oblivious" else None)
     jobset = load_jobset(args.jobs, args.scaling, lenient=args.lenient)
+    costs = cost_model(args.costs)
+    if costs is not None:
+        costs.check(jobset)             # before the long load, not after it
     if args.cluster is not None:    # a dedicated cluster: free from the first submit until every job is done
         from .idle.sources import IdleSource
         from .sim.philly import dedicated_cluster
@@ -111,11 +115,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     else:
         with console.status(f"reading {args.source} ..."):
             src, _, masked = load_selected(args)
-    config = {"source": src.description, "jobs": str(args.jobs), "planner": args.planner, "solver": args.solver,
-              "objective": args.objective, "tfwd": args.tfwd, "horizon_aware": args.horizon_aware,
-              "max_concurrent": args.max_concurrent, "nodes": masked.n_nodes, "window": args.window,
-              "duration": args.duration, "masked": not args.no_mask, "topology": args.topology,
-              "placement": args.placement, "predict": args.predict, "submits": args.submits}
+    config = _config(args, src.description, masked.n_nodes, costs.name if costs is not None else args.costs)
     with Progress(TextColumn("replaying"), BarColumn(), TextColumn("{task.percentage:>5.1f}% of trace time"),
                   TimeElapsedColumn(), console=console, transient=True) as bar:
         task = bar.add_task("replay", total=1.0)
@@ -123,7 +123,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
                        duration=duration,
                        progress=lambda f: bar.update(task, completed=f), config=config, network=network,
                        predict=args.predict, schedule=src.schedule, ceiling=not args.no_ceiling,
-                       submits=args.submits, freeze=not args.no_freeze, until_done=bool(args.cluster))
+                       submits=args.submits, freeze=not args.no_freeze, until_done=bool(args.cluster),
+                       costs=costs)
     print_summary(res, console, title=f"{args.planner}/{args.objective} on {src.description}")
     _warn_if_jobs_ran_out(res, len(jobset.jobs), bool(args.cluster))
     if args.json:
@@ -133,6 +134,15 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         plot_replay(res, args.plot)
         console.print(f"wrote {args.plot}")
     return 0
+
+
+def _config(args: argparse.Namespace, source: str, nodes: int, costs: str) -> dict[str, object]:
+    """What the replay ran with, for its JSON report."""
+    return {"source": source, "jobs": str(args.jobs), "planner": args.planner, "solver": args.solver,
+            "objective": args.objective, "tfwd": args.tfwd, "horizon_aware": args.horizon_aware,
+            "max_concurrent": args.max_concurrent, "nodes": nodes, "window": args.window,
+            "duration": args.duration, "masked": not args.no_mask, "topology": args.topology,
+            "placement": args.placement, "predict": args.predict, "submits": args.submits, "costs": costs}
 
 
 def _warn_if_jobs_ran_out(res: SimResult, n_jobs: int, cluster: bool) -> None:
@@ -176,6 +186,11 @@ def add_simulate_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]
                    "ends (clairvoyant: an upper bound, not a realistic result)")
     s.add_argument("--no-ceiling", action="store_true",
                    help="skip the second replay with free rescales and reclaims (ceiling_e_idle, the limit)")
+    s.add_argument("--costs", default="bftrainer", metavar="bftrainer|measured|FILE",
+                   help="what resizes and reclaims cost: bftrainer (the job set's t_up / t_down, every reclaim "
+                   "pauses t_down; default), measured (this runtime's, parsl_bft/data/runtime.costs.csv) or a "
+                   "*.costs.csv (restarts, saves ahead of announced reclaims, work lost since the last periodic "
+                   "save to the others)")
     s.add_argument("--max-concurrent", type=int, default=10, help="jobs admitted at once (FCFS by submit)")
     s.add_argument("--no-freeze", action="store_true", help="never freeze layers, whatever the jobs allow")
     s.add_argument("--submits", choices=["absolute", "relative"], default="absolute",

@@ -17,6 +17,7 @@ from ..idle.predict import Predictor, make_predictor
 from ..jobs import JobSet
 from ..planner.freeze import LayerThroughput, charge_budget
 from ..planner.problem import JobPlanner
+from .costs import BFTRAINER, CostModel, SaveBooks, reclaim_cause
 from .freezing import FreezeProfile, synthetic_profile
 
 if TYPE_CHECKING:
@@ -42,6 +43,8 @@ class SimResult:
     comm_node_s: float = 0.0        # allocated node-seconds weighted by the network's rate factor
     ceiling: dict[str, Any] | None = None    # metrics of the same replay with free rescales and reclaims (the limit)
     frozen_node_s: float = 0.0      # allocated node-seconds of jobs running with layers frozen
+    cost_model: str = BFTRAINER     # what resizes and reclaims cost: BFTrainer's model or a costs file's name
+    save_loss: float = 0.0          # samples not trained while periodic saves paused jobs (measured models)
 
     def metrics(self) -> dict[str, Any]:
         """The headline numbers: e_idle, e_used, utilisation, losses, plans and solve times, JCT and makespan."""
@@ -54,6 +57,8 @@ class SimResult:
             "samples": sum(a.state.samples_done for a in self.jobs),
             "rescale_loss": sum(a.rescale_loss for a in self.jobs),
             "reclaim_loss": sum(a.reclaim_loss for a in self.jobs),
+            "save_loss": self.save_loss,
+            "cost_model": self.cost_model,
             "jobs_finished": sum(a.finished_at is not None for a in self.jobs),
             "events": self.events,
             "plans": self.plans,
@@ -147,7 +152,7 @@ def simulate(intervals: IdleIntervals, jobset: JobSet, planner: JobPlanner, *, m
              submits: str = "absolute", config: dict[str, Any] | None = None, network: NetworkCost | None = None,
              predict: str | Predictor = "history", schedule: Schedule | None = None, ceiling: bool = False,
              freeze: bool = True, freeze_profiles: dict[str, FreezeProfile] | None = None,
-             until_done: bool = False) -> SimResult:
+             until_done: bool = False, costs: CostModel | None = None) -> SimResult:
     """Replay ``intervals`` from their first event, for ``duration`` seconds or to their end.
 
     Jobs are admitted first-come-first-served by submit time (at most ``max_concurrent`` at once); the planner
@@ -167,18 +172,18 @@ def simulate(intervals: IdleIntervals, jobset: JobSet, planner: JobPlanner, *, m
     ``freeze_profiles`` (job name -> ``sim.freezing.FreezeProfile``; default: ``synthetic_profile``), the
     penalty of the level they run at is charged to their accuracy budget as they train.
     ``until_done``: stop when every job has finished (a dedicated cluster), not at the end of the intervals.
+    ``costs``: None for BFTrainer's cost model (the jobs' t_up / t_down), or a measured ``sim.costs.CostModel``.
     """
     jobset = placed_in_window(jobset, intervals, duration, submits)
-    bound = None
-    if ceiling:
-        # the same jobs, freeze levels (layers) included, with free rescales
-        free = dataclasses.replace(jobset, jobs=[dataclasses.replace(j, t_up=0.0, t_down=0.0) for j in jobset.jobs])
-        bound = simulate(intervals, free, planner, max_concurrent=max_concurrent, duration=duration,
-                         network=network, predict=predict, schedule=schedule, freeze=freeze,
-                         freeze_profiles=freeze_profiles, until_done=until_done).metrics()
+    jobset = costs.applied(jobset) if costs is not None else jobset
+    # the ceiling: the same jobs, freeze levels (layers) included, with free rescales and reclaims
+    bound = simulate(intervals, dataclasses.replace(jobset, jobs=[dataclasses.replace(j, t_up=0.0, t_down=0.0)
+                                                                  for j in jobset.jobs]),
+                     planner, max_concurrent=max_concurrent, duration=duration, network=network, predict=predict,
+                     schedule=schedule, freeze=freeze, freeze_profiles=freeze_profiles,
+                     until_done=until_done).metrics() if ceiling else None
     events = intervals.events()
-    first = next(events, None)
-    if first is None:
+    if (first := next(events, None)) is None:
         raise ValueError("no idle capacity in the selected trace (no events)")
     start = first.time
     end = intervals.t1 if duration is None else min(intervals.t1, start + duration)
@@ -190,7 +195,8 @@ def simulate(intervals: IdleIntervals, jobset: JobSet, planner: JobPlanner, *, m
                 for j in jobset.jobs if j.freeze != "off" and j.model in jobset.layers}
     ctl = Controller(jobset.jobs, jobset.curves, planner, max_concurrent=max_concurrent, predictor=predictor,
                      layers=layers)
-    r = _Replay(ctl, events, first, profiles, network)
+    books = SaveBooks(costs, reclaim_cause(predict)) if costs is not None else None
+    r = _Replay(ctl, events, first, profiles, network, books)
     while r.t < end:
         if r.step(end, until_done):
             break
@@ -199,15 +205,16 @@ def simulate(intervals: IdleIntervals, jobset: JobSet, planner: JobPlanner, *, m
     jobs = ctl.done + list(ctl.active.values())
     return SimResult(start, r.t if until_done else end, r.idle_s, r.alloc_s, r.n_events, ctl.plans,
                      ctl.solve_times, jobs, r.tl, config or {}, r.comm_s if network is not None else r.alloc_s,
-                     bound, r.frozen_s)
+                     bound, r.frozen_s, costs.name if costs is not None else BFTRAINER,
+                     books.stall_loss if books is not None else 0.0)
 
 
 class _Replay:
     """The replay between events: the clock, the Controller, the next idle event and the node-seconds counted."""
 
     def __init__(self, ctl: Controller, events: Iterator[IdleEvent], first: IdleEvent,
-                 profiles: dict[str, FreezeProfile], network: NetworkCost | None) -> None:
-        self.ctl, self.events, self.profiles, self.network = ctl, events, profiles, network
+                 profiles: dict[str, FreezeProfile], network: NetworkCost | None, books: SaveBooks | None) -> None:
+        self.ctl, self.events, self.profiles, self.network, self.books = ctl, events, profiles, network, books
         self.pending: IdleEvent | None = first
         self.t = first.time
         self.tl = Timeline()
@@ -239,7 +246,7 @@ class _Replay:
         happens (at most ``end``). True when the replay is over before ``end``."""
         ctl, t = self.ctl, self.t
         if self.pending is not None and self.pending.time <= t:
-            ctl.nodes_left(self.pending.left, t)
+            self.reclaim(self.pending.left, t)
             ctl.nodes_joined(self.pending.joined, self.pending.joined_until, t)
             self.n_events += 1
             self.pending = next(self.events, None)
@@ -272,12 +279,25 @@ class _Replay:
         self.t = nxt
         return False
 
+    def reclaim(self, nodes: tuple[str, ...], t: float) -> None:
+        """The facility takes ``nodes``: the Controller charges each job hit a restart (``t_down``); under a
+        measured model a reclaim without notice also loses the work since the last periodic save."""
+        before = {a.name: (a.state.size, a.rate) for a in self.ctl.active.values()}
+        for name in self.ctl.nodes_left(nodes, t):
+            if self.books is not None and name in self.ctl.active:
+                a = self.ctl.active[name]
+                lost = min(self.books.reclaimed(a.state.spec.model, *before[name]), a.state.samples_done)
+                a.state.samples_done -= lost
+                a.reclaim_loss += lost
+
     def advance(self, dt: float) -> None:
         """``dt`` seconds of training at the planned sizes, and of node-seconds counted."""
         ctl = self.ctl
         for a in ctl.active.values():
             if a.state.size:
                 step = min(a.state.spec.samples - a.state.samples_done, a.rate * dt)
+                if self.books is not None:     # the periodic saves' stalls
+                    step = self.books.trained(a.state.spec.model, a.state.size, dt, step)
                 if a.state.freeze:             # new progress at this level spends budget; retraining what a
                     charge_budget(a.state, (a.state.samples_done + step) / a.state.spec.samples  # charged pause
                                   - self.peak.get(a.name, 0.0))                                   # lost does not

@@ -15,7 +15,8 @@ def plot_replay(res: SimResult, path: str, title: str = "") -> None:
     m = res.metrics()
     tl = res.timeline
     plot_allocation(tl.t, tl.idle, tl.held, res.end, path,
-                    title=title or f"E_idle {m['e_idle']:.3f}  E_used {m['e_used']:.3f}  util {m['util']:.3f}  "
+                    title=title or f"[{m['cost_model']} costs] E_idle {m['e_idle']:.3f}  E_used {m['e_used']:.3f}  "
+                                   f"util {m['util']:.3f}  "
                                    f"jobs finished {m['jobs_finished']}")
 
 
@@ -25,7 +26,7 @@ def print_summary(res: SimResult, console: Console, title: str = "") -> None:
 
     m = res.metrics()
     t = Table(title=title or "replay", show_header=False)
-    rows: list[tuple[str, str]] = [("e_idle", "{:.3f}"), ("e_used", "{:.3f}")]
+    rows: list[tuple[str, str]] = [("cost_model", "{}"), ("e_idle", "{:.3f}"), ("e_used", "{:.3f}")]
     if "ceiling_e_idle" in m:
         rows += [("ceiling_e_idle", "{:.3f}  (free rescales and reclaims: the limit)"),
                  ("ceiling_e_used", "{:.3f}")]
@@ -33,6 +34,7 @@ def print_summary(res: SimResult, console: Console, title: str = "") -> None:
         rows += [("e_idle / ceiling", "{:.3f}")]
     for k, fmt in [*rows, ("util", "{:.3f}"), ("samples", "{:,.0f}"),
                    ("rescale_loss", "{:,.0f} samples"), ("reclaim_loss", "{:,.0f} samples"),
+                   ("save_loss", "{:,.0f} samples (periodic saves' stalls)"),
                    ("jobs_finished", "{}"), ("events", "{}"), ("plans", "{}"),
                    ("solve_p50_s", "{:.4f} s"), ("solve_p99_s", "{:.4f} s"), ("avg_jct_s", "{:,.0f} s"),
                    ("makespan_s", "{:,.0f} s"), ("frozen_share", "{:.1%} of node-seconds with layers frozen"),
