@@ -21,7 +21,7 @@ from typing import Any, Protocol
 from parsl.executors.high_throughput.errors import ManagerLost
 
 from ..train.checkpoint import CheckpointStore, TrainingState
-from ..train.config import FragmentConfig, FragmentResult, StopReason
+from ..train.config import FragmentConfig, FragmentResult, Precision, StopReason
 from ..train.protocol import JobDir
 from .events import Abandon, FragmentDone, FragmentFailedEvent, StopRequest
 from .htex import FragmentHandle, FragmentLost
@@ -155,7 +155,9 @@ def fragment_config(job: TrainingJob, jd: JobDir, *, fragment: str, world_size: 
         job=job.name, workload=job.workload, checkpoint_dir=str(jd.path), world_size=world_size,
         global_batch=job.global_batch, total_samples=job.samples, workload_args=job.workload_args,
         generation=generation, timeout_s=COLLECTIVE_TIMEOUT_S, checkpoint_every_s=interval_s, fragment_id=fragment,
-        ranks_per_node=ranks_per_node, loop=job.loop, deterministic=job.deterministic, freeze_layers=freeze_layers)
+        ranks_per_node=ranks_per_node, loop=job.loop, deterministic=job.deterministic, freeze_layers=freeze_layers,
+        precision=Precision(job.precision), compile="inductor" if job.compile is True else job.compile or None,
+        channels_last=job.channels_last)
 
 
 def newest_step(d: Path) -> int:

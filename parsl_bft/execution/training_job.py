@@ -13,6 +13,7 @@ from typing import Any
 
 from ..jobs import JobSpec, JobSpecError
 from ..jobs import check_job_name as check_job_name  # re-exported: its home moved to jobs (no torch there)
+from ..train.config import Precision
 from ..train.workloads import WORKLOADS
 
 
@@ -35,6 +36,9 @@ class TrainingJob:
     accuracy_budget: float = 0.0   # ... while the predicted accuracy cost stays within this (0.005: half a point)
     loop: str | None = None        # the user's own training function, 'file.py:fn' (parsl_bft.train.context)
     deterministic: bool = True     # torch deterministic algorithms (bit-for-bit resumes; off: faster kernels)
+    precision: str = "fp32"        # the built-in loop's autocast: "fp32", "bf16" or "fp16" (loss scaled)
+    compile: bool | str = False    # the built-in loop runs torch.compile(model): True (inductor) or a backend
+    channels_last: bool = False    # the built-in loop's model and images in channels-last memory format
 
     def __post_init__(self) -> None:
         check_job_name(self.name)
@@ -47,6 +51,16 @@ class TrainingJob:
         if self.loop is not None and self.freeze != "off":
             raise ValueError(f"job {self.name!r}: freeze={self.freeze!r} needs a workload (the tool's loop freezes "
                              "its blocks()); your own loop is never frozen: drop freeze, or write a Workload")
+        if self.precision not in set(Precision):
+            raise ValueError(f"job {self.name!r}: precision must be one of {', '.join(Precision)}, got "
+                             f"{str(self.precision)[:40]!r}")
+        if not isinstance(self.compile, (bool, str)) or self.compile == "" or not isinstance(self.channels_last, bool):
+            raise ValueError(f"job {self.name!r}: compile is True, False or a torch.compile backend's name, and "
+                             "channels_last True or False")
+        own = [f for f in ("precision", "compile", "channels_last") if getattr(self, f) not in ("fp32", False)]
+        if self.loop is not None and own:
+            raise ValueError(f"job {self.name!r}: {', '.join(own)} set the built-in loop's; your own loop chooses "
+                             "its own (torch.autocast, torch.compile, memory_format in it): drop them")
         if self.loop is None and self.workload not in WORKLOADS:
             self._check_spec("workload", self.workload, f"{' or '.join(map(repr, WORKLOADS))}, "
                              "'package.module:factory' or 'my_model.py:factory'")

@@ -59,3 +59,28 @@ def test_a_state_directory_must_be_private(tmp_path):
         os.chown(theirs, 65534, 65534)
         with pytest.raises(StateError, match="belongs to another user"):
             lock_state_dir(theirs)
+
+
+def test_precision_compile_and_memory_format_reach_the_fragment_and_are_checked(tmp_path):
+    """bf16/fp16, torch.compile and channels-last are the built-in loop's: named values reach its FragmentConfig;
+    a typo, or asking them of your own loop (which picks its own), is refused at submit."""
+    from parsl_bft.execution.fragments import fragment_config
+    from parsl_bft.train.config import Precision
+    from parsl_bft.train.protocol import JobDir
+
+    def config(job):
+        job.check_workload()
+        return fragment_config(job, JobDir(tmp_path), fragment="j-1", world_size=1, ranks_per_node=1,
+                               generation="g", interval_s=60.0, freeze_layers=0)
+    c = config(TrainingJob("j", precision="bf16", compile=True, channels_last=True))
+    assert (c.precision, c.compile, c.channels_last) == (Precision.BF16, "inductor", True)
+    c = config(TrainingJob("j", compile="aot_eager"))
+    assert (c.precision, c.compile, c.channels_last) == (Precision.FP32, "aot_eager", False)
+    with pytest.raises(ValueError, match="precision must be one of fp32, bf16, fp16, got 'float16'"):
+        TrainingJob("j", precision="float16").check_workload()
+    with pytest.raises(ValueError, match=r"compile is True, False or a torch\.compile backend.s name"):
+        TrainingJob("j", compile="").check_workload()
+    script = tmp_path / "loop.py"
+    script.write_text("def train(ctx):\n    pass\n")
+    with pytest.raises(ValueError, match="precision, compile set the built-in loop's; your own loop chooses"):
+        TrainingJob("k", loop=f"{script}:train", precision="bf16", compile=True).check_workload()
