@@ -14,7 +14,7 @@ from ..train.config import FragmentConfig, FragmentFailed, FragmentResult
 from .pool import SitePool
 
 if TYPE_CHECKING:
-    from torch._C._distributed_c10d import Store, TCPStore
+    from ..train.launcher import RendezvousStore
 
 
 class FragmentAbandoned(RuntimeError):
@@ -35,7 +35,7 @@ class FragmentHandle:
     (``launcher.run_gang_task``) and one given up never runs, even if a worker picks its task up later - it would
     train beside the job's next fragment."""
 
-    def __init__(self, futures: list[Future[Any]], store: Store | None = None, fragment: str = "") -> None:
+    def __init__(self, futures: list[Future[Any]], store: RendezvousStore | None = None, fragment: str = "") -> None:
         self.futures, self.store, self.fragment = futures, store, fragment
         self.abandoned: set[int] = set()
 
@@ -73,13 +73,13 @@ class FragmentHandle:
 class SiteRunner:
     """One site's way of running fragments: its Parsl apps (per lane on pilots), bound to its executor(s)."""
 
-    def __init__(self, name: str, site: SitePool, store: TCPStore) -> None:
+    def __init__(self, name: str, site: SitePool, store: RendezvousStore) -> None:
         from parsl import python_app
 
         from .apps import fragment_task
         self.name, self.site, self.store = name, site, store
         self.gang = site.pool.gang
-        self.addr = f"{store_host(site.executor, self.gang)}:{store.port}"
+        self.addr = store.address(store_host(site.executor, self.gang))     # SECRET@HOST:PORT
         self._app = python_app(fragment_task, executors=[site.executor])     # all ranks in one task
         self._apps: dict[tuple[str, str], Callable[..., Future[Any]]] = {}
 
@@ -141,6 +141,26 @@ class SiteRunner:
             if f.done() and f.exception() is not None:   # only a slower first fragment; nothing is lost
                 log("warm-up-failed", error=str(f.exception())[:200])
         shutil.rmtree(barrier_dir, ignore_errors=True)
+
+
+def serve_site_store(sites: dict[str, SitePool]) -> RendezvousStore:
+    """The run's rendezvous store (``launcher.RendezvousStore``: its own process, a secret), listening where the
+    sites' ranks reach it: loopback when they all run on this host, else the interchange address the site file
+    names (``bind_host``); sites that reach this host on different addresses: every interface."""
+    from ..train.launcher import serve_store
+
+    hosts = {bind_host(s.executor, s.pool.gang) for s in sites.values()}
+    return serve_store(hosts.pop() if len(hosts) == 1 else "")
+
+
+def bind_host(executor_label: str, gang: bool) -> str:
+    """Where the store listens for one site's ranks: loopback for local workers; for pilots the address their
+    worker pools reach the interchange on, when the site file names one ("": every interface, when Parsl
+    probes this host's addresses instead)."""
+    if not gang:
+        return "127.0.0.1"
+    from parsl.dataflow.dflow import DataFlowKernelLoader
+    return getattr(DataFlowKernelLoader.dfk().executors[executor_label], "address", None) or ""
 
 
 def store_host(executor_label: str, gang: bool) -> str:

@@ -13,13 +13,17 @@ fragment, so the job resumes from the last good one.
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import json
 import os
+import secrets
 import signal
 import socket
+import subprocess
 import sys
 import threading
 import time
+import weakref
 from datetime import timedelta
 from multiprocessing.connection import wait as wait_any
 from multiprocessing.context import ForkServerContext
@@ -33,6 +37,7 @@ from ..parent_death import signal_on_parent_death
 from .config import FragmentConfig, FragmentFailed, FragmentResult
 from .fragment import main
 from .protocol import JobDir
+from .rank import open_store
 
 
 def node_name() -> str:
@@ -41,24 +46,148 @@ def node_name() -> str:
             or socket.gethostname().split(".")[0])
 
 
-def serve_store(host: str = "127.0.0.1") -> TCPStore:
-    """A TCPStore server on a free port (the kernel picks it: no guess, no race). On loopback (every rank on this
-    node) it listens on loopback only - TCPStore alone would listen on every interface; ``host=""``: every
-    interface (ranks on other nodes)."""
-    if host in ("127.0.0.1", "localhost"):
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.bind(("127.0.0.1", 0))
+STORE_MEMORY = 256 << 20   # bytes the store's process may grow by past its start (a flood of keys ends it, not us)
+# The store's own process: a TCPStore server on the socket it is handed, its address space capped once it runs; it
+# ends when its stdin (a pipe the starting process holds) closes, or with the thread that started it.
+_SERVE = """
+import resource, signal, sys
+from datetime import timedelta
+from parsl_bft.parent_death import signal_on_parent_death
+signal_on_parent_death(signal.SIGKILL)
+fd, host, port, memory = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+from torch._C._distributed_c10d import TCPStore
+store = TCPStore(host, port, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=60),
+                 master_listen_fd=fd)
+with open("/proc/self/status") as f:
+    size = next(int(line.split()[1]) << 10 for line in f if line.startswith("VmSize:"))
+resource.setrlimit(resource.RLIMIT_AS, (size + memory, size + memory))
+sys.stdin.buffer.read()
+"""
+
+
+def _loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+def _listen(host: str) -> socket.socket:
+    """A listening socket on ``host`` (an address or a name of this host; "": every interface), on a port the
+    kernel picks. A name that is no address of this host, or that this host resolves to loopback (another node
+    would not), listens on every interface, as before: the store's secret still keeps its keys."""
+    addrs = [] if not host else socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM)
+    for family, _, _, _, sockaddr in addrs:
+        ip = str(sockaddr[0])
+        if ipaddress.ip_address(ip.split("%")[0]).is_loopback and not _loopback(host):
+            continue
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            sock.bind((ip, 0))
+        except OSError:
+            sock.close()
+            continue
         sock.listen(512)
-        port = sock.getsockname()[1]
-        return TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False,
-                        timeout=timedelta(seconds=60), master_listen_fd=sock.detach())   # the store owns it
-    return TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=60))
+        return sock
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("", 0))
+    sock.listen(512)
+    return sock
+
+
+class RendezvousStore:
+    """A run's rendezvous store: a torch TCPStore served by a small process of its own (``_SERVE``), so that a
+    client storing huge keys ends that process - its address space is capped (``memory`` bytes past its start) -
+    never the caller's memory. It listens on ``host`` only (loopback by default) and every key lives under a
+    secret made here: a client that lacks it cannot read or change the ranks' keys. Ranks are handed
+    ``address(...)``: ``SECRET@HOST:PORT`` (``rank.open_store`` reads it).
+
+    The process ends with ``close()``, when this object is collected, when the thread that made it ends (the
+    orchestrator's loop: the run), or when this process dies however it dies (its stdin, a pipe held here,
+    closes; and the kernel's parent-death signal)."""
+
+    def __init__(self, host: str = "127.0.0.1", memory: int = STORE_MEMORY) -> None:
+        self.secret = secrets.token_hex(16)
+        sock = _listen(host)
+        ip, self.port = sock.getsockname()[:2]
+        self.host = "127.0.0.1" if ip in ("0.0.0.0", "::") else str(ip)     # where this process reaches it
+        self.listening = str(ip)
+        alive, self._alive = os.pipe()
+        try:
+            self._proc = subprocess.Popen([sys.executable, "-c", _SERVE, str(sock.fileno()), self.host,
+                                           str(self.port), str(memory)], stdin=alive, stdout=subprocess.DEVNULL,
+                                          pass_fds=(sock.fileno(),), start_new_session=True)   # no Ctrl-C
+        finally:
+            os.close(alive)
+            sock.close()
+        self._end = weakref.finalize(self, _end_store, self._proc, self._alive)
+        self._client: Store | None = None
+
+    def address(self, host: str | None = None) -> str:
+        """What a rank is told: the secret, and the store at ``host`` (default: where this process reaches it)."""
+        return f"{self.secret}@{host or self.host}:{self.port}"
+
+    @property
+    def client(self) -> Store:
+        """This process's own client of the store, its keys under the secret (connected at first use)."""
+        if self._client is None:
+            self._client = open_store(self.address(), 60.0)
+        return self._client
+
+    def check(self, keys: list[str]) -> bool:
+        """Whether every key is set."""
+        return self.client.check(keys)
+
+    def get(self, key: str) -> bytes:
+        """A key's value (waits for it)."""
+        return self.client.get(key)
+
+    def set(self, key: str, value: str) -> None:
+        """Set a key."""
+        self.client.set(key, value)
+
+    def compare_set(self, key: str, expected: str, desired: str) -> bytes:
+        """Set ``key`` to ``desired`` if it holds ``expected`` ("" : unset); its value after."""
+        return self.client.compare_set(key, expected, desired)
+
+    def alive(self) -> bool:
+        """Whether the store's process still runs."""
+        return self._proc.poll() is None
+
+    def close(self) -> None:
+        """End the store's process."""
+        self._client = None
+        self._end()
+
+
+def _end_store(proc: subprocess.Popen[bytes], alive: int) -> None:
+    os.close(alive)              # its stdin closes: it exits
+    try:
+        proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def serve_store(host: str = "127.0.0.1") -> RendezvousStore:
+    """The rendezvous store of a run (``RendezvousStore``), listening on ``host``: loopback (default: every rank
+    on this node), the address the ranks reach this host on, or "": every interface."""
+    return RendezvousStore(host)
+
+
+def _serve_here() -> TCPStore:
+    """A lone fragment's own store, in this process, on loopback only (its ranks are this launcher's children)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(512)
+    port = sock.getsockname()[1]
+    return TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False,
+                    timeout=timedelta(seconds=60), master_listen_fd=sock.detach())   # the store owns it
 
 
 def store_client(addr: str, fragment: str, timeout_s: float) -> Store:
-    """A client of the store at ``addr`` (host:port), its keys under ``fragment``."""
-    host, port = addr.rsplit(":", 1)
-    return PrefixStore(fragment, TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=timeout_s)))
+    """A client of the store at ``addr`` ([SECRET@]HOST:PORT), its keys under ``fragment``."""
+    return PrefixStore(fragment, open_store(addr, timeout_s))
 
 
 def run_fragment(cfg: FragmentConfig, *, env: dict[str, str] | None = None, ranks: list[int] | None = None,
@@ -72,8 +201,8 @@ def run_fragment(cfg: FragmentConfig, *, env: dict[str, str] | None = None, rank
     jd = JobDir(cfg.checkpoint_dir).ensure()
     server = None
     if store is None:
-        server = serve_store()
-        store = f"127.0.0.1:{server.port}"
+        server = _serve_here()
+        store = f"{secrets.token_hex(16)}@127.0.0.1:{server.port}"
     kv = store_client(store, cfg.fragment_id, cfg.timeout_s)
     cfg_file = jd.path / f".cfg-{socket.gethostname()}-{cfg.fragment_id}-{ranks[0]}.json"
     cfg_file.write_text(cfg.to_json())

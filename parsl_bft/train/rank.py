@@ -50,14 +50,22 @@ def local_rank(rank: int) -> int:
     return rank
 
 
+def open_store(addr: str, timeout_s: float) -> Store:
+    """A client of the rendezvous store at ``addr``: ``SECRET@HOST:PORT``, every key under the run's secret (a
+    client without it can neither read nor change them), or ``HOST:PORT`` (no secret)."""
+    secret, _, where = addr.rpartition("@")
+    host, port = where.rsplit(":", 1)
+    base = TCPStore(host.strip("[]"), int(port), is_master=False, timeout=timedelta(seconds=timeout_s))
+    return PrefixStore(secret, base) if secret else base
+
+
 def rank_store(timeout_s: float) -> Store | None:
-    """The TCPStore client of this fragment (``PARSL_BFT_STORE`` = host:port, keys under the fragment id)."""
+    """The TCPStore client of this fragment (``PARSL_BFT_STORE``: ``open_store``'s address, keys under the
+    fragment id)."""
     addr = os.environ.get("PARSL_BFT_STORE")
     if not addr:
         return None
-    host, port = addr.rsplit(":", 1)
-    base = TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=timeout_s))
-    return PrefixStore(os.environ["PARSL_BFT_FRAGMENT"], base)
+    return PrefixStore(os.environ["PARSL_BFT_FRAGMENT"], open_store(addr, timeout_s))
 
 
 def _master_addr() -> str:

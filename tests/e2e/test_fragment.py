@@ -55,7 +55,7 @@ def test_a_gang_of_node_tasks_trains_exactly_like_one_launcher(tmp_path, monkeyp
     run_fragment(cfg(one, steps=6, world_size=4))
     monkeypatch.setenv("PARSL_BFT_NODE", "n7")
     server = serve_store()
-    addr = f"127.0.0.1:{server.port}"
+    addr = server.address()
     c = cfg(gang, steps=6, world_size=4, ranks_per_node=2, timeout_s=60)
     out = {}
 
@@ -75,7 +75,7 @@ def test_a_gang_of_node_tasks_trains_exactly_like_one_launcher(tmp_path, monkeyp
 def test_a_gang_share_without_its_peers_gives_up_with_a_clear_error(tmp_path):
     server = serve_store()
     with pytest.raises(FragmentFailed, match=r"rank 1 on .* failed first: .*(Timeout|timed out|timeout)"):
-        run_gang_task(cfg(tmp_path, steps=1, world_size=2, timeout_s=3), 1, f"127.0.0.1:{server.port}")
+        run_gang_task(cfg(tmp_path, steps=1, world_size=2, timeout_s=3), 1, server.address())
 
 
 def test_the_rank_that_failed_first_is_named_with_its_traceback(tmp_path):
