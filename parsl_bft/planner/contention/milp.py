@@ -58,48 +58,72 @@ def solve_optimal(inst: Instance, horizon: int, *, time_limit: float = 60.0) -> 
             ps = np.arange(0, splitters + 1) if split_on[j, i] else np.zeros(1)
             ips[j, i] = iterations_per_slot(iteration_time(inst.gpus[j], spans, ps, inst.grad[j], inst.compute[j],
                                                            inst.params)).tolist()
+    # a start that cannot finish by the horizon even at the option's best rate is not created
+    best = {k: v[min(1, len(v) - 1)] for k, v in ips.items()}       # alone on its links
+    dmin = {k: -(-int(inst.iters[k[0]]) // v) for k, v in best.items()}
     m = pulp.LpProblem("ring_jobs", pulp.LpMinimize)
     X = {(j, i, t): pulp.LpVariable(f"x_{j}_{i}_{t}", cat="Binary")
          for j in range(J) for i in range(len(opts[j])) for t in range(H)}
     St = {(j, i, t): pulp.LpVariable(f"s_{j}_{i}_{t}", cat="Binary")
-          for j in range(J) for i in range(len(opts[j])) for t in range(H)}
+          for j in range(J) for i in range(len(opts[j])) for t in range(H - dmin[j, i] + 1)}
     R = {k: pulp.LpVariable(f"r_{k[0]}_{k[1]}_{k[2]}", lowBound=0) for k in X}
     C = pulp.LpVariable("makespan", lowBound=0)
     m += C
+    zero = pulp.lpSum([])
     for j in range(J):
-        m += pulp.lpSum(St[j, i, t] for i in range(len(opts[j])) for t in range(H)) == 1
+        m += pulp.lpSum(St[k] for k in St if k[0] == j) == 1
         m += pulp.lpSum(R[j, i, t] for i in range(len(opts[j])) for t in range(H)) >= int(inst.iters[j])
+        m += pulp.lpSum(X[j, i, t] * best[j, i] for i in range(len(opts[j])) for t in range(H)) \
+            >= int(inst.iters[j])                 # valid cut: it runs long enough at its best rate
         for i in range(len(opts[j])):
             for t in range(H):
-                m += X[j, i, t] <= pulp.lpSum(St[j, i, u] for u in range(t + 1))
-                if t + 1 < H:   # running at t+1 without starting then: running at t too
-                    m += X[j, i, t + 1] - St[j, i, t + 1] <= X[j, i, t]
-                m += St[j, i, t] <= X[j, i, t]
-                m += R[j, i, t] <= ips[j, i][min(1, len(ips[j, i]) - 1)] * X[j, i, t]
+                start = St.get((j, i, t), zero)
+                # running at t without starting then: running at t-1 too (so never before its one start)
+                m += X[j, i, t] - start <= (X[j, i, t - 1] if t else 0)
+                if (j, i, t) in St:
+                    m += St[j, i, t] <= X[j, i, t]
+                m += R[j, i, t] <= best[j, i] * X[j, i, t]
                 m += C >= (t + 1) * X[j, i, t]       # noqa: SIM300 (C is the makespan variable)
     for s in range(S):
         for t in range(H):
             m += pulp.lpSum(opts[j][i][s] * X[j, i, t] for j in range(J) for i in range(len(opts[j]))) \
                 <= int(inst.server_gpus[s])
+    # valid cut: the GPU-slots used fit under the makespan
+    m += pulp.lpSum(int(inst.gpus[k[0]]) * v for k, v in X.items()) <= inst.n_gpus * C
+    # identical servers are interchangeable: keep the solutions that load them in non-increasing order
+    for s in range(S - 1):
+        if inst.server_gpus[s] == inst.server_gpus[s + 1]:
+            m += pulp.lpSum(opts[j][i][s] * v for (j, i, t), v in X.items()) \
+                >= pulp.lpSum(opts[j][i][s + 1] * v for (j, i, t), v in X.items())
     if splitters > 1:
-        for s in range(S):
-            on = [(j, i) for (j, i), ss in split_on.items() if s in ss]
-            if len(on) < 2:
-                continue
-            for t in range(H):
-                count = pulp.lpSum(X[j, i, t] for j, i in on)
-                for q in range(2, splitters + 1):
-                    w = pulp.LpVariable(f"w_{s}_{t}_{q}", cat="Binary")
-                    m += count - (q - 1) <= J * w
-                    for j, i in on:
-                        cap = ips[j, i]
-                        m += R[j, i, t] <= cap[q] + cap[1] * (1 - w)
+        _contention(pulp, m, inst, split_on, ips, X, R, splitters, H)
     solver = _solver(pulp, time_limit)
     m.solve(solver)
     status = pulp.LpStatus[m.status]
+    if status == "Optimal" and m.sol_status != pulp.LpSolutionOptimal:
+        status = "Not proven optimal"           # a time limit: PuLP reports HiGHS's incumbent as "Optimal"
     if status != "Optimal":
         raise RuntimeError(f"MILP for {J} jobs / {S} servers / {H} slots: {status} (horizon too short?)")
     return MilpResult(round(C.value()), status.lower(), _to_schedule(inst, opts, X, St, H))
+
+
+def _contention(pulp, m, inst: Instance, split_on, ips, X, R, splitters: int, H: int) -> None:
+    """Eq. 6 per server and slot: w[s,t,q] = 1 when >= q split jobs run on s; a job split on s then does at most
+    ips(q) iterations. Only the q at which some job's rate drops get a w (between them the rate is flat)."""
+    for s in range(inst.n_servers):
+        on = [(j, i) for (j, i), ss in split_on.items() if s in ss]
+        if len(on) < 2:
+            continue
+        levels = [q for q in range(2, min(splitters, len(on)) + 1) if any(ips[k][q] < ips[k][q - 1] for k in on)]
+        for t in range(H):
+            count = pulp.lpSum(X[j, i, t] for j, i in on)
+            for q in levels:
+                w = pulp.LpVariable(f"w_{s}_{t}_{q}", cat="Binary")
+                m += count - (q - 1) <= (len(on) - q + 1) * w
+                for j, i in on:
+                    cap = ips[j, i]
+                    if cap[q] < cap[1]:
+                        m += R[j, i, t] <= cap[q] + (cap[1] - cap[q]) * (1 - w)
 
 
 def _solver(pulp, time_limit: float):

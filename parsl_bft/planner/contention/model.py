@@ -32,6 +32,7 @@ class CommParams:
     b_inter: float = 1.0        # b_e: inter-server bandwidth with no contention
     reduce_speed: float = 100.0  # C: rate at which a GPU reduces received gradient data
     overhead: float = 1e-3      # slots per iteration per server spanned (scaled by xi2)
+    max_extra: float | None = None  # contention + overhead add at most this share of the one-server time
 
     def __post_init__(self) -> None:
         for name in ("b_intra", "b_inter", "reduce_speed"):
@@ -39,6 +40,8 @@ class CommParams:
                 raise ValueError(f"CommParams.{name} must be > 0, got {getattr(self, name)}")
         if not 0 < self.xi1 <= 1 or not 0 < self.xi2 <= 1:
             raise ValueError(f"CommParams: xi1 and xi2 must be in (0, 1], got {self.xi1}, {self.xi2}")
+        if self.max_extra is not None and not self.max_extra >= 0:
+            raise ValueError(f"CommParams.max_extra must be >= 0 or None, got {self.max_extra}")
         if self.alpha < 0 or self.overhead < 0:
             raise ValueError(f"CommParams: alpha and overhead must be >= 0, got {self.alpha}, {self.overhead}")
 
@@ -63,15 +66,21 @@ def contention(split: np.ndarray, active: np.ndarray | None = None) -> np.ndarra
 
 def iteration_time(workers, servers, p, grad, compute, params: CommParams) -> np.ndarray:
     """Eq. 8, per job (arrays broadcast): ``workers`` w, ``servers`` spanned, contention count ``p`` (eq. 6),
-    gradient size ``grad`` m, ``compute`` = forward + backward time dF M + dB."""
+    gradient size ``grad`` m, ``compute`` = forward + backward time dF M + dB. With ``params.max_extra`` set,
+    the time is at most (1 + max_extra) times the job's contention-free time (inside one server, p = 0): the
+    paper's "contention and overhead add at most 15%" read as a cap."""
     w = np.asarray(workers, dtype=float)
     s = np.asarray(servers, dtype=float)
     m = np.asarray(grad, dtype=float)
     k = params.xi1 * np.asarray(p, dtype=float)
     bw = np.where(s <= 1, params.b_intra, params.b_inter / degradation(k, params.alpha))
     share = np.where(w > 1, (m / np.maximum(w, 1.0)) * (w - 1.0), 0.0)
-    return (2.0 * share / bw + share / params.reduce_speed + params.xi2 * params.overhead * np.maximum(s, 1.0)
-            + np.asarray(compute, dtype=float))
+    tail = share / params.reduce_speed + np.asarray(compute, dtype=float)
+    tau = 2.0 * share / bw + params.xi2 * params.overhead * np.maximum(s, 1.0) + tail
+    if params.max_extra is None:
+        return tau
+    free = 2.0 * share / params.b_intra + params.xi2 * params.overhead + tail
+    return np.minimum(tau, (1.0 + params.max_extra) * free)
 
 
 def iterations_per_slot(tau) -> np.ndarray:

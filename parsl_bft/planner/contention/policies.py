@@ -30,42 +30,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .booking import Books, JobOrder, Start, bisect_theta, capped_schedule, job_order, least_busy
 from .engine import Outcome, Schedule, run
 from .instance import Instance
-
-
-class Books:
-    """What a list scheduler knows while placing: per GPU the slot it is free and the work booked on it."""
-
-    def __init__(self, inst: Instance) -> None:
-        self.inst = inst
-        self.free = np.zeros(inst.n_gpus)
-        self.busy = np.zeros(inst.n_gpus)
-        self.split: list[list[tuple[float, float]]] = [[] for _ in range(inst.n_servers)]
-        self.gpus: list[np.ndarray] = [np.empty(0, np.int64)] * inst.n_jobs
-        self.order: list[int] = []
-
-    def place(self, j: int, g: np.ndarray) -> float:
-        """Book job ``j`` on GPUs ``g`` from the slot they are all free; returns how many slots it runs."""
-        inst = self.inst
-        servers = np.unique(inst.server_of[g])
-        start = float(self.free[g].max())
-        p = 0
-        if len(servers) > 1:
-            p = 1 + max(sum(1 for a, b in self.split[s] if a <= start < b) for s in servers)
-        d = inst.slots(j, len(servers), p)
-        self.free[g] = start + d
-        self.busy[g] += d
-        if len(servers) > 1:
-            for s in servers:
-                self.split[s].append((start, start + d))
-        self.gpus[j] = np.asarray(g, dtype=np.int64)
-        self.order.append(j)
-        return d
-
-    def schedule(self) -> Schedule:
-        """What was booked so far, as a Schedule for the engine."""
-        return Schedule(list(self.order), list(self.gpus))
 
 
 def _earliest(b: Books, k: int, not_before: float = 0.0) -> np.ndarray:
@@ -146,15 +113,6 @@ def random_servers(inst: Instance, seed: int = 0) -> Schedule:
     return b.schedule()
 
 
-def _least_busy(b: Books, cand: np.ndarray, k: int) -> np.ndarray:
-    return cand[np.lexsort((b.inst.server_of[cand], b.busy[cand]))][:k]
-
-
-def _fa_ffp(b: Books, j: int, eligible: np.ndarray) -> np.ndarray:
-    """Alg. 2: the G_j least busy GPUs that stay under the cap (the fragments busy servers leave)."""
-    return _least_busy(b, eligible, int(b.inst.gpus[j]))
-
-
 def _lbsgf(b: Books, j: int, eligible: np.ndarray, lam: float) -> np.ndarray:
     """Alg. 3: servers by mean busy time; the fewest least-busy ones holding >= lambda * G_j eligible GPUs (all
     servers with eligible GPUs if none do); then the G_j least busy eligible GPUs on them."""
@@ -164,29 +122,19 @@ def _lbsgf(b: Books, j: int, eligible: np.ndarray, lam: float) -> np.ndarray:
     order = np.argsort(mean_busy, kind="stable")
     enough = np.flatnonzero(np.cumsum(per_server[order]) >= lam * inst.gpus[j])
     chosen = order[: enough[0] + 1] if len(enough) else order
-    return _least_busy(b, eligible[np.isin(inst.server_of[eligible], chosen)], int(inst.gpus[j]))
+    return least_busy(b, eligible[np.isin(inst.server_of[eligible], chosen)], int(inst.gpus[j]))
 
 
-def sjf_bco_trial(inst: Instance, theta: float, kappa: int, lam: float = 1.0) -> Schedule | None:
-    """One (theta, kappa) trial of Alg. 1: smallest jobs first; None when some job finds too few GPUs under
-    the busy-time cap theta."""
-    b = Books(inst)
-    rho0 = _rho0(inst)
-    for j in np.argsort(inst.gpus, kind="stable"):
-        eligible = np.flatnonzero(b.busy + rho0[j] <= theta)
-        if len(eligible) < inst.gpus[j]:
-            return None
-        g = _fa_ffp(b, j, eligible) if inst.gpus[j] <= kappa else _lbsgf(b, j, eligible, lam)
-        b.place(int(j), g)
-    return b.schedule()
-
-
-def _rho0(inst: Instance) -> np.ndarray:
-    out = np.empty(inst.n_jobs)
-    for j in range(inst.n_jobs):
-        s = inst.min_servers(j)
-        out[j] = inst.slots(j, s, 1 if s > 1 else 0)
-    return out
+def sjf_bco_trial(inst: Instance, theta: float, kappa: int, lam: float = 1.0, order: JobOrder = JobOrder.SJF,
+                  start: Start = Start.BOOK) -> Schedule | None:
+    """One (theta, kappa) trial of Alg. 1: jobs in ``order`` (smallest first); a job of <= kappa GPUs by FA-FFP
+    (Alg. 2: the G_j least busy GPUs under the cap, which is also List-Scheduling's rule), a larger one by LBSGF
+    (Alg. 3). None when some job finds too few GPUs under the busy-time cap theta."""
+    def pick(b: Books, j: int, eligible: np.ndarray) -> np.ndarray:
+        if inst.gpus[j] <= kappa:
+            return least_busy(b, eligible, int(inst.gpus[j]))
+        return _lbsgf(b, j, eligible, lam)
+    return capped_schedule(inst, job_order(inst, order), theta, pick, start=start)
 
 
 def kappa_choices(inst: Instance) -> list[int]:
@@ -206,41 +154,29 @@ class BcoResult:
     log: list[tuple[float, int, int | None]] = field(default_factory=list)   # (theta, kappa, makespan)
 
 
-def sjf_bco(inst: Instance, *, horizon: int = 1200, kappas: list[int] | None = None, lam: float = 1.0) -> BcoResult:
-    """Alg. 1: bisection on the per-GPU busy-time cap theta in [1, ``horizon``]; at each theta every spread
-    threshold kappa (``kappas``; default ``kappa_choices``) is tried and the best makespan kept. ``lam`` is the
-    lambda_j of LBSGF, the same for every job (the paper's evaluation: 1)."""
+def sjf_bco(inst: Instance, *, horizon: int = 1200, kappas: list[int] | None = None, lam: float = 1.0,
+            order: JobOrder = JobOrder.SJF, start: Start = Start.BOOK) -> BcoResult:
+    """Alg. 1: bisection on the per-GPU busy-time cap theta in [1, ``horizon``] (``bisect_theta``); at each theta
+    every spread threshold kappa (``kappas``; default ``kappa_choices``) is tried and the best makespan kept.
+    ``lam`` is the lambda_j of LBSGF, the same for every job (the paper's evaluation: 1). ``order`` other than
+    SJF is an ablation (SJF-BCO's placement in arrival order); ``start`` says when a placed job starts."""
     if lam < 1:
         raise ValueError(f"lambda must be >= 1 (LBSGF looks at servers holding >= lambda * G_j GPUs), got {lam}")
     ks = kappas or kappa_choices(inst)
-    best: BcoResult | None = None
-    trials = 0
     log: list[tuple[float, int, int | None]] = []
 
     def at(theta: float) -> BcoResult | None:
-        nonlocal trials
         top = None
         for k in ks:
-            trials += 1
-            s = sjf_bco_trial(inst, theta, k, lam)
+            s = sjf_bco_trial(inst, theta, k, lam, order, start)
             out = run(inst, s) if s is not None else None
             log.append((theta, k, out.makespan if out else None))
             if s is not None and out is not None and (top is None or out.makespan < top.outcome.makespan):
                 top = BcoResult(s, out, theta, k, 0)
         return top
 
-    hi = float(horizon)
-    while (best := at(hi)) is None:
-        hi *= 2
-    lo = 0.0
-    while hi - lo > 1:
-        mid = float(int((lo + hi) / 2))
-        r = at(mid)
-        if r is not None and r.outcome.makespan <= best.outcome.makespan:
-            best, hi = r, mid
-        else:
-            lo = mid
-    best.trials, best.log = trials, log
+    best, _ = bisect_theta(at, horizon)
+    best.trials, best.log = len(log), log
     return best
 
 
