@@ -39,6 +39,7 @@ class TrainingJob:
     precision: str = "fp32"        # the built-in loop's autocast: "fp32", "bf16" or "fp16" (loss scaled)
     compile: bool | str = False    # the built-in loop runs torch.compile(model): True (inductor) or a backend
     channels_last: bool = False    # the built-in loop's model and images in channels-last memory format
+    micro_batch: int | None = None  # samples a rank computes at once (gradients accumulated): when a batch won't fit
 
     def __post_init__(self) -> None:
         check_job_name(self.name)
@@ -54,10 +55,15 @@ class TrainingJob:
         if self.precision not in set(Precision):
             raise ValueError(f"job {self.name!r}: precision must be one of {', '.join(Precision)}, got "
                              f"{str(self.precision)[:40]!r}")
+        mb = self.micro_batch
+        if mb is not None and (isinstance(mb, bool) or not isinstance(mb, int) or mb < 1):
+            raise ValueError(f"job {self.name!r}: micro_batch must be an integer >= 1 (or None: a rank's whole "
+                             f"share of the batch at once), got {str(mb)[:40]!r}")
         if not isinstance(self.compile, (bool, str)) or self.compile == "" or not isinstance(self.channels_last, bool):
             raise ValueError(f"job {self.name!r}: compile is True, False or a torch.compile backend's name, and "
                              "channels_last True or False")
-        own = [f for f in ("precision", "compile", "channels_last") if getattr(self, f) not in ("fp32", False)]
+        own = [f for f in ("precision", "compile", "channels_last", "micro_batch")
+               if getattr(self, f) not in ("fp32", False, None)]
         if self.loop is not None and own:
             raise ValueError(f"job {self.name!r}: {', '.join(own)} set the built-in loop's; your own loop chooses "
                              "its own (torch.autocast, torch.compile, memory_format in it): drop them")

@@ -1,6 +1,6 @@
-"""The built-in loop at other precisions, compiled and channels-last, on CPU (the same code paths a GPU takes):
-bf16 and fp16 autocast resume bit for bit across fragments, fp16's GradScaler state goes on across them, and a
-compiled model's checkpoints are the plain model's."""
+"""The built-in loop at other precisions, compiled, channels-last and in micro-batches, on CPU (the code paths a
+GPU takes): bf16 and fp16 autocast resume bit for bit across fragments, fp16's GradScaler state goes on across
+them, a compiled model's checkpoints are the plain model's, and micro-batches accumulate to the same step."""
 import pytest
 import torch
 
@@ -82,3 +82,13 @@ def test_a_compiled_model_checkpoints_like_the_plain_one(tmp_path):
     plain = tmp_path / "plain"
     train_rank(cfg(plain, steps=8))
     assert same_weights(latest(plain).model, latest(tmp_path).model)
+
+
+def test_micro_batches_accumulate_to_the_same_step(tmp_path):
+    """A batch that does not fit is computed in micro-batches, gradients accumulated: the same training, up to
+    the order of floating-point additions."""
+    whole, micro = tmp_path / "whole", tmp_path / "micro"
+    train_rank(cfg(whole, steps=4))
+    train_rank(cfg(micro, steps=4, micro_batch=4))
+    a, b = latest(whole).model, latest(micro).model
+    assert all(torch.allclose(a[k], b[k], atol=1e-5) for k in a)

@@ -74,8 +74,10 @@ def test_precision_compile_and_memory_format_reach_the_fragment_and_are_checked(
                                generation="g", interval_s=60.0, freeze_layers=0)
     c = config(TrainingJob("j", precision="bf16", compile=True, channels_last=True))
     assert (c.precision, c.compile, c.channels_last) == (Precision.BF16, "inductor", True)
-    c = config(TrainingJob("j", compile="aot_eager"))
-    assert (c.precision, c.compile, c.channels_last) == (Precision.FP32, "aot_eager", False)
+    c = config(TrainingJob("j", compile="aot_eager", micro_batch=8))
+    assert (c.precision, c.compile, c.channels_last, c.micro_batch) == (Precision.FP32, "aot_eager", False, 8)
+    with pytest.raises(ValueError, match="micro_batch must be an integer >= 1"):
+        TrainingJob("j", micro_batch=0).check_workload()
     with pytest.raises(ValueError, match="precision must be one of fp32, bf16, fp16, got 'float16'"):
         TrainingJob("j", precision="float16").check_workload()
     with pytest.raises(ValueError, match=r"compile is True, False or a torch\.compile backend.s name"):
