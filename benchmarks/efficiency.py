@@ -11,11 +11,14 @@ theta_2022 (recorded schedule, outages masked), ImageNet 7-model mix:
   E. hole ends: the Summit slice, 24 h, dp/speedup, side by side: BFTrainer's published replayer figures (from
      docs, not re-run), equal-share, horizon-blind (T_fwd 10 and 60 s), horizon-aware with the online
      hole-history predictor (past only), clairvoyant (the real ends: an upper bound), and each run's ceiling
-     (the same replay with free rescales and reclaims); losses as shares of the idle node-seconds; then theta_2022 replayed FCFS+EASY (the slice of A),
+     (the same replay with free rescales and reclaims); losses as shares of the idle node-seconds; each row also
+     under this runtime's measured costs (parsl_bft/data/runtime.costs.csv, --costs measured), and the best of
+     those with no reclaim announced; then theta_2022 replayed FCFS+EASY (the slice of A),
      horizon-aware with the EASY reservations from requested walltimes (what the scheduler knows); and
      8 single days of the full Summit log (first 256 nodes): blind vs aware vs clairvoyant, one mean each
 Ratios are against equal-share in the same invocation. LAST line: one JSON object (with section E:
-{"e_idle": best realistic, "e_used", "ceiling_e_idle", "equal_share_e_idle", "clairvoyant_e_idle", "results"}).
+{"e_idle": best realistic, "e_used", "ceiling_e_idle", "equal_share_e_idle", "clairvoyant_e_idle",
+"e_idle_measured", "ceiling_e_idle_measured", "results"}; e_idle is under BFTrainer's costs).
 --submits relative counts the job set's submit times from each replayed window's start (for a log of another
 era than the job set; the default, absolute, takes them as written, and a replay no job can enter is an error).
 Usage: python benchmarks/efficiency.py [--data ../shared/data] [--quick] [--only-topology] [--only-horizon]
@@ -37,6 +40,7 @@ from parsl_bft.planner import Planner
 from parsl_bft.planner.netcost import NetworkCost
 from parsl_bft.planner.topo_placement import make_placement
 from parsl_bft.sim import simulate
+from parsl_bft.sim.costs import BFTRAINER, MEASURED, CostModel, cost_model
 from parsl_bft.topology import load_topology
 
 START = 100 * 86400      # 100 days into 2022: a stretch with few outages
@@ -49,7 +53,8 @@ def run(iv, js, label, max_concurrent=10, duration=86400, **kw):
     m.update(label=label, wall_s=time.perf_counter() - t, **{k: v for k, v in kw.items()})
     print(f"{label:44} e_idle {m['e_idle']:.3f}  e_used {m['e_used']:.3f}  util {m['util']:.3f}  "
           f"rescale {m['rescale_loss'] / 1e6:8.1f}M  reclaim {m['reclaim_loss'] / 1e6:8.1f}M  "
-          f"fin {m['jobs_finished']:3d}  solve p50 {m['solve_p50_s'] * 1e3:6.1f} ms p99 {m['solve_p99_s'] * 1e3:6.1f} ms"
+          f"fin {m['jobs_finished']:3d}  solve p50 {m['solve_p50_s'] * 1e3:6.1f} ms "
+          f"p99 {m['solve_p99_s'] * 1e3:6.1f} ms"
           f"  ({m['wall_s']:.1f} s)")
     return m
 
@@ -102,14 +107,26 @@ def main() -> None:
     _report(results, horizon_section(data, js, day, results))
 
 
-BFTRAINER = {"e_idle": 0.898, "e_used": 0.931}   # its replayer, CBC, T_fwd 10 s, same slice (shared notes)
+BFTRAINER_E = {"e_idle": 0.898, "e_used": 0.931}   # its replayer, CBC, T_fwd 10 s, same slice (shared notes)
+
+
+def no_notice(model: CostModel) -> CostModel:
+    """``model`` with no reclaim announced (a bound on what notice is worth)."""
+    return CostModel(f"{model.name}, no notice", {k: dataclasses.replace(r, notice={c: 0.0 for c in r.notice})
+                                                  for k, r in model.rows.items()})
 
 
 def horizon_section(data: Path, js, day: float, results: list) -> dict:
     summit = load_source(data / "eval" / "summit_256n_24h_idle_intervals.csv.gz").intervals
-    print(f"E. hole ends: Summit slice ({summit.n_nodes} nodes), {day / 3600:.0f} h, speedup, max 10 jobs; ceiling = "
+    print(f"E. hole ends ({BFTRAINER} costs unless named): Summit slice ({summit.n_nodes} nodes), "
+          f"{day / 3600:.0f} h, speedup, max 10 jobs; ceiling = "
           "same replay, free rescales and reclaims")
-    print(f"  {'BFTrainer replayer (published)':44} e_idle {BFTRAINER['e_idle']:.3f}  e_used {BFTRAINER['e_used']:.3f}")
+    print(f"  {'BFTrainer replayer (published)':44} e_idle {BFTRAINER_E['e_idle']:.3f}  "
+          f"e_used {BFTRAINER_E['e_used']:.3f}")
+    measured = cost_model(MEASURED)
+    assert measured is not None
+    print(f"  cost models side by side: {BFTRAINER} (the job set's t_up / t_down) and {MEASURED} ({measured.name}: "
+          "this runtime's restarts, saves ahead of announced reclaims; ceilings are the same free replay)")
     rows = horizon_rows(summit, None, js, day, results, "horizon", (
             ("equal-share", "history", dict(method="equal-share")),
             ("blind T_fwd 10", "none", dict(method="dp", t_fwd=10)),
@@ -117,11 +134,22 @@ def horizon_section(data: Path, js, day: float, results: list) -> dict:
             ("aware history T_fwd 10", "history", dict(method="dp", t_fwd=10, horizon_aware=True)),
             ("aware history T_fwd 60", "history", dict(method="dp", t_fwd=60, horizon_aware=True)),
             ("clairvoyant T_fwd 10 (bound)", "clairvoyant", dict(method="dp", t_fwd=10, horizon_aware=True)),
-            ("clairvoyant T_fwd 60 (bound)", "clairvoyant", dict(method="dp", t_fwd=60, horizon_aware=True))))
+            ("clairvoyant T_fwd 60 (bound)", "clairvoyant", dict(method="dp", t_fwd=60, horizon_aware=True))),
+        measured)
     realistic = [m for k, m in rows.items() if "clairvoyant" not in k and k != "equal-share"]
     best = max(realistic, key=lambda m: m["e_idle"])
     clair = max((m for k, m in rows.items() if "clairvoyant" in k), key=lambda m: m["e_idle"])
-    print(f"  -> best realistic: {best['label']}; vs BFTrainer e_idle x{best['e_idle'] / BFTRAINER['e_idle']:.3f}")
+    print(f"  -> best realistic: {best['label']}; vs BFTrainer e_idle x{best['e_idle'] / BFTRAINER_E['e_idle']:.3f}")
+    best_m = max(realistic, key=lambda m: m["e_idle_measured"])
+    print(f"  -> under {MEASURED} costs ({measured.name}): best realistic {best_m['label']}: e_idle "
+          f"{best_m['e_idle_measured']:.3f}, ceiling {best_m['ceiling_e_idle']:.3f}, e_idle/ceiling "
+          f"{best_m['e_idle_measured'] / best_m['ceiling_e_idle']:.3f}")
+    silent = no_notice(measured)
+    kw = {k: best_m[k] for k in ("method", "t_fwd", "horizon_aware")}
+    e_silent = simulate(summit, js, Planner(objective="speedup", **kw), duration=day, predict=best_m["predict"],
+                        costs=silent, **SUBMITS).metrics()["e_idle"]
+    print(f"  -> the same with no reclaim announced (every notice share 0: work since the last periodic save "
+          f"lost): e_idle {e_silent:.3f}")
     print(f"  -> nodes that joined together and left together: {_left_together(summit):.0%} of such pairs; "
           f"{len(summit.start) / len(np.unique(summit.start)):.1f} nodes join per event")
     # every used hole ends in a reclaim that pauses its job t_down (at ~1 node-s per node and second: speedups
@@ -148,7 +176,10 @@ def horizon_section(data: Path, js, day: float, results: list) -> dict:
             ("clairvoyant T_fwd 60 (bound)", "clairvoyant", dict(method="dp", t_fwd=60, horizon_aware=True))))
     return {"e_idle": best["e_idle"], "e_used": best["e_used"], "ceiling_e_idle": best["ceiling_e_idle"],
             "equal_share_e_idle": rows["equal-share"]["e_idle"], "clairvoyant_e_idle": clair["e_idle"],
-            "best": best["label"], "bftrainer": BFTRAINER, "reclaim_floor": floor, "free_growth_e_idle": grow,
+            "best": best["label"], "bftrainer": BFTRAINER_E,
+            "e_idle_measured": best_m["e_idle_measured"], "ceiling_e_idle_measured": best_m["ceiling_e_idle"],
+            "best_measured": best_m["label"], "cost_model_measured": measured.name,
+            "e_idle_measured_no_notice": e_silent, "reclaim_floor": floor, "free_growth_e_idle": grow,
             "theta_easy_e_idle": {k: round(m["e_idle"], 4) for k, m in easy.items()},
             "theta_easy_ceiling_e_idle": easy["blind T_fwd 60"]["ceiling_e_idle"], "summit_8_days_mean_e_idle": days}
 
@@ -172,8 +203,9 @@ def other_days(data: Path, js, results: list, n: int = 8) -> dict:
     return {k: float(np.mean(v)) for k, v in e.items()}
 
 
-def horizon_rows(iv, schedule, js, day: float, results: list, prefix: str, variants) -> dict:
-    """One replay (with its ceiling) per (label, predictor, planner settings); prints each with its losses."""
+def horizon_rows(iv, schedule, js, day: float, results: list, prefix: str, variants, measured=None) -> dict:
+    """One replay (with its ceiling) per (label, predictor, planner settings); prints each with its losses; with
+    ``measured`` (a CostModel) also the same replay under it (its ceiling: the same free replay)."""
     rows = {}
     for label, predict, kw in variants:
         t = time.perf_counter()
@@ -184,12 +216,19 @@ def horizon_rows(iv, schedule, js, day: float, results: list, prefix: str, varia
             m[f"{loss}_share"] = sum(getattr(a, f"{loss}_loss") / a.state.curve.rate(1)
                                      for a in res.jobs) / m["idle_node_s"]
         m.update(label=f"{prefix} {label}", method=kw["method"], objective="speedup", predict=predict,
-                 wall_s=time.perf_counter() - t)
+                 wall_s=time.perf_counter() - t, t_fwd=kw.get("t_fwd", 10), horizon_aware=kw.get("horizon_aware",
+                                                                                                 False))
+        if measured is not None:
+            mm = simulate(iv, js, Planner(objective="speedup", **kw), duration=day, predict=predict,
+                          schedule=schedule, costs=measured, **SUBMITS).metrics()
+            m["e_idle_measured"] = mm["e_idle"]
         rows[label] = m
         results.append(m)
         print(f"  {label:44} e_idle {m['e_idle']:.3f}  e_used {m['e_used']:.3f}  ceiling {m['ceiling_e_idle']:.3f}  "
               f"e_idle/ceiling {m['e_idle'] / m['ceiling_e_idle']:.3f}  rescale {m['rescale_share']:.4f}  "
-              f"reclaim {m['reclaim_share']:.4f}  ({m['wall_s']:.1f} s)")
+              f"reclaim {m['reclaim_share']:.4f}  ({m['wall_s']:.1f} s)"
+              + (f"  | {MEASURED}: e_idle {m['e_idle_measured']:.3f}  e_idle/ceiling "
+                 f"{m['e_idle_measured'] / m['ceiling_e_idle']:.3f}" if measured is not None else ""))
     return rows
 
 
