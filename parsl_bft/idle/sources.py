@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .cache import cached
 from .intervals import IdleIntervals, read_idle_intervals
 from .swf import Schedule, assign_nodes, read_swf, recorded_schedule
 
@@ -37,14 +38,21 @@ def load_source(path: str | Path, *, schedule: str = "recorded", units: str = "a
     if not is_swf(p):
         iv = read_idle_intervals(p, lenient=lenient)
         return IdleSource(iv, None, f"idle-interval log {Path(p).name}: {iv.n_nodes} nodes")
+    if schedule not in ("recorded", "easy"):
+        raise ValueError(f"unknown schedule {schedule!r}: use recorded or easy")
+    return cached(p, {"schedule": schedule, "units": units, "variant": variant, "lenient": lenient},
+                  lambda: _load_swf(p, schedule, units, variant, lenient, progress))
+
+
+def _load_swf(p: str, schedule: str, units: str, variant: str, lenient: bool,
+              progress: Callable[[int], object] | None) -> IdleSource:
+    """Parse an SWF log, replay its schedule and assign nodes (what ``idle.cache`` keeps)."""
     trace = read_swf(p, units=units, variant=variant, lenient=lenient)
-    if schedule == "recorded":
-        sched = recorded_schedule(trace)
-    elif schedule == "easy":
+    if schedule == "easy":
         from .easy import easy_schedule
         sched = easy_schedule(trace, progress=progress)
     else:
-        raise ValueError(f"unknown schedule {schedule!r}: use recorded or easy")
+        sched = recorded_schedule(trace)
     iv = assign_nodes(sched, source=p)
     skipped = ", ".join(f"{v} {k}" for k, v in trace.skipped.items())
     desc = (f"SWF {Path(p).name}: {len(trace)} jobs, {iv.n_nodes} nodes"
