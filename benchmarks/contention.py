@@ -219,7 +219,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.quick or args.smoke:
         args.seeds, args.sweep_seeds, args.small = (5, 3, 4) if args.quick else (2, 1, 1)
-    smoke_kw = {"mix": {1: 8, 2: 3, 4: 3, 8: 2}, "servers": 4} if args.smoke else {}
+    smoke_kw = {"mix": {1: 4, 2: 2, 4: 2, 8: 1}, "servers": 3} if args.smoke else {}
 
     def faithful(seed: int, servers: int):
         return faithful_instance(seed, **{"servers": servers, **smoke_kw})

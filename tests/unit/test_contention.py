@@ -1,22 +1,33 @@
 """The ring-all-reduce cost model (eqs. 6-8), the slotted engine, SJF-BCO and its baselines, the exact MILP."""
 from __future__ import annotations
 
+import json
 import math
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from parsl_bft.planner.contention import (
+    Baseline,
     CommParams,
     Instance,
+    JobOrder,
     Schedule,
+    Start,
+    binding_instance,
     contention,
     degradation,
+    faithful_instance,
     first_fit,
     first_fit_backfill,
     iteration_time,
     iterations_per_slot,
     list_scheduling,
+    lower_bound,
+    paper_baseline,
     paper_instance,
     random_placement,
     random_servers,
@@ -24,6 +35,7 @@ from parsl_bft.planner.contention import (
     sjf_bco,
     sjf_bco_trial,
 )
+from parsl_bft.planner.contention.booking import capped_schedule, job_order, least_busy
 from parsl_bft.planner.contention.milp import options, solve_optimal
 
 P = CommParams(alpha=0.5, xi1=1.0, xi2=1.0, b_intra=10.0, b_inter=1.0, reduce_speed=100.0, overhead=1e-3)
@@ -204,3 +216,96 @@ def test_paper_instance_shape():
     many = inst.gpus > 1
     ref = iteration_time(inst.gpus[many], 2, 4, inst.grad[many], inst.compute[many], inst.params)
     assert ref / tau1[many] == pytest.approx(np.full(many.sum(), 1.15))
+
+
+# --- the paper's generator, its baselines, bounds --------------------------------------------------------------
+def test_cap_clips_contention_and_overhead():
+    capped = CommParams(max_extra=0.15)
+    free = iteration_time(8, 1, 0, 4.0, 0.02, capped)
+    assert free == pytest.approx(iteration_time(8, 1, 0, 4.0, 0.02, CommParams()))     # inside: untouched
+    worst = iteration_time(8, 6, 40, 4.0, 0.02, capped)
+    assert worst == pytest.approx(1.15 * free) and iteration_time(8, 6, 40, 4.0, 0.02, CommParams()) > worst
+    with pytest.raises(ValueError, match="max_extra"):
+        CommParams(max_extra=-0.1)
+
+
+def test_faithful_instance_as_the_paper_states_it():
+    inst = faithful_instance(4)
+    assert inst.n_jobs == 160 and inst.params.max_extra == 0.15
+    tau1 = iteration_time(inst.gpus, 1, 0, inst.grad, inst.compute, inst.params)
+    assert tau1.min() >= 0.01 - 1e-12 and tau1.max() <= 0.05 + 1e-12
+    assert inst.iters.min() >= 1000 and inst.iters.max() <= 6000
+    rho = tau1 * inst.iters
+    assert rho.min() >= 50 - 0.05 * 0.5 and rho.max() <= 300 + 0.05 * 0.5       # F rounded to an integer
+    slots = np.array([inst.slots(j, 1, 0) for j in range(inst.n_jobs)])
+    assert np.all(slots >= np.floor(rho)) and np.all(slots <= np.ceil(rho * 1.05) + 1)
+    many = inst.gpus > 1   # any spread and contention: at most 15% over the one-server time
+    for servers, p in ((2, 1), (2, 4), (5, 30)):
+        t = iteration_time(inst.gpus[many], servers, p, inst.grad[many], inst.compute[many], inst.params)
+        assert np.all(t <= 1.15 * tau1[many] + 1e-12)
+    assert np.allclose(iteration_time(inst.gpus[many], 2, 4, inst.grad[many], inst.compute[many], inst.params),
+                       1.15 * tau1[many])                                     # the calibration point reaches it
+    with pytest.raises(ValueError, match="rho-hat"):
+        faithful_instance(0, rho=(5.0, 300.0))
+
+
+def test_paper_baselines_semantics():
+    inst = _inst([2, 2], [1, 2, 1], [4, 4, 4], [0.0, 1.0, 0.0], [0.5, 0.5, 0.5])
+    first = capped_schedule(inst, [0, 1, 2], 1e9, lambda b, j, el: el[: int(inst.gpus[j])])
+    ff = paper_baseline(inst, Baseline.FF, horizon=20)       # its bisected theta keeps GPU 0 from the 2-GPU job
+    assert first.gpus[1].tolist() == [0, 1] and ff.schedule.gpus[1].tolist() == [1, 2]
+    assert ff.theta < 20 and ff.outcome.makespan < run(inst, first).makespan
+    assert job_order(inst, JobOrder.SJF) == [0, 2, 1] and job_order(inst, JobOrder.ARRIVAL) == [0, 1, 2]
+    ls = paper_baseline(inst, Baseline.LS, JobOrder.SJF, horizon=20)
+    assert ls.schedule.order == [0, 2, 1] and ls.schedule.gpus[2].tolist() == [1]           # least booked work
+    # List-Scheduling's rule is FA-FFP's: SJF-BCO with kappa >= every job is LS in SJF order, trial by trial
+    big = faithful_instance(1, servers=6, mix={1: 6, 2: 3, 4: 3, 8: 2})
+    for theta in (200.0, 400.0, 1e9):
+        a = sjf_bco_trial(big, theta, kappa=8)
+        b = capped_schedule(big, job_order(big, JobOrder.SJF), theta,
+                            lambda bk, j, el: least_busy(bk, el, int(big.gpus[j])))
+        assert (a is None) == (b is None)
+        assert a is None or all(np.array_equal(x, y) for x, y in zip(a.gpus, b.gpus))
+    r1, r2 = (paper_baseline(big, Baseline.RAND, seed=3) for _ in range(2))
+    assert r1.theta == 1200 and all(np.array_equal(x, y) for x, y in zip(r1.schedule.gpus, r2.schedule.gpus))
+
+
+def test_wait_start_keeps_the_order_and_waits_for_idle_gpus():
+    # one server of 2; a 1-GPU job, a 2-GPU job, a 1-GPU job: under WAIT the last waits for the 2-GPU job
+    inst = _inst([2], [1, 2, 1], [4, 4, 4], [0.0, 0.0, 0.0], [0.49, 0.49, 0.49])         # 2 it/slot: 2 slots
+    pick = lambda b, j, el: el[: int(inst.gpus[j])]                                      # noqa: E731
+    wait = capped_schedule(inst, [0, 1, 2], 1e9, pick, start=Start.WAIT)
+    assert wait.fifo and run(inst, wait).start.tolist() == [0, 2, 4]
+    book = capped_schedule(inst, [0, 1, 2], 1e9, pick, start=Start.BOOK)
+    assert not book.fifo and book.gpus[2].tolist() == [0] and run(inst, book).start.tolist() == [0, 2, 4]
+    b = sjf_bco(faithful_instance(2, servers=4, mix={1: 4, 2: 2, 4: 2}), start=Start.WAIT)
+    assert b.schedule.fifo and b.outcome.start[b.schedule.order].tolist() == sorted(b.outcome.start.tolist())
+
+
+def test_lower_bound_and_binding_instances():
+    inst = binding_instance(3)
+    assert inst.n_servers == 3 and inst.n_jobs == 6 and inst.gpus.max() == 8 and inst.n_gpus <= 16
+    assert inst.gpus.sum() > 1.5 * inst.n_gpus and set(inst.server_gpus.tolist()) <= {4, 8}
+    bco = sjf_bco(inst, horizon=100).outcome.makespan
+    opt = solve_optimal(inst, bco, time_limit=60)
+    assert lower_bound(inst) <= opt.makespan <= bco
+    assert run(inst, opt.schedule).makespan >= opt.makespan
+    big = faithful_instance(0)
+    assert lower_bound(big) <= min(run(big, f(big)).makespan for f in (list_scheduling, first_fit))
+
+
+def test_milp_refuses_an_unproven_optimum():
+    with pytest.raises(RuntimeError, match=r"optimal|Solved"):
+        solve_optimal(binding_instance(1), 7, time_limit=0.05)
+
+
+def test_benchmark_smoke(tmp_path):
+    root = Path(__file__).resolve().parents[2]
+    r = subprocess.run([sys.executable, str(root / "benchmarks" / "contention.py"), "--smoke", "--out", str(tmp_path)],
+                       capture_output=True, text=True, timeout=120, check=True)
+    last = json.loads(r.stdout.strip().splitlines()[-1])
+    assert last["faithful"] is True
+    for k in ("order_frac", "ratio_ls", "ratio_ls_sjf", "ratio_ff", "ratio_rand", "jct_bco_le_ls", "opt_gap_p95",
+              "pays", "calibrated", "start_wait"):
+        assert k in last
+    assert (tmp_path / "policies.png").exists()

@@ -88,13 +88,7 @@ def solve_optimal(inst: Instance, horizon: int, *, time_limit: float = 60.0) -> 
         for t in range(H):
             m += pulp.lpSum(opts[j][i][s] * X[j, i, t] for j in range(J) for i in range(len(opts[j]))) \
                 <= int(inst.server_gpus[s])
-    # valid cut: the GPU-slots used fit under the makespan
-    m += pulp.lpSum(int(inst.gpus[k[0]]) * v for k, v in X.items()) <= inst.n_gpus * C
-    # identical servers are interchangeable: keep the solutions that load them in non-increasing order
-    for s in range(S - 1):
-        if inst.server_gpus[s] == inst.server_gpus[s + 1]:
-            m += pulp.lpSum(opts[j][i][s] * v for (j, i, t), v in X.items()) \
-                >= pulp.lpSum(opts[j][i][s + 1] * v for (j, i, t), v in X.items())
+    _cuts(pulp, m, inst, opts, X, C)
     if splitters > 1:
         _contention(pulp, m, inst, split_on, ips, X, R, splitters, H)
     solver = _solver(pulp, time_limit)
@@ -105,6 +99,16 @@ def solve_optimal(inst: Instance, horizon: int, *, time_limit: float = 60.0) -> 
     if status != "Optimal":
         raise RuntimeError(f"MILP for {J} jobs / {S} servers / {H} slots: {status} (horizon too short?)")
     return MilpResult(round(C.value()), status.lower(), _to_schedule(inst, opts, X, St, H))
+
+
+def _cuts(pulp, m, inst: Instance, opts, X, C) -> None:
+    """Valid cuts: the GPU-slots used fit under the makespan; identical servers are interchangeable, so keep only
+    the solutions that load them in non-increasing order."""
+    m += pulp.lpSum(int(inst.gpus[k[0]]) * v for k, v in X.items()) <= inst.n_gpus * C
+    for s in range(inst.n_servers - 1):
+        if inst.server_gpus[s] == inst.server_gpus[s + 1]:
+            m += pulp.lpSum(opts[j][i][s] * v for (j, i, t), v in X.items()) \
+                >= pulp.lpSum(opts[j][i][s + 1] * v for (j, i, t), v in X.items())
 
 
 def _contention(pulp, m, inst: Instance, split_on, ips, X, R, splitters: int, H: int) -> None:
