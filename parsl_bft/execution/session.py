@@ -92,8 +92,12 @@ def training_session(state_dir: str | Path, site: SiteArg | Sequence[SiteArg] = 
         if old is not None:
             print(f"parsl-bft: a new run; the previous state is kept in {old}", file=sys.stderr)
     Path(state_dir).mkdir(mode=0o700, parents=True, exist_ok=True)
-    orchestrator_kw["state_lock"] = lock_state_dir(Path(state_dir))   # refused before any pilot is started
-    check_checkpoint_dirs(Path(state_dir), runtimes)
+    orchestrator_kw["state_lock"] = lock = lock_state_dir(Path(state_dir))   # refused before any pilot is started
+    try:
+        check_checkpoint_dirs(Path(state_dir), runtimes)
+    except BaseException:
+        lock.close()
+        raise
     ensure_venv_on_path()          # pilots inherit PATH: their worker pools start from this environment
     configs = [rt.config() for rt in runtimes]
     first = configs[0]
