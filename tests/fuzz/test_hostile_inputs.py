@@ -574,7 +574,7 @@ def test_the_rendezvous_store_keeps_its_keys_from_clients_without_the_secret_and
     stranger.set("f1/result", "theirs")
     assert store.get("f1/result") == b"ours"
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    with pytest.raises(Exception, match="(?i)broken pipe|reset|closed"):
+    with pytest.raises(Exception, match=r"(?i)broken pipe|reset|closed"):
         for i in range(40):                             # 320 MB, five times the store's memory
             stranger.set(f"k{i}", b"x" * (8 << 20))
     assert store.alive() and store.get("f1/result") == b"ours"

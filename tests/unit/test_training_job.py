@@ -86,3 +86,13 @@ def test_precision_compile_and_memory_format_reach_the_fragment_and_are_checked(
     script.write_text("def train(ctx):\n    pass\n")
     with pytest.raises(ValueError, match="precision, compile set the built-in loop's; your own loop chooses"):
         TrainingJob("k", loop=f"{script}:train", precision="bf16", compile=True).check_workload()
+
+
+def test_a_job_name_with_a_trailing_newline_is_refused():
+    """'$' let 'a\\n' through, and the job's directory was named 'a\\n'; the check lives in parsl_bft.jobs now
+    (no torch there: the laptop's remote side uses it) and is still importable from here."""
+    from parsl_bft.execution.training_job import check_job_name
+    from parsl_bft.jobs import check_job_name as in_jobs
+    assert check_job_name is in_jobs
+    with pytest.raises(ValueError, match="job name 'a\\\\n': use 1-128 letters"):
+        TrainingJob("a\n")
