@@ -23,6 +23,7 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 import weakref
 from datetime import timedelta
 from multiprocessing.connection import wait as wait_any
@@ -75,8 +76,11 @@ def _loopback(host: str) -> bool:
 def _listen(host: str) -> socket.socket:
     """A listening socket on ``host`` (an address or a name of this host; "": every interface), on a port the
     kernel picks. A name that is no address of this host, or that this host resolves to loopback (another node
-    would not), listens on every interface, as before: the store's secret still keeps its keys."""
-    addrs = [] if not host else socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM)
+    would not), listens on every interface, as before, with a warning: the store's secret still keeps its keys."""
+    try:
+        addrs = [] if not host else socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM)
+    except OSError:                     # a name this host cannot resolve
+        addrs = []
     for family, _, _, _, sockaddr in addrs:
         ip = str(sockaddr[0])
         if ipaddress.ip_address(ip.split("%")[0]).is_loopback and not _loopback(host):
@@ -89,6 +93,9 @@ def _listen(host: str) -> socket.socket:
             continue
         sock.listen(512)
         return sock
+    if host:
+        warnings.warn(f"the rendezvous store listens on every interface: {host!r} is no address of this host "
+                      "(its keys are under the run's secret)", stacklevel=3)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.bind(("", 0))
     sock.listen(512)
@@ -97,8 +104,8 @@ def _listen(host: str) -> socket.socket:
 
 class RendezvousStore:
     """A run's rendezvous store: a torch TCPStore served by a small process of its own (``_SERVE``), so that a
-    client storing huge keys ends that process - its address space is capped (``memory`` bytes past its start) -
-    never the caller's memory. It listens on ``host`` only (loopback by default) and every key lives under a
+    client storing huge keys is cut off there - its address space is capped (``memory`` bytes past its start) -
+    and never grows the caller's memory. It listens on ``host`` only (loopback by default) and every key lives under a
     secret made here: a client that lacks it cannot read or change the ranks' keys. Ranks are handed
     ``address(...)``: ``SECRET@HOST:PORT`` (``rank.open_store`` reads it).
 
