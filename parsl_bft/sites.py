@@ -181,9 +181,10 @@ class Site(_Strict):
     scheduler_options: list[str] = Field(default_factory=list, description="extra #SBATCH / #PBS options")
     interchange_address: str | None = Field(default=None, description="the address compute nodes reach this "
                                             "host on; unset: workers probe every address (slow to connect)")
-    checkpoint_dir: str | None = Field(default=None, description="where jobs' checkpoints go (one folder per "
-                                       "job; a relative path is taken from the directory parsl-bft runs in); "
-                                       "unset: under the run's state directory")
+    checkpoint_dir: str | None = Field(default=None, description="where jobs' checkpoints go: "
+                                       "<checkpoint_dir>/<run-id>/<job>/, one folder per run and job; yours "
+                                       "alone (not writable by others); a relative path is taken from the "
+                                       "directory parsl-bft runs in; unset: under the run's state directory")
     holes: HoleDiscovery = Field(default_factory=HoleDiscovery, description="finding idle nodes and holding "
                                  "them with pilots")
     objective: ObjectiveSpec = Field(default_factory=ObjectiveSpec, description="the planner's objective")
