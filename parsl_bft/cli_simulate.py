@@ -176,7 +176,9 @@ def add_simulate_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     s.add_argument("--solver", choices=["highs", "cbc"], default="highs", help="MILP solver")
     s.add_argument("--objective", choices=list(OBJECTIVES), default="speedup", help="what the planner maximises "
                    "(the docs' explanation of the method says what each values)")
-    s.add_argument("--tfwd", type=float, default=10.0, help="planning look-ahead T_fwd in seconds (BFTrainer: 10)")
+    s.add_argument("--tfwd", type=float, default=60.0, help="planning look-ahead T_fwd in seconds (default 60: "
+                   "a resize must pay back its restart within it; BFTrainer's 10 s is shorter than a restart, so "
+                   "running jobs hardly ever grow and joining nodes stay idle)")
     s.add_argument("--time-limit", type=float, default=10.0, help="MILP time limit per solve, seconds")
     s.add_argument("--horizon-aware", action="store_true",
                    help="value nodes by their predicted remaining idle time (see --predict)")

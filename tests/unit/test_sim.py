@@ -202,3 +202,61 @@ def test_a_replay_whose_jobs_run_out_early_says_so(tmp_path, capsys):
     assert main(["simulate", "--idle-intervals", str(tmp_path / "idle.csv"), "--jobs", str(tmp_path / "s.jobs.csv"),
                  "--no-ceiling", "--no-mask"]) == 0          # (every node idle for hours: an outage, unmasked)
     assert "warning: all 1 jobs finished 0% into the replay" in capsys.readouterr().err
+
+
+def _swf(path, rows):
+    path.write_text("; MaxNodes: 8\n" + "".join(
+        f"{i + 1} {s} {w} {r} {n} -1 -1 {n} {r} -1 1 -1 -1 -1 0 -1 -1 -1\n" for i, (s, w, r, n) in enumerate(rows)))
+    return path
+
+
+def test_a_parsed_log_is_read_back_from_the_cache(tmp_path, monkeypatch):
+    """The second load of the same log with the same options is not parsed again; a changed file is."""
+    import os
+    import warnings
+
+    from parsl_bft.idle import sources
+    monkeypatch.setenv("PARSL_BFT_CACHE", str(tmp_path / "cache"))
+    log = _swf(tmp_path / "x.swf", [(0, 0, 100, 4), (10, 0, 50, 2), (200, 0, 100, 8)])
+    built = []
+    real = sources._load_swf
+    monkeypatch.setattr(sources, "_load_swf", lambda *a: built.append(a) or real(*a))
+    first = sources.load_source(log)
+    again = sources.load_source(log)
+    assert len(built) == 1
+    assert (again.intervals.start == first.intervals.start).all() and again.description == first.description
+    sources.load_source(log, schedule="easy")          # other options: another entry
+    assert len(built) == 2
+    os.utime(log, ns=(1, 1))                           # the file changed
+    sources.load_source(log)
+    assert len(built) == 3
+    monkeypatch.setenv("PARSL_BFT_CACHE", "off")
+    sources.load_source(log)
+    assert len(built) == 4 and not list((tmp_path / "cache").glob(".tmp-*"))
+    monkeypatch.setenv("PARSL_BFT_CACHE", str(tmp_path / "cache"))
+    with warnings.catch_warnings(record=True) as said:     # a load's warnings come again from the cache
+        warnings.simplefilter("always")
+        monkeypatch.setattr(sources, "_load_swf", lambda *a: warnings.warn("odd rows", stacklevel=1) or real(*a))
+        sources.load_source(log, units="nodes")
+        monkeypatch.setattr(sources, "_load_swf", real)
+        sources.load_source(log, units="nodes")
+    assert [str(w.message) for w in said] == ["odd rows", "odd rows"]
+
+
+def test_simulate_by_default_grows_jobs_onto_nodes_that_join(tmp_path):
+    """Nodes joining one at a time: with BFTrainer's T_fwd of 10 s, shorter than the 18 s restart, the running
+    job never grows onto them (they stay idle and equal-share does better); the default look-ahead (60 s) grows
+    it while a growth pays back its restart within it (here: to 5 nodes, the 6th stays idle)."""
+    from parsl_bft.cli import main
+    (tmp_path / "s.jobs.csv").write_text("name,model,min_nodes,max_nodes,t_up,t_down,samples,submit\n"
+                                         "a,lin,1,8,18,11,1e12,0\n")
+    (tmp_path / "s.scaling.csv").write_text("model,nodes,samples_per_sec\nlin,1,100\nlin,8,800\n")
+    (tmp_path / "idle.csv").write_text("node,idle_start,idle_end\n" + "".join(f"n{i},{i * 600},7200\n"
+                                                                              for i in range(6)))
+    util = {}
+    for tfwd in ([], ["--tfwd", "10"]):
+        assert main(["simulate", "--idle-intervals", str(tmp_path / "idle.csv"), "--jobs",
+                     str(tmp_path / "s.jobs.csv"), "--no-ceiling", "--no-mask", "--json", str(tmp_path / "r.json"),
+                     *tfwd]) == 0
+        util[bool(tfwd)] = json.loads((tmp_path / "r.json").read_text())["util"]
+    assert util[False] > 0.98 and util[True] < 0.6
