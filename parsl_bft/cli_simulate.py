@@ -188,11 +188,11 @@ def add_simulate_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]
                    "ends (clairvoyant: an upper bound, not a realistic result)")
     s.add_argument("--no-ceiling", action="store_true",
                    help="skip the second replay with free rescales and reclaims (ceiling_e_idle, the limit)")
-    s.add_argument("--costs", default="bftrainer", metavar="bftrainer|measured|FILE",
+    s.add_argument("--costs", default="bftrainer", metavar="MODEL",
                    help="what resizes and reclaims cost: bftrainer (the job set's t_up / t_down, every reclaim "
                    "pauses t_down; default), measured (this runtime's, parsl_bft/data/runtime.costs.csv) or a "
-                   "*.costs.csv (restarts, saves ahead of announced reclaims, work lost since the last periodic "
-                   "save to the others)")
+                   "costs file, *.costs.csv (restarts, saves ahead of announced reclaims, work lost since the last "
+                   "periodic save to the others)")
     s.add_argument("--max-concurrent", type=int, default=10, help="jobs admitted at once (FCFS by submit)")
     s.add_argument("--no-freeze", action="store_true", help="never freeze layers, whatever the jobs allow")
     s.add_argument("--submits", choices=["absolute", "relative"], default="absolute",
