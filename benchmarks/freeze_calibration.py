@@ -1,16 +1,15 @@
-"""Calibrating the frozen penalty on real data (issue 15): does the digits CNN (benchmarks/digits_cnn.py) reach
-the same held-out accuracy when its first layers are frozen early, and what do the per-layer gradient statistics
-(train/freezing.py's GradRecorder) say at the time of freezing?
+"""Calibrating the frozen penalty on real data: does a model reach the same test accuracy when its first
+layers are frozen early, and what do the per-layer gradient statistics (train/freezing.py's GradRecorder) say at
+the time of freezing? Models: ``digits`` (the digits CNN) and ``transformer`` (the made-sequence transformer),
+as benchmarks/freezing.py trains them (benchmarks/freeze_training.py), on the seed's train / test split.
 
-One process trains at the benchmark's global batch (the same samples per step as 2 gloo ranks with the summing
-hook: the same mathematics, without the fragments' launch and checkpoint costs), freezing level L from the start
-of epoch E (1-based), for every (L, E) asked; the unfrozen run records, per epoch, each layer's signal and
-energy share (what ``GradRecorder`` reports) and the penalty curve the planner would read. Prints the final
-held-out accuracies next to what the budget rule would have charged for freezing L from E (the penalty after
-epoch E-1 times the rest of the run); the LAST line is JSON: {"final": {"L@E": [accuracy per seed]}, "stats",
-"penalty", "charged"}.
-Usage: python benchmarks/freeze_calibration.py [--epochs 10] [--levels 1,2,3] [--from 2,3,4,5,6] [--seeds 0,1]
-[--size 16]
+One process trains at the benchmark's batch, freezing level L from the start of epoch E (1-based), for every
+(L, E) asked; the unfrozen run records, per epoch, each layer's signal and energy share (what ``GradRecorder``
+reports) and the penalty curve the planner would read. Prints the final test accuracies next to what the budget
+rule would have charged for freezing L from E (the penalty after epoch E-1 times the rest of the run); the LAST
+line is JSON: {"model", "final": {"L@E": [accuracy per seed]}, "stats", "penalty", "charged"}.
+Usage: python benchmarks/freeze_calibration.py [--model digits] [--epochs 10] [--levels 1,2,3] [--from 3,5,7]
+[--seeds 0,1]
 """
 from __future__ import annotations
 
@@ -27,12 +26,12 @@ sys.path.insert(0, str(HERE))
 
 
 def run(level: int, start_epoch: int | None, args, seed: int, record: bool = False) -> dict:
-    from digits_cnn import DigitsCNN
+    from freeze_training import workload
 
     from parsl_bft.planner.freeze import GradStats, penalty_curve
     from parsl_bft.train.freezing import GradRecorder, carry_optimizer_state, freeze_prefix
 
-    wl = DigitsCNN(seed=seed, schedule="cosine", size=args.size)
+    wl = workload(args.model, seed)
     data, test = wl.dataset(), wl.dataset("test")
     model = wl.build_model()
     blocks = wl.blocks(model)
@@ -41,7 +40,7 @@ def run(level: int, start_epoch: int | None, args, seed: int, record: bool = Fal
     per_epoch = n // B
     sched = wl.build_scheduler(opt, total_steps=args.epochs * per_epoch, steps_per_epoch=per_epoch)
     torch.manual_seed(seed)
-    rec = GradRecorder(blocks, 0, every=args.every or None, interval=args.interval) if record else None
+    rec = GradRecorder(blocks, 0, every=args.every or None, interval=args.interval or per_epoch) if record else None
     acc, stats, pens = [], [], []
     step = 0
     for epoch in range(args.epochs):
@@ -78,15 +77,16 @@ def run(level: int, start_epoch: int | None, args, seed: int, record: bool = Fal
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="digits", help="digits or transformer")
     ap.add_argument("--epochs", type=int, default=10)
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--levels", default="1,2,3")
-    ap.add_argument("--from", dest="starts", default="2,3,4,5,6", help="epochs (1-based) freezing starts with")
+    ap.add_argument("--from", dest="starts", default="3,5,7", help="epochs (1-based) freezing starts with")
     ap.add_argument("--seeds", default="0,1")
     ap.add_argument("--every", type=int, default=0, help="steps between gradient samples (0: the recorder's)")
-    ap.add_argument("--interval", type=int, default=22, help="steps per statistics interval (as benchmarks/freezing.py)")
+    ap.add_argument("--interval", type=int, default=0, help="steps per statistics interval (0: an epoch's, as "
+                    "benchmarks/freezing.py)")
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--size", type=int, default=16, help="image side in pixels (benchmarks/freezing.py --size)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     levels = [int(x) for x in args.levels.split(",") if x]
@@ -102,7 +102,7 @@ def main() -> None:
         final.setdefault("off", []).append(base["accuracy"][-1])
         out.setdefault("stats", []).append(base["stats"])
         out.setdefault("penalty", []).append(base["penalty"])
-        print(f"seed {seed} unfrozen: accuracy per epoch {['%.3f' % a for a in base['accuracy']]}")
+        print(f"seed {seed} unfrozen: accuracy per epoch {[f'{a:.3f}' for a in base['accuracy']]}")
         for e, (c, p) in enumerate(zip(base["stats"], base["penalty"])):
             print(f"  after epoch {e + 1}: {c}  penalty {p}")
         for lv in levels:
@@ -110,7 +110,7 @@ def main() -> None:
                 r = run(lv, e - 1, args, seed)
                 final.setdefault(f"{lv}@{e}", []).append(r["accuracy"][-1])
                 print(f"seed {seed} level {lv} from epoch {e}: accuracy per epoch "
-                      f"{['%.3f' % a for a in r['accuracy']]}")
+                      f"{[f'{a:.3f}' for a in r['accuracy']]}")
     # what the planner would have charged: the penalty of the level at the end of the epoch before, over the
     # rest of the run (train/freezing.py's budget rule), against the accuracy the runs actually lost
     print(f"\n{'frozen':>6} {'from epoch':>10} {'final held-out accuracy (per seed)':>36} {'mean - off':>10} "
@@ -121,10 +121,10 @@ def main() -> None:
         charged = (sum(p[int(e) - 2][int(lv)] for p in out["penalty"]) / len(seeds)
                    * (1 - (int(e) - 1) / args.epochs) if e else 0.0)
         out.setdefault("charged", {})[k] = charged
-        print(f"{lv:>6} {e or '-':>10} {' '.join('%.4f' % a for a in v):>36} "
+        print(f"{lv:>6} {e or '-':>10} {' '.join(f'{a:.4f}' for a in v):>36} "
               f"{sum(v) / len(v) - off:+10.4f} {charged:8.4f}")
     print(f"({time.perf_counter() - t:.0f} s)")
-    print(json.dumps({"final": final, **out}))
+    print(json.dumps({"model": args.model, "final": final, **out}))
 
 
 if __name__ == "__main__":

@@ -1,271 +1,222 @@
-"""Layer elasticity (issue 15), measured: real training with and without auto-freezing, and the simulator.
+"""Layer elasticity, measured: real training with and without auto-freezing over several seeds, and the
+dedicated-cluster replay over several Philly draws, beside baseline schedulers.
 
-1. Throughput: the digits CNN (benchmarks/digits_cnn.py) on 1 and --ranks ranks at every freeze level, the
-   levels' steps interleaved in the same processes (benchmarks/layer_throughput.py; median step); the
-   layer-aware model's held-out error is leave-one-out over the frozen points, printed per point.
-2. Training: the same job twice through fragments on --ranks ranks (gloo, real HDF5 checkpoints, fragments of
-   --fragment-steps steps, one epoch): freezing off, and freezing "auto" - after every fragment the planner
-   (exact DP) reads the fragment's per-layer gradient statistics and picks the next fragment's level within the
-   budget. The two runs' fragments alternate, so both see the same load on the machine; --repeats runs both
-   again. Held-out accuracy after every fragment; time to target = wall time of the fragments (launch, restore,
-   training, checkpoint) until the held-out accuracy first reaches the unfrozen run's final accuracy minus
-   --target-gap. The images are upsampled to --size 32 so that a fragment's training outweighs its fixed costs
-   (~1-2 s here) as it does in a backfill hole (minutes of training): at 16x16 an epoch trains in ~1 s.
-3. Simulator: --jobs Philly jobs (a --freeze-share of them freezable) on a dedicated cluster of --cluster nodes
-   at offered load --load (the draw from four days of Philly arrives at ~0.2: a cluster idle 80% of the time),
-   and the same kind of jobs (one day of arrivals) on the Summit idle slice; freezing on vs off,
-   same planner.
+1. Training (``--seeds`` seeds per model, one process, one thread): the digits CNN (benchmarks/digits_cnn.py)
+   and a small transformer on made sequences (benchmarks/seq_transformer.py), each on a 60/20/20 train /
+   validation / test split fixed by the seed. First the throughput of every freeze level (every level's step
+   in turn, median; the layer-aware model fitted on it, its leave-one-out error printed). Then two arms per
+   seed, the same batches in the same order, their epochs alternating so that both see the same load on the
+   machine: freezing off, and freezing "auto" - after every epoch the planner (exact DP) reads the epoch's
+   per-layer gradient statistics and sets the next epoch's level within the accuracy budget (a level change
+   rebuilds the optimizer, its state carried, inside the timed part). Time to target = training wall time until
+   the VALIDATION accuracy first reaches the unfrozen arm's final validation accuracy minus --target-gap;
+   accuracy_delta = final TEST accuracy, auto minus off. Evaluation is not timed; what a fragment pays per
+   restart (launch, restore, checkpoint) is not here either: both arms pay it alike at every epoch boundary.
+2. Cluster (``--draws`` Philly draws, seeds 0..): --jobs jobs on --cluster dedicated GPUs at offered load
+   --load; the same elastic planner with freezing on and off, every job freezable (share 1) and half of them
+   (share 0.5, where the non-freezable jobs' own average JCT is compared too); median and worst ratio.
+3. Baselines on the same replay and jobs, rigid at their requested sizes (parsl_bft/sim/baselines.py): a
+   Tiresias-like 2D-LAS and FIFO with EASY backfilling. Not IceFrog's testbed.
+4. Sensitivity: the JCT ratio over --shares x --loads (--sensitivity-draws draws each).
 
-Prints tables, then (LAST line) one JSON object:
-{"jct_ratio", "budget_violations", "throughput_mape", "time_to_target_ratio", "accuracy_delta", ...}
-Usage: python benchmarks/freezing.py [--epochs 10] [--ranks 2] [--jobs 500] [--skip-training] [--skip-sim]
+Prints tables, then (LAST line) one JSON object: jct_ratio_median / _max, nonfreezable_ratio, budget_violations,
+time_to_target_median, accuracy_delta_mean, jct_vs_best_baseline, solve_p99_s_freezing, sensitivity, ...
+Usage: python benchmarks/freezing.py [--draws 5] [--seeds 5] [--jobs 200] [--quick] [--smoke] [--skip-training]
+[--skip-sim] [--skip-sensitivity]
 """
 from __future__ import annotations
 
 import argparse
 import json
-import shutil
+import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-import digits_cnn  # noqa: E402  (here, not in the ranks: the forkserver preloads this module, scikit-learn with it)
 
-WORKLOAD = f"{HERE / 'digits_cnn.py'}:DigitsCNN"
-MODEL = "digits-cnn"
+from freeze_training import MODELS, train_model  # noqa: E402
 
 
-def workload_args(args, schedule: bool = True) -> dict:
-    """The training run's arguments (the profile's short fragments have no run length to schedule over)."""
-    return {"size": args.size, **({"schedule": "cosine"} if schedule else {})}
+def _jct(res, names: set[str] | None = None) -> float:
+    """Average JCT (submit to end) of the jobs ``names`` (all: None) of a replay."""
+    rows = [r for r in res.job_rows() if names is None or r["name"] in names]
+    return statistics.fmean((r["finished_at"] if r["finished_at"] is not None else res.end) - r["submit"]
+                            for r in rows)
 
 
-def profile_model(args):
-    """Measure, fit, and print each frozen point's leave-one-out prediction. Two shared cores make a fragment's
-    throughput swing 2x with the other work on the machine (`parsl-bft profile` times whole fragments, one
-    configuration after another), so here every level trains in the same processes, one step each in turn
-    (benchmarks/layer_throughput.py: the median step); forward shares are the median of --share-rounds
-    measurements (a single one put the first convolution anywhere between 1% and 16%)."""
-    import numpy as np
-    from layer_throughput import measure
+class Cluster:
+    """The replays of one benchmark invocation: jobs per (draw, share, load), results cached."""
 
-    from parsl_bft.planner.freeze import LayerThroughput
-    from parsl_bft.scaling import LayerProfile, ScalingCurve
-    from parsl_bft.train.profiler import measure_layer_shares
+    def __init__(self, args) -> None:
+        from parsl_bft.planner import Planner
+        from parsl_bft.scaling import read_scaling_csv
 
-    wargs = workload_args(args, False)
-    runs = [measure_layer_shares(WORKLOAD, args.batch, wargs) for _ in range(args.share_rounds)]
-    n_layers = runs[0][0]
-    shares = {f: (float(np.median([r[1][f][0] for r in runs])), runs[0][1][f][1]) for f in runs[0][1]}
-    levels = list(range(n_layers - 1))
-    rates = {n: measure(n, levels, workload=WORKLOAD, workload_args=wargs, batch=args.batch,
-                        steps=args.profile_steps) for n in sorted({1, args.ranks})}
-    base = {n: r[0] for n, r in rates.items()}
-    lt = LayerThroughput(ScalingCurve(MODEL, base),
-                         LayerProfile(MODEL, n_layers, {f: shares[f] for f in levels if f},
-                                      {(n, f): x for n, r in rates.items() for f, x in r.items() if f}))
-    held = lt.heldout()
-    print(f"\n{'ranks':>5} {'frozen':>6} {'compute':>8} {'params':>7} {'samples/s':>10} {'x level 0':>9} "
-          f"{'held-out prediction':>19} {'error':>7}")
-    for n, r in rates.items():
-        for f, x in r.items():
-            c, q = shares[f]
-            m, pred = held.get((n, f), (None, None))
-            tail = f"{pred:19.1f} {pred / m - 1:+7.1%}" if m else ""
-            print(f"{n:5d} {f:6d} {c:8.2f} {q:7.2f} {x:10.1f} {x / base[n]:9.2f} {tail}")
-    mape = lt.heldout_mape()
-    print(f"layer-aware throughput model: beta {lt.beta:.2f} gamma {lt.gamma:.2f} omega {lt.omega:.2f}, "
-          f"held-out error {mape:.1%} (leave-one-out over the frozen points)")
-    return lt, mape
+        self.args = args
+        data = Path(args.data)
+        self.curves = read_scaling_csv(data / "jobs" / "imagenet_mix.scaling.csv")
+        self.trace = data / "eval" / "philly_2017_jobs_from_pollux.csv.gz"
+        self.planner = lambda: Planner(method="dp", objective=args.objective, t_fwd=args.tfwd)
+        self.runs: dict[tuple, object] = {}
 
+    def jobs(self, draw: int, share: float, load: float, rigid: bool = False):
+        from parsl_bft.sim.philly import read_philly
 
-class Arm:
-    """One job through fragments; with ``auto`` the planner sets each fragment's freeze level."""
+        a = self.args
+        return read_philly(self.trace, self.curves, n_jobs=a.jobs, freeze_share=share, accuracy_budget=a.budget,
+                           max_gpus=a.cluster, load=load, seed=draw, rigid=rigid)
 
-    def __init__(self, auto: bool, lt, args):
-        from parsl_bft.jobs import JobSpec
-        from parsl_bft.planner import JobState, Planner
+    def run(self, draw: int, share: float, load: float, how: str):
+        """how: "on" / "off" (the elastic planner, freezing on / off) or a baseline's name."""
+        from parsl_bft.sim import simulate
+        from parsl_bft.sim.baselines import FifoBackfill, TiresiasLas
+        from parsl_bft.sim.philly import dedicated_cluster
 
-        self.auto, self.args = auto, args
-        self.total = args.epochs * 1437 // args.batch * args.batch
-        spec = JobSpec("digits", MODEL, args.ranks, args.ranks, args.t_restart, args.t_restart, float(self.total),
-                       freeze="auto" if auto else "off", accuracy_budget=args.budget if auto else 0.0)
-        self.nodes = [f"n{i}" for i in range(args.ranks)]
-        self.state = JobState(spec, lt.curve, tuple(self.nodes), layers=lt if auto else None)
-        self.planner = Planner(method="dp", t_fwd=args.tfwd)
-        self.dir = Path(tempfile.mkdtemp(prefix="parsl-bft-freezing-"))
-        self.curve: list[dict] = []
-        self.wall = 0.0
-
-    @property
-    def done(self) -> bool:
-        return self.state.samples_done >= self.total
-
-    def fragment(self) -> None:
-        from parsl_bft.execution.layers import fragment_reported
-        from parsl_bft.planner.freeze import GradStats, penalty_curve
-        from parsl_bft.train.fragment import FragmentConfig
-        from parsl_bft.train.launcher import run_fragment
-
-        a, st = self.args, self.state
-        cfg = FragmentConfig(job="digits", workload=WORKLOAD, checkpoint_dir=str(self.dir), world_size=a.ranks,
-                             global_batch=a.batch, steps=a.fragment_steps, total_samples=self.total,
-                             freeze_layers=st.freeze, grad_stats_interval=a.interval, fsync=False,
-                             workload_args=workload_args(a))
-        t = time.perf_counter()
-        res = run_fragment(cfg)
-        self.wall += time.perf_counter() - t
-        fragment_reported(st, res)
-        st.samples_done = res.samples_done
-        self.curve.append({"wall_s": self.wall, "train_s": res.train_s, "samples": res.samples_done,
-                           "level": st.freeze, "accuracy": digits_cnn.accuracy(res.checkpoint, size=a.size),
-                           "spent": st.accuracy_spent,
-                           # what the planner reads before the next fragment: the penalty of each level
-                           "penalty": penalty_curve(GradStats.from_dict(st.grad_stats), st.layers.profile.n_layers)
-                           if self.auto else None})
-        if self.auto:
-            st.freeze = self.planner.plan([st], self.nodes).freeze["digits"]
-
-
-def time_to(curve: list[dict], target: float) -> float:
-    return next((r["wall_s"] for r in curve if r["accuracy"] >= target), float("inf"))
-
-
-def training(args, lt) -> dict:
-    """Both arms, --repeats times; the ratio reported is the median repeat's (the accuracy curves do not depend on
-    the machine's load, the wall times do)."""
-    from parsl_bft.train.launcher import start_rank_server
-
-    start_rank_server()      # its start-up (seconds) is no arm's: both arms' ranks fork from it
-    runs = []
-    for rep in range(args.repeats):
-        arms = [Arm(False, lt, args), Arm(True, lt, args)]
-        try:
-            while not all(arm.done for arm in arms):     # fragments alternate: both arms see the same load
-                for arm in arms if rep % 2 == 0 else arms[::-1]:
-                    if not arm.done:
-                        arm.fragment()
-        finally:
-            for arm in arms:
-                shutil.rmtree(arm.dir, ignore_errors=True)
-        runs.append(report(args, arms[0].curve, arms[1].curve))
-    runs.sort(key=lambda r: r["time_to_target_ratio"])
-    mid = dict(runs[len(runs) // 2])
-    if len(runs) > 1:
-        mid["time_to_target_ratios"] = [round(r["time_to_target_ratio"], 3) for r in runs]
-    return mid
-
-
-def report(args, off: list[dict], auto: list[dict]) -> dict:
-    target = off[-1]["accuracy"] - args.target_gap
-    print(f"\n{'fragment':>8} | {'off: wall s':>11} {'train s':>7} {'acc':>6} | {'auto: wall s':>12} {'train s':>7} "
-          f"{'acc':>6} {'level':>5} {'spent':>7}  penalty of levels 1.. after it")
-    for i in range(max(len(off), len(auto))):
-        a = off[i] if i < len(off) else None
-        b = auto[i] if i < len(auto) else None
-        left = f"{a['wall_s']:11.1f} {a['train_s']:7.2f} {a['accuracy']:6.3f}" if a else " " * 26
-        right = (f"{b['wall_s']:12.1f} {b['train_s']:7.2f} {b['accuracy']:6.3f} {b['level']:5d} {b['spent']:7.4f}  "
-                 + " ".join(f"{p:.4f}" for p in b["penalty"][1:-1]) if b else "")
-        print(f"{i + 1:8d} | {left} | {right}")
-    t_off, t_auto = time_to(off, target), time_to(auto, target)
-    print(f"target accuracy {target:.3f}: off {t_off:.1f} s, auto {t_auto:.1f} s (ratio {t_auto / t_off:.3f}); final "
-          f"accuracy off {off[-1]['accuracy']:.4f}, auto {auto[-1]['accuracy']:.4f}; total wall off "
-          f"{off[-1]['wall_s']:.1f} s, auto {auto[-1]['wall_s']:.1f} s")
-    return {"time_to_target_ratio": t_auto / t_off, "accuracy_delta": auto[-1]["accuracy"] - off[-1]["accuracy"],
-            "target_accuracy": target, "wall_ratio": auto[-1]["wall_s"] / off[-1]["wall_s"],
-            "budget_spent": auto[-1]["spent"],
-            "first_frozen_fragment": next((i + 1 for i, r in enumerate(auto) if r["level"]), None)}
-
-
-def simulation(args) -> dict:
-    from parsl_bft.idle.intervals import read_idle_intervals
-    from parsl_bft.jobs import JobSet
-    from parsl_bft.planner import Planner
-    from parsl_bft.scaling import read_scaling_csv
-    from parsl_bft.sim import simulate
-    from parsl_bft.sim.philly import dedicated_cluster, offered_load, read_philly
-
-    data = Path(args.data)
-    curves = read_scaling_csv(data / "jobs" / "imagenet_mix.scaling.csv")
-    trace = data / "eval" / "philly_2017_jobs_from_pollux.csv.gz"
-    planner = Planner(method="dp", objective=args.objective, t_fwd=args.tfwd)
-    out = {}
-    settings = [("cluster", read_philly(trace, curves, n_jobs=args.jobs, freeze_share=args.freeze_share,
-                                        accuracy_budget=args.budget, max_gpus=args.cluster,
-                                        load=args.load or None), None)]
-    print(f"\ncluster: {args.jobs} Philly jobs on {args.cluster} GPUs at offered load "
-          f"{offered_load(settings[0][1], args.cluster):.2f} (their single-GPU work / the cluster's GPU-seconds "
-          "between the first and the last arrival)")
-    if not args.no_summit:
-        idle = read_idle_intervals(data / "eval" / "summit_256n_24h_idle_intervals.csv.gz")
-        day = read_philly(trace, curves, n_jobs=args.jobs, days=1.0, freeze_share=args.freeze_share,
-                          accuracy_budget=args.budget, max_gpus=args.cluster)
-        import dataclasses
-        day = JobSet([dataclasses.replace(j, submit=idle.t0 + j.submit) for j in day.jobs], day.curves, day.layers)
-        settings.append(("summit-idle", day, idle))
-    print(f"\n{'setting':12} {'freezing':8} {'avg JCT h':>9} {'makespan h':>10} {'finished':>8} {'e_idle':>7} "
-          f"{'e_used':>7} {'frozen':>7} {'over budget':>11} {'solve p50 ms':>12} {'p99 ms':>7} {'run s':>6}")
-    for name, js, iv in settings:
-        if iv is None:
-            iv = dedicated_cluster(args.cluster, 0.0, max(j.submit for j in js.jobs) + 60 * 86400)
-        for freeze in (False, True):
+        key = (draw, share, load, how)
+        if share == 0 and how == "on":          # no job may freeze: the same replay as freezing off
+            return self.run(draw, share, load, "off")
+        if key not in self.runs:
+            rigid = how not in ("on", "off")
+            js = self.jobs(draw, share, load, rigid)
+            iv = dedicated_cluster(self.args.cluster, 0.0, max(j.submit for j in js.jobs) + 60 * 86400)
+            planner = {"tiresias": TiresiasLas, "fifo-backfill": FifoBackfill}.get(how, self.planner)()
+            # rigid schedulers keep their own queue of every arrived job; the elastic planner admits FCFS
+            conc = len(js.jobs) if rigid else self.args.max_concurrent
             t = time.perf_counter()
-            m = simulate(iv, js, planner, freeze=freeze, until_done=name == "cluster",
-                         max_concurrent=args.max_concurrent if name == "cluster" else args.max_concurrent_idle
-                         ).metrics()
-            out[(name, freeze)] = m
-            print(f"{name:12} {'on' if freeze else 'off':8} {m['avg_jct_s'] / 3600:9.2f} {m['makespan_s'] / 3600:10.1f} "
-                  f"{m['jobs_finished']:8d} {m['e_idle']:7.3f} {m['e_used']:7.3f} {m['frozen_share']:7.1%} "
-                  f"{m['budget_violations']:11d} {m['solve_p50_s'] * 1e3:12.2f} {m['solve_p99_s'] * 1e3:7.2f} "
-                  f"{time.perf_counter() - t:6.0f}")
-    return {"jct_ratio": out[("cluster", True)]["avg_jct_s"] / out[("cluster", False)]["avg_jct_s"],
-            "budget_violations": sum(out[(n, True)]["budget_violations"] for n, _, _ in settings),
-            "solve_p99_s_freezing": max(out[(n, True)]["solve_p99_s"] for n, _, _ in settings),
-            **({"jct_ratio_summit_idle": out[("summit-idle", True)]["avg_jct_s"]
-                / out[("summit-idle", False)]["avg_jct_s"]} if not args.no_summit else {})}
+            self.runs[key] = simulate(iv, js, planner, freeze=how == "on", until_done=True, max_concurrent=conc)
+            print(f"  draw {draw} share {share:g} load {load:g} {how:13}: avg JCT "
+                  f"{_jct(self.runs[key]) / 3600:6.2f} h ({time.perf_counter() - t:.0f} s)", flush=True)
+        return self.runs[key]
+
+    def ratio(self, draw: int, share: float, load: float) -> float:
+        return _jct(self.run(draw, share, load, "on")) / _jct(self.run(draw, share, load, "off"))
+
+
+def cluster(args, c: Cluster) -> dict:
+    """Sections 2 and 3 (module doc)."""
+    from parsl_bft.sim.philly import offered_load
+
+    draws, load = range(args.draws), args.load
+    print(f"\ncluster: {args.jobs} Philly jobs per draw on {args.cluster} GPUs at offered load "
+          f"{offered_load(c.jobs(0, 1.0, load), args.cluster):.2f}; draws (trace seeds) {list(draws)}")
+    rows = []
+    for d in draws:
+        on, off = c.run(d, 1.0, load, "on"), c.run(d, 1.0, load, "off")
+        half_on, half_off = c.run(d, 0.5, load, "on"), c.run(d, 0.5, load, "off")
+        fixed = {j.name for j in c.jobs(d, 0.5, load).jobs if j.freeze == "off"}
+        base = {b: _jct(c.run(d, 1.0, load, b)) for b in ("tiresias", "fifo-backfill")}
+        m = on.metrics()
+        rows.append({"draw": d, "jct_on_h": _jct(on) / 3600, "jct_off_h": _jct(off) / 3600,
+                     "ratio": _jct(on) / _jct(off), "ratio_half": _jct(half_on) / _jct(half_off),
+                     "nonfreezable_ratio": _jct(half_on, fixed) / _jct(half_off, fixed),
+                     "tiresias_h": base["tiresias"] / 3600, "fifo_h": base["fifo-backfill"] / 3600,
+                     "vs_best_baseline": _jct(on) / min(base.values()),
+                     "violations": m["budget_violations"] + half_on.metrics()["budget_violations"],
+                     "frozen": m["frozen_share"], "solve_p99": max(m["solve_p99_s"], half_on.metrics()["solve_p99_s"])})
+    print(f"\n{'draw':>4} | {'avg JCT h: off':>14} {'on':>6} {'ratio':>6} | share 0.5: {'ratio':>6} "
+          f"{'non-freezable':>13} | {'frozen':>6} {'over budget':>11} {'solve p99 ms':>12}")
+    for r in rows:
+        print(f"{r['draw']:4d} | {r['jct_off_h']:14.2f} {r['jct_on_h']:6.2f} {r['ratio']:6.3f} | "
+              f"{'':10} {r['ratio_half']:6.3f} {r['nonfreezable_ratio']:13.3f} | {r['frozen']:6.1%} "
+              f"{r['violations']:11d} {r['solve_p99'] * 1e3:12.1f}")
+    print("\nbaselines on the same replay, rigid at the requested sizes (not IceFrog's testbed):")
+    print(f"{'draw':>4} | {'elastic+freezing h':>18} {'Tiresias-like 2D-LAS h':>22} {'FIFO+EASY backfill h':>20} "
+          f"| {'freezing / best':>15}")
+    for r in rows:
+        print(f"{r['draw']:4d} | {r['jct_on_h']:18.2f} {r['tiresias_h']:22.2f} {r['fifo_h']:20.2f} | "
+              f"{r['vs_best_baseline']:15.3f}")
+    ratios = [r["ratio"] for r in rows]
+    return {"jct_ratio_median": statistics.median(ratios), "jct_ratio_max": max(ratios),
+            "jct_ratios": [round(x, 3) for x in ratios],
+            "nonfreezable_ratio": max(r["nonfreezable_ratio"] for r in rows),
+            "nonfreezable_ratio_median": statistics.median(r["nonfreezable_ratio"] for r in rows),
+            "jct_ratio_share_half_median": statistics.median(r["ratio_half"] for r in rows),
+            "budget_violations": sum(r["violations"] for r in rows),
+            "jct_vs_best_baseline": statistics.median(r["vs_best_baseline"] for r in rows),
+            "jct_vs_best_baseline_max": max(r["vs_best_baseline"] for r in rows),
+            "jct_vs_tiresias": statistics.median(r["jct_on_h"] / r["tiresias_h"] for r in rows),
+            "jct_vs_fifo_backfill": statistics.median(r["jct_on_h"] / r["fifo_h"] for r in rows),
+            "solve_p99_s_freezing": max(r["solve_p99"] for r in rows)}
+
+
+def sensitivity(args, c: Cluster) -> dict:
+    """Section 4: the median JCT ratio per (share, load)."""
+    shares = [float(x) for x in args.shares.split(",")]
+    loads = [float(x) for x in args.loads.split(",")]
+    table = {}
+    for load in loads:
+        for share in shares:
+            table[f"{share:g}@{load:g}"] = statistics.median(c.ratio(d, share, load)
+                                                             for d in range(args.sensitivity_draws))
+    print(f"\nJCT ratio, freezing on / off (median of {args.sensitivity_draws} draws)")
+    print(f"{'load':>5} | " + " ".join(f"share {s:<5g}" for s in shares))
+    for load in loads:
+        print(f"{load:5g} | " + " ".join(f"{table[f'{s:g}@{load:g}']:11.3f}" for s in shares))
+    return {"sensitivity": {k: round(v, 3) for k, v in table.items()}}
+
+
+def training(args) -> dict:
+    """Section 1 over both models; the headline figures pool every (model, seed) pair."""
+    out: dict = {}
+    pairs = []
+    for name in args.models.split(","):
+        res = train_model(name, args)
+        pairs += res.pop("pairs")
+        out.update({f"{k}_{name}": v for k, v in res.items()})
+    ttt = [p["time_to_target_ratio"] for p in pairs]
+    out["time_to_target_median"] = statistics.median(ttt)
+    out["accuracy_delta_mean"] = statistics.fmean(p["accuracy_delta"] for p in pairs)
+    out["training_budget_violations"] = sum(p["spent"] > args.budget + 1e-9 for p in pairs)
+    return out
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--epochs", type=int, default=10)
-    ap.add_argument("--ranks", type=int, default=2)
+    ap.add_argument("--seeds", type=int, default=5, help="training seeds per model")
+    ap.add_argument("--models", default=",".join(MODELS), help=f"training models ({', '.join(MODELS)})")
+    ap.add_argument("--epochs", type=int, default=0, help="epochs per training run (0: the model's own)")
     ap.add_argument("--batch", type=int, default=64)
-    ap.add_argument("--fragment-steps", type=int, default=22, help="steps per fragment (22: one epoch)")
-    ap.add_argument("--interval", type=int, default=22,
-                    help="steps per gradient-statistics interval (a fragment's: a restored fragment starts one)")
-    ap.add_argument("--size", type=int, default=32, help="image side in pixels (the 8x8 digits upsampled)")
-    ap.add_argument("--repeats", type=int, default=1, help="runs of both arms (the median ratio is reported)")
-    ap.add_argument("--profile-steps", type=int, default=40, help="timed steps per level (median)")
-    ap.add_argument("--share-rounds", type=int, default=3, help="forward-share measurements (median)")
-    ap.add_argument("--budget", type=float, default=0.005, help="accuracy budget of the freezable jobs")
+    ap.add_argument("--budget", type=float, default=0.005, help="accuracy budget of every freezable job")
     ap.add_argument("--target-gap", type=float, default=0.01,
-                    help="target = the unfrozen run's final held-out accuracy minus this")
-    ap.add_argument("--t-restart", type=float, default=2.0, help="t_up = t_down, seconds")
+                    help="target = the unfrozen arm's final validation accuracy minus this")
+    ap.add_argument("--t-restart", type=float, default=0.05,
+                    help="seconds a level change costs the training job as the planner sees it")
+    ap.add_argument("--profile-steps", type=int, default=30, help="timed steps per level (median)")
     ap.add_argument("--tfwd", type=float, default=300.0, help="planning look-ahead, seconds")
     ap.add_argument("--objective", default="jct")
-    ap.add_argument("--jobs", type=int, default=500)
+    ap.add_argument("--draws", type=int, default=5, help="Philly draws (trace seeds 0..)")
+    ap.add_argument("--jobs", type=int, default=200, help="jobs per draw")
     ap.add_argument("--cluster", type=int, default=48)
-    ap.add_argument("--freeze-share", type=float, default=0.5)
-    ap.add_argument("--load", type=float, default=0.8,
-                    help="offered load of the cluster: arrivals compressed to it (0: the trace's own pace, ~0.2)")
-    ap.add_argument("--max-concurrent", type=int, default=64, help="jobs admitted at once on the cluster")
-    ap.add_argument("--max-concurrent-idle", type=int, default=10, help="... on the idle slice (BFTrainer's 10)")
+    ap.add_argument("--load", type=float, default=0.8, help="offered load of the headline rows")
+    ap.add_argument("--max-concurrent", type=int, default=64, help="jobs the elastic planner admits at once")
+    ap.add_argument("--shares", default="0,0.25,0.5,0.75,1")
+    ap.add_argument("--loads", default="0.5,0.8,1.0")
+    ap.add_argument("--sensitivity-draws", type=int, default=3)
     ap.add_argument("--data", default=str(HERE.parents[1] / "shared" / "data"))
+    ap.add_argument("--quick", action="store_true", help="3 draws of 100 jobs, 3 seeds, 1 sensitivity draw")
+    ap.add_argument("--smoke", action="store_true", help="a few seconds: the code paths, not a result")
     ap.add_argument("--skip-training", action="store_true")
     ap.add_argument("--skip-sim", action="store_true")
-    ap.add_argument("--no-summit", action="store_true", help="skip the replay on the Summit idle slice")
+    ap.add_argument("--skip-sensitivity", action="store_true")
     args = ap.parse_args()
+    if args.quick:
+        args.draws, args.jobs, args.seeds, args.sensitivity_draws = 3, 100, 3, 1
+    if args.smoke:
+        args.draws, args.jobs, args.seeds, args.sensitivity_draws, args.epochs = 1, 12, 1, 1, 3
+        args.profile_steps, args.shares, args.loads = 3, "0,1", "0.8"
+    t = time.perf_counter()
     result: dict = {}
     if not args.skip_training:
-        lt, mape = profile_model(args)
-        result["throughput_mape"] = mape
-        result.update(training(args, lt))
+        result.update(training(args))
     if not args.skip_sim:
-        result.update(simulation(args))
-    keys = ["jct_ratio", "budget_violations", "throughput_mape", "time_to_target_ratio", "accuracy_delta"]
+        c = Cluster(args)
+        result.update(cluster(args, c))
+        if not args.skip_sensitivity:
+            result.update(sensitivity(args, c))
+    result["run_s"] = round(time.perf_counter() - t)
+    keys = ["jct_ratio_median", "jct_ratio_max", "nonfreezable_ratio", "budget_violations", "time_to_target_median",
+            "accuracy_delta_mean", "jct_vs_best_baseline"]
     print(json.dumps({**{k: result.get(k) for k in keys}, **{k: v for k, v in result.items() if k not in keys}}))
 
 

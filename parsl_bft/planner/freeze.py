@@ -92,6 +92,7 @@ class LayerThroughput:
     def __post_init__(self) -> None:
         self._sigma = saved_backward(self.profile.shares, self.profile.n_layers)
         self.beta, self.gamma, self.omega = self._fit(self.profile.points)
+        self._table = np.ones((0, 0))      # [level, nodes] -> speedup, built on first use (the planner's hot path)
 
     def _split(self, n: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Shares of a sample's time on n nodes that is the one-node compute split n ways, par(n) = P(n) / (n P(1))
@@ -148,10 +149,23 @@ class LayerThroughput:
         return float(self.curve.rate(n) * self._factor(np.array([n]), f, params or self.params)[0])
 
     def speedups(self, ns: np.ndarray, f: int) -> np.ndarray:
-        """P(n, f) / P(n, 0) for sizes ``ns`` (1 where n = 0); measured points as measured."""
+        """P(n, f) / P(n, 0) for sizes ``ns`` (1 where n = 0); measured points as measured. Looked up in a table
+        of every level and size up to the largest asked (the curve and the profile do not change)."""
         ns = np.asarray(ns, dtype=np.int64)
         if f == 0:
             return np.ones(len(ns))
+        top = int(ns.max(initial=0))
+        if top >= self._table.shape[1] and f in self._sigma:
+            size = max(top + 1, 2 * self._table.shape[1], 64)
+            every = np.arange(size)
+            self._table = np.ones((self.profile.n_layers, size))
+            for lv in self._sigma:
+                if lv:
+                    self._table[lv] = self._computed(every, lv)
+        return self._table[f][ns] if f in self._sigma else self._computed(ns, f)
+
+    def _computed(self, ns: np.ndarray, f: int) -> np.ndarray:
+        """``speedups`` computed (f >= 1)."""
         out = self._factor(ns, f, self.params)
         base = self.curve.table(max(int(ns.max(initial=0)), 1))
         for (n, lv), r in self.profile.points.items():
@@ -161,6 +175,10 @@ class LayerThroughput:
 
     def speedup(self, n: int, f: int) -> float:
         """P(n, f) / P(n, 0)."""
+        if f == 0 or n <= 0:
+            return 1.0
+        if n < self._table.shape[1] and f in self._sigma:
+            return float(self._table[f, n])
         return float(self.speedups(np.array([n]), f)[0])
 
     def rate(self, n: int, f: int) -> float:
@@ -246,6 +264,25 @@ def penalty_curve(stats: GradStats | None, n_layers: int) -> np.ndarray:
     return np.minimum(1.0, np.concatenate([[0.0], np.cumsum(cost)[:-1]]))
 
 
+_PENALTIES: dict[int, tuple[dict[str, Any], int, np.ndarray]] = {}
+
+
+def job_penalty(stats: dict[str, Any] | None, n_layers: int) -> np.ndarray:
+    """``penalty_curve`` of a job's reported statistics, computed once per report: the planner asks at every
+    plan and the simulator at every step, and a report is a new dict each time (never changed in place)."""
+    if not stats:
+        return penalty_curve(None, n_layers)
+    hit = _PENALTIES.get(id(stats))
+    if hit is not None and hit[0] is stats and hit[1] == n_layers:
+        return hit[2]
+    pen = penalty_curve(GradStats.from_dict(stats), n_layers)
+    pen.setflags(write=False)
+    if len(_PENALTIES) >= 4096:           # a report's entry keeps it alive (its id cannot be reused meanwhile)
+        _PENALTIES.clear()
+    _PENALTIES[id(stats)] = (stats, n_layers, pen)
+    return pen
+
+
 def allowed_levels(spec: JobSpec, current: int, penalty: np.ndarray, spent: float, remaining_share: float,
                    levels: list[int]) -> list[int]:
     """Levels a job may run at next: those within its budget if it stayed there to the end, and only up unless it
@@ -280,7 +317,7 @@ def best_levels(job: JobState, sizes: np.ndarray, model: LayerThroughput | None)
     k = len(sizes)
     if model is None or (job.spec.freeze == "off" and not job.freeze):
         return FreezeChoice(np.full(k, job.freeze, dtype=np.int64), np.ones(k), np.ones(k))
-    pen = penalty_curve(GradStats.from_dict(job.grad_stats), model.profile.n_layers)
+    pen = job_penalty(job.grad_stats, model.profile.n_layers)
 
     def factor(f: int) -> np.ndarray:
         return model.speedups(sizes, f) * (1 - pen[f])
@@ -313,5 +350,5 @@ def charge_budget(job: JobState, progress_share: float) -> None:
     """Spend a job's accuracy budget for ``progress_share`` of its run trained at its current level (the
     simulator as it advances, the runtime when a fragment reports)."""
     if job.freeze and job.layers is not None and progress_share > 0:
-        pen = penalty_curve(GradStats.from_dict(job.grad_stats), job.layers.profile.n_layers)
+        pen = job_penalty(job.grad_stats, job.layers.profile.n_layers)
         job.accuracy_spent += float(pen[job.freeze]) * progress_share

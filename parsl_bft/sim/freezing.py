@@ -15,7 +15,9 @@ schedule is the conservative choice.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -43,10 +45,17 @@ class FreezeProfile:
         return snr / (1 + snr), np.array(self.noise) * (1 + snr)
 
     def stats(self, x: float) -> dict | None:
-        """The statistics a fragment would report at progress x (None before two intervals are complete): the
-        expected values (the recorder's estimate of rho scatters around them; a penalty model must absorb that)."""
-        if x < 2 * self.interval:
+        """The statistics the job's last report holds at progress x: those of the last complete interval (None
+        before two are complete), the expected values (the recorder's estimate of rho scatters around them; a
+        penalty model must absorb that). One report is one dict, the same object until the next."""
+        return self._report(math.floor(x / self.interval + 1e-9))
+
+    @functools.lru_cache(maxsize=1 << 16)      # noqa: B019 (profiles are few, small and live as long as a replay)
+    def _report(self, k: int) -> dict | None:
+        """The report at the end of interval k (1-based)."""
+        if k < 2:
             return None
+        x = k * self.interval
         rho_prev, e_prev = self._at(x - self.interval)
         rho, e = self._at(x)
         return {"prev": np.sqrt(e_prev).tolist(), "now": np.sqrt(e).tolist(), "signal": rho.tolist(),

@@ -31,7 +31,7 @@ def dedicated_cluster(n: int, t0: float, t1: float) -> IdleIntervals:
 def read_philly(path: str | Path, curves: dict[str, ScalingCurve], *, n_jobs: int = 500, start: str = "2017-10-02",
                 days: float = 4.0, max_gpus: int = 48, load: float | None = None, freeze_share: float = 0.6,
                 accuracy_budget: float = 0.005, max_duration: float = 12 * 3600, t_restart: float = 15.0,
-                seed: int = 0) -> JobSet:
+                seed: int = 0, rigid: bool = False) -> JobSet:
     """``n_jobs`` jobs drawn at random (``seed``) from those arriving in ``days`` days from ``start`` (UTC) that ask
     for at most ``max_gpus`` GPUs, as elastic jobs. The trace is the whole of Philly (thousands of GPUs): the draw
     thins its arrivals, to an offered load of ~0.2 on 48 GPUs with the defaults (a cluster idle 80% of the time,
@@ -41,7 +41,8 @@ def read_philly(path: str | Path, curves: dict[str, ScalingCurve], *, n_jobs: in
 
     A job keeps its arrival (seconds after the first) and its work: what it did in ``duration`` seconds (capped
     at ``max_duration``) on its ``num_gpus`` GPUs, at the rate of a model drawn from ``curves``. It may run on
-    1 .. 2 x num_gpus nodes (one node = one GPU here). A ``freeze_share`` of the jobs, drawn at random, allows
+    1 .. 2 x num_gpus nodes (one node = one GPU here); ``rigid``: on exactly num_gpus (the baseline schedulers
+    of ``sim.baselines``; the same draw otherwise). A ``freeze_share`` of the jobs, drawn at random, allows
     freezing (``freeze="auto"`` within ``accuracy_budget``); each model gets ``synthetic_layers``.
     """
     if load is not None and not 0 < load < math.inf:
@@ -71,7 +72,8 @@ def read_philly(path: str | Path, curves: dict[str, ScalingCurve], *, n_jobs: in
     for i, (t, d, g) in enumerate(rows):
         model = models[rng.integers(len(models))]
         freeze = rng.random() < freeze_share
-        jobs.append(JobSpec(f"philly{i:04d}", model, 1, min(2 * g, max_gpus), t_restart, t_restart,
+        jobs.append(JobSpec(f"philly{i:04d}", model, g if rigid else 1, g if rigid else min(2 * g, max_gpus),
+                            t_restart, t_restart,
                             min(d, max_duration) * curves[model].rate(g), submit=t - t_first,
                             freeze="auto" if freeze else "off", accuracy_budget=accuracy_budget if freeze else 0.0))
     js = JobSet(jobs, dict(curves), {m: synthetic_layers(m) for m in models})

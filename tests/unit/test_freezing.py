@@ -368,3 +368,31 @@ def test_a_replay_freezes_models_of_any_depth(n_layers):
     m = simulate(dedicated_cluster(4, 0.0, 1e7), js, Planner(method="dp", objective="jct", t_fwd=300.0),
                  until_done=True).metrics()
     assert m["jobs_finished"] == 4 and m["frozen_share"] > 0.05, m["frozen_share"]
+
+
+def test_the_speedup_table_is_the_model_and_the_measured_points():
+    """The planner's lookup table gives what the model computes, measured points as measured, beyond its first
+    size too (it grows), and the penalty of one report is computed once and never changed."""
+    from parsl_bft.planner.freeze import job_penalty
+
+    lt = profile({(2, 2): 250.0})
+    ns = np.arange(0, 200)
+    for f in (1, 2, 3):
+        assert lt.speedups(ns, f) == pytest.approx(lt._computed(ns, f))
+        assert [lt.speedup(int(n), f) for n in (0, 1, 2, 150)] == pytest.approx(list(lt._computed(
+            np.array([0, 1, 2, 150]), f)))
+    assert lt.rate(2, 2) == pytest.approx(250.0)
+    pen = job_penalty(SETTLED, 4)
+    assert pen is job_penalty(SETTLED, 4)
+    assert list(pen) == pytest.approx(list(penalty_curve(GradStats.from_dict(SETTLED), 4)))
+    assert not pen.flags.writeable and list(job_penalty(None, 4)) == [0, 1, 1, 1]
+
+
+def test_a_simulated_job_reports_once_per_interval():
+    """Between reports the planner sees the same statistics (the last complete interval's), as from fragments."""
+    from parsl_bft.sim.freezing import synthetic_profile
+
+    p = synthetic_profile(JobSpec("j", "m", 1, 4, 5.0, 5.0, 2e5, freeze="auto", accuracy_budget=0.01))
+    assert p.stats(0.01) is None and p.stats(0.039) is None
+    assert p.stats(0.041) is p.stats(0.059) is not p.stats(0.061)
+    assert p.stats(0.041)["signal"] != p.stats(0.061)["signal"]
