@@ -37,6 +37,7 @@ from torch._C._distributed_c10d import PrefixStore, Store, TCPStore  # typed her
 from ..parent_death import signal_on_parent_death
 from .config import FragmentConfig, FragmentFailed, FragmentResult
 from .fragment import main
+from .leftovers import SHARE_ENV, kill_share_processes, share_mark
 from .protocol import JobDir
 from .rank import open_store
 
@@ -236,6 +237,7 @@ def run_fragment(cfg: FragmentConfig, *, env: dict[str, str] | None = None, rank
     finally:
         for s, h in old.items():
             signal.signal(s, h)
+        kill_share_processes(share_mark(cfg.fragment_id, ranks[0]), [p.pid for p in procs])   # and what they started
         for p in procs:
             if p.poll() is None:
                 p.kill()
@@ -254,7 +256,8 @@ def _start_ranks(cfg: FragmentConfig, jd: JobDir, cfg_file: Path, ranks: list[in
     procs = []
     for i, r in enumerate(ranks):
         e = {**os.environ, **env, "RANK": str(r), "WORLD_SIZE": str(cfg.world_size), "LOCAL_RANK": str(i),
-             "LOCAL_WORLD_SIZE": str(len(ranks)), "PARSL_BFT_STORE": store, "PARSL_BFT_FRAGMENT": cfg.fragment_id}
+             "LOCAL_WORLD_SIZE": str(len(ranks)), "PARSL_BFT_STORE": store, "PARSL_BFT_FRAGMENT": cfg.fragment_id,
+             SHARE_ENV: share_mark(cfg.fragment_id, ranks[0])}
         procs.append(_Rank(str(cfg_file), e, str(logs[i]), str(jd.path), cfg.fragment_id, r))
     return procs
 

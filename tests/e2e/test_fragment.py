@@ -1,4 +1,5 @@
 """Training fragments on real torch.distributed (gloo on CPU), real HDF5 checkpoints, real signals."""
+import contextlib
 import os
 import signal
 import sys
@@ -495,3 +496,41 @@ def test_a_rank_printing_without_end_does_not_fill_the_disk(tmp_path, monkeypatc
     text = log.read_text()
     assert "output beyond 100,000 bytes dropped" in text and log.stat().st_size < 8_000_000
     assert CheckpointStore(tmp_path / "j").latest().step == 10
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, IndexError):
+        return False
+
+
+@pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="finds processes through /proc")
+def test_what_a_loop_starts_in_a_session_of_its_own_ends_with_its_fragment(tmp_path):
+    """A loop that starts a helper in a session of its own (setsid) and a daemon whose parent exits at once:
+    neither outlives the fragment (each carries the mark every process a rank starts inherits)."""
+    (tmp_path / "spawner.py").write_text(
+        "import subprocess, sys\n"
+        "def train(ctx):\n"
+        "    sleeper = [sys.executable, '-c', 'import time; time.sleep(600)']\n"
+        "    helper = subprocess.Popen(sleeper, start_new_session=True)\n"
+        "    quiet = 'stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL'\n"
+        "    daemon = subprocess.run([sys.executable, '-c', 'import os, subprocess, sys; os.setsid(); '\n"
+        "                             f'print(subprocess.Popen(sys.argv[1:], {quiet}).pid)', *sleeper],\n"
+        "                            capture_output=True, text=True, check=True).stdout\n"
+        "    open(ctx.args['pids'], 'w').write(f'{helper.pid} {daemon}')\n"
+        "    for idx in ctx.batches(256):\n"
+        "        if ctx.should_stop():\n"
+        "            break\n"
+        "    ctx.save({'step': ctx.step})\n")
+    pids_file = tmp_path / "pids"
+    run_fragment(cfg(tmp_path / "j", loop=f"{tmp_path / 'spawner.py'}:train", steps=3,
+                     workload_args={"pids": str(pids_file)}))
+    pids = [int(p) for p in pids_file.read_text().split()]
+    try:
+        assert len(pids) == 2
+        wait_for(lambda: not any(map(_alive, pids)), timeout=30, what="the loop's helpers end with the fragment")
+    finally:
+        for p in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p, signal.SIGKILL)
