@@ -43,7 +43,8 @@ def options(inst: Instance, j: int) -> list[tuple[int, ...]]:
 
 
 def solve_optimal(inst: Instance, horizon: int, *, time_limit: float = 60.0) -> MilpResult:
-    """Minimum makespan over all schedules that end by ``horizon`` (give a heuristic's makespan)."""
+    """Minimum makespan over all schedules that end by ``horizon`` (give a heuristic's makespan). Raises
+    RuntimeError unless the solver proves it optimal within ``time_limit`` seconds."""
     import pulp
 
     S, J, H = inst.n_servers, inst.n_jobs, int(horizon)

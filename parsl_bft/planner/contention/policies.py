@@ -1,28 +1,18 @@
-"""SJF-BCO (Yu et al., MobiHoc 2022, Alg. 1-3) and the paper's baselines First-Fit, List-Scheduling and Random.
+"""SJF-BCO (Yu et al., MobiHoc 2022, Alg. 1-3), and readings of its baselines without a busy-time cap.
 
-Every policy is a list scheduler: it takes jobs in its order, picks each job's GPUs, and books the job on them
-from the slot the last of them is free for its estimated execution time. ``engine.run`` then measures the
-schedule with the full model; the estimates only steer the choices.
-
-Choices the paper leaves open (ours, each tested):
-- start and end while placing: start = latest free slot of the chosen GPUs; end = start + execution time under
-  eqs. 6-8 with the split jobs already booked on the same servers at that start (``Books.place``);
-- rho-hat: eligibility under the cap theta uses the job's contention-free time on the fewest servers that hold
-  it (known before the GPUs are picked); the busy time added is the estimate for the GPUs actually picked, so
-  a spread job charges its GPUs more;
+SJF-BCO is a list scheduler under a per-GPU busy-time cap theta (``booking.capped_schedule``, where the
+start reading ``Start`` and the bisection live). Choices the paper leaves open (each tested; the full table is
+in docs/explanation/sjf-bco.md):
+- rho-hat: eligibility under theta uses the job's shortest time (``Instance.min_slots``: fewest servers, alone
+  on its links), known before the GPUs are picked; the busy time added is the estimate for the GPUs picked;
 - busy times start from zero in every (theta, kappa) trial; u = l = 1 (busy times in slots);
-- kappa: only the distinct job sizes (and the largest) are tried - any kappa between two sizes splits the jobs
-  the same way, so the result is the same;
-- the bisection on theta in [1, T] keeps the best makespan: a trial that is feasible and no worse moves the
-  upper end down, anything else moves the lower end up; if even theta = T is infeasible, T doubles;
-- ties between equally busy GPUs go to the lower server index (small jobs pack onto one server);
-- baselines keep the instance's (arrival) order. First-Fit puts a job on the fewest servers that can hold it
-  and lets no job overtake an earlier one (first-come-first-served), so it waits for whole free servers: the
-  paper's FF has by far the worst average JCT (450 vs LS 187), which a First-Fit that takes any free GPUs does
-  not give (``first_fit_backfill``, our first reading: within 3% of LS; reported beside it). List-Scheduling
-  and Random start a job at the first slot G_j GPUs are free and take the ones with the least booked work /
-  G_j of them at random. Random read as random servers (``random_servers``: it waits for their GPUs) is
-  reported beside: the paper's RAND/SJF-BCO (2.11) lies between the two readings (1.6 and 2.8 here).
+- kappa: only the distinct job sizes are tried - any kappa between two sizes splits the jobs the same way;
+- ties between equally busy GPUs go to the lower server index (small jobs pack onto one server).
+
+The paper's baselines (each under its own theta) are in ``baselines``. The functions here are readings without
+a cap, in arrival order, reported beside them: ``first_fit`` (first-come-first-served on the fewest servers),
+``first_fit_backfill`` (any first free GPUs), ``list_scheduling`` (least booked work at the first slot G_j GPUs
+are free), ``random_placement`` (G_j random free GPUs) and ``random_servers`` (random servers, waiting for them).
 """
 from __future__ import annotations
 
