@@ -188,22 +188,19 @@ def cmd_status(args: argparse.Namespace) -> int:
     from rich.table import Table
     from rich.text import Text
 
-    from .execution.report import read_state
+    from .execution.report import STATUS_COLUMNS, read_state, reference_note, status_row
 
     try:
         jobs, last = read_state(args.state, last_events=5)     # a read-only command: nothing is created or changed
     except FileNotFoundError as e:
         raise UsageError(str(e)) from None
     t = Table(title=f"parsl-bft jobs in {args.state}")
-    for c in ("job", "status", "progress", "nodes now", "fragments", "rescales", "node-s held", "training share"):
+    for c in STATUS_COLUMNS:
         t.add_column(c, justify="right")
     for j in jobs:
-        r, total = j.row, j.samples
-        share = r.train_node_s / r.node_s if r.node_s else 0.0
-        loss = f", loss {j.live.loss:.4g}" if j.live is not None else ""
-        t.add_row(j.name, r.status, f"{min(j.samples_now, total) / total:.1%} of {total:,}{loss}" if total else "?",
-                  str(r.size), str(r.fragments), str(r.rescales), f"{r.node_s:.0f}", f"{share:.0%}")
+        t.add_row(*status_row(j))
     _console().print(t)
+    _console().print(reference_note(jobs))
     for j in jobs:
         if j.row.status == "failed":
             _console().print(Text.assemble((f"{j.name} failed: ", "bold red"), j.error or ""))

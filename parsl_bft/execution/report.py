@@ -12,7 +12,7 @@ from typing import Any
 from ..train.protocol import JobDir, Progress
 from .errors import StateError
 from .jobstore import JobRow, JobStore, damaged_advice
-from .ledger import JobLedger, Phase, RunLedger
+from .ledger import JobLedger, Phase, RunLedger, ref_words
 from .statedir import DATABASE, StateDir
 
 
@@ -47,6 +47,28 @@ class JobReport:
     def samples_now(self) -> int:
         """Samples done, counting what a running fragment has reported since its last collected result."""
         return max(self.row.samples_done, self.live.samples_done if self.live is not None else 0)
+
+
+STATUS_COLUMNS = ("job", "status", "progress", "fragments", "rescales", "node-s held", "training share", "E_used")
+
+
+def status_row(j: JobReport) -> tuple[str, ...]:
+    """One job's row of `parsl-bft status` (``STATUS_COLUMNS``): where it stands by the event log, progress
+    with a running fragment's own report, node-seconds held, the share of them spent training, and E_used."""
+    r, total = j.row, j.samples
+    held = max(r.node_s, j.ledger.held_node_s if j.ledger else 0.0)
+    loss = f", loss {j.live.loss:.4g}" if j.live is not None else ""
+    e = j.e_used
+    return (j.name, j.state, f"{min(j.samples_now, total) / total:.1%} of {total:,}{loss}" if total else "?",
+            str(r.fragments), str(r.rescales), f"{held:.0f}", f"{min(r.train_node_s, held) / held:.0%}" if held
+            else "0%", "-" if e is None else f"{e:.2f}")
+
+
+def reference_note(jobs: list[JobReport]) -> str:
+    """What E_used is measured against: each job's reference rate and when it was measured."""
+    return ("E_used: samples kept at the job's reference rate (its fastest measured training rate per node) per "
+            "node-second held; reference: " + "; ".join(
+                f"{j.name}: {ref_words(asdict(j.ledger.ref) if j.ledger and j.ledger.ref else None)}" for j in jobs))
 
 
 def job_dir(db: JobStore, root: Path, name: str) -> JobDir:
