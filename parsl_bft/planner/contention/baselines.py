@@ -16,8 +16,8 @@ from enum import Enum
 
 import numpy as np
 
-from .booking import Books, JobOrder, Pick, Start, bisect_theta, capped_schedule, job_order, least_busy
-from .engine import Outcome, Schedule, run
+from .booking import Books, JobOrder, Judge, Pick, Start, bisect_theta, capped_schedule, job_order, least_busy
+from .engine import Outcome, Schedule
 from .instance import Instance
 
 
@@ -61,10 +61,11 @@ def paper_baseline(inst: Instance, which: Baseline, order: JobOrder = JobOrder.A
     """Run ``which`` with jobs in ``order``: FF and LS under their own bisected theta in [1, ``horizon``] (the
     best makespan kept, as SJF-BCO's search does), RAND under theta = ``horizon`` (doubled while infeasible)."""
     jobs = job_order(inst, order)
+    judge = Judge(inst)
 
     def at(theta: float, pick: Pick) -> BaselineResult | None:
         s = capped_schedule(inst, jobs, theta, pick, start=start)
-        return None if s is None else BaselineResult(s, run(inst, s), theta)
+        return None if s is None else BaselineResult(s, judge(s), theta)
 
     if which is Baseline.RAND:
         theta = float(horizon)

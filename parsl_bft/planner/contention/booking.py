@@ -14,7 +14,7 @@ from typing import Protocol, TypeVar
 
 import numpy as np
 
-from .engine import Outcome, Schedule
+from .engine import Outcome, Schedule, run
 from .instance import Instance
 
 
@@ -112,6 +112,21 @@ def capped_schedule(inst: Instance, order: list[int], theta: float, pick: Pick, 
     s = b.schedule()
     s.fifo = start is Start.WAIT
     return s
+
+
+class Judge:
+    """``engine.run`` with a memo: during a bisection many thetas give the same schedule."""
+
+    def __init__(self, inst: Instance) -> None:
+        self.inst = inst
+        self.seen: dict[tuple, Outcome] = {}
+
+    def __call__(self, s: Schedule) -> Outcome:
+        """How ``s`` runs (computed once per distinct schedule)."""
+        key = (tuple(s.order), s.fifo, b"".join(np.asarray(g, np.int64).tobytes() + b"|" for g in s.gpus))
+        if key not in self.seen:
+            self.seen[key] = run(self.inst, s)
+        return self.seen[key]
 
 
 class Measured(Protocol):

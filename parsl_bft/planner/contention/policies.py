@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .booking import Books, JobOrder, Start, bisect_theta, capped_schedule, job_order, least_busy
-from .engine import Outcome, Schedule, run
+from .booking import Books, JobOrder, Judge, Start, bisect_theta, capped_schedule, job_order, least_busy
+from .engine import Outcome, Schedule
 from .instance import Instance
 
 
@@ -154,12 +154,13 @@ def sjf_bco(inst: Instance, *, horizon: int = 1200, kappas: list[int] | None = N
         raise ValueError(f"lambda must be >= 1 (LBSGF looks at servers holding >= lambda * G_j GPUs), got {lam}")
     ks = kappas or kappa_choices(inst)
     log: list[tuple[float, int, int | None]] = []
+    judge = Judge(inst)
 
     def at(theta: float) -> BcoResult | None:
         top = None
         for k in ks:
             s = sjf_bco_trial(inst, theta, k, lam, order, start)
-            out = run(inst, s) if s is not None else None
+            out = judge(s) if s is not None else None
             log.append((theta, k, out.makespan if out else None))
             if s is not None and out is not None and (top is None or out.makespan < top.outcome.makespan):
                 top = BcoResult(s, out, theta, k, 0)
