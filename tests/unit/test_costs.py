@@ -113,3 +113,12 @@ def test_cli_simulate_costs(tmp_path, capsys):
     assert main([*base, "--costs", str(costs(tmp_path, "other,3,1,0,0,1"))]) == 2
     err = capsys.readouterr().err
     assert "no row for model(s) lin" in err and len(err.strip().splitlines()) == 1
+
+
+def test_the_runtime_and_the_simulator_share_one_save_interval():
+    from parsl_bft.execution.checkpoint_policy import CheckpointPolicy
+    p = CheckpointPolicy()
+    p.observe_save(2.0)
+    p.observe_training(3600.0, lost_without_notice=True)
+    assert p.interval(4) == young_interval(2.0, mtbf_node_s(3600.0, 1), 4)
+    assert p.interval(4, hole_left_s=20.0) == 10.0      # half of a known hole's time left
