@@ -48,8 +48,11 @@ def run_demo(out: str | Path, *, speedup: float = 30.0, console: Console | None 
                             warm_up=warm_up)
         for j in jobs or DEMO_JOBS:
             orch.submit(TrainingJob(**j))
-        with LiveBars(console) as bars:
-            summary = orch.run(progress=bars, timeout_s=600)
+        try:
+            with LiveBars(console) as bars:
+                summary = orch.run(progress=bars, timeout_s=600)
+        finally:
+            orch.close()            # the state directory's lock file and database (else: "unclosed file")
     results = {r["job"]: r["checkpoint"] for r in summary["jobs"]}       # the newest, done or not
     ended = summary.get("ended")
     t = Table(title=f"demo finished in {summary['wall_s']:.0f} s" if ended == "done" else
