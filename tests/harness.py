@@ -19,14 +19,28 @@ def start_orchestrator(state, timeout=300, mode=None, env=None, img_steps=None):
                             env={**os.environ, **(env or {})})
 
 
-def finish(p, timeout=600):
-    out, err = p.communicate(timeout=timeout)
-    assert p.returncode == 0, err[-3000:]
-    return json.loads(out.strip().splitlines()[-1])
-
-
 class RanOutOfTime(AssertionError):
     """A test's budget ran out while waiting for a condition: says at which step, never a wrong assertion."""
+
+
+def finish(p, timeout=600, what="the orchestrated run's jobs"):
+    """The last JSON line of an orchestrate.py process (its summary and results). A process still running after
+    ``timeout`` s, or a run that ended at its own time cap (its summary's ``ended``), ran out of time at step
+    ``what``: RanOutOfTime, not the wrong job status a later assertion would report."""
+    try:
+        out, err = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.communicate()
+        raise RanOutOfTime(f"ran out of time at step: {what} (the process still ran after {timeout} s)") from None
+    assert p.returncode == 0, err[-3000:]
+    res = json.loads(out.strip().splitlines()[-1])
+    summary = res.get("summary") or {}
+    if summary.get("ended") == "timeout":
+        left = {r["job"]: f"{r['samples']:,} samples" for r in summary.get("jobs", []) if r["status"] != "done"}
+        raise RanOutOfTime(f"ran out of time at step: {what} (the orchestrator's time cap ended the run after "
+                           f"{summary.get('wall_s', 0):.0f} s; not done: {left})")
+    return res
 
 
 def wait_for(pred, timeout=300, step=0.2, what="condition", or_none=False):
@@ -134,6 +148,41 @@ def check_chain(db, job: str, total_steps: int) -> None:
             assert d["saved_step"] >= expected, (job, d, expected)
             expected = d["saved_step"]
     assert expected == total_steps, (job, expected, total_steps)
+
+
+def fragment_path(db, job: str) -> list[tuple[int, int, int]]:
+    """The committed chain of a job's fragments, from the event log: (ranks, first step, last step) of each
+    fragment that moved the job on (one that failed counts up to the periodic save it left). Replaying these
+    fragments one after another outside the orchestrator gives the same model bit for bit (``replay_path``)."""
+    ranks: dict[str, int] = {}
+    path: list[tuple[int, int, int]] = []
+    for _, kind, d in db.events():
+        if d.get("job") != job:
+            continue
+        if kind == "launch":
+            ranks[d["fragment"]] = d["ranks"]
+        elif kind == "fragment-done" and d["end_step"] > d["start_step"]:
+            path.append((d["ranks"], d["start_step"], d["end_step"]))
+        elif kind == "fragment-failed" and d["saved_step"] > d["resume_step"]:
+            path.append((ranks[d["fragment"]], d["resume_step"], d["saved_step"]))
+    return path
+
+
+def replay_path(path, directory, **cfg) -> None:
+    """Train ``path`` (``fragment_path``) into ``directory``: each fragment on its ranks for its steps, from the
+    checkpoint the one before left (``cfg``: the job's FragmentConfig fields)."""
+    from parsl_bft.train.config import FragmentConfig
+    from parsl_bft.train.launcher import run_fragment
+    for ranks, first, last in path:
+        assert _saved_step(directory) == first, (first, path)
+        run_fragment(FragmentConfig(checkpoint_dir=str(directory), world_size=ranks, steps=last - first, **cfg))
+
+
+def _saved_step(directory) -> int:
+    """The step of the newest checkpoint in ``directory`` (0: none)."""
+    from parsl_bft.train.checkpoint import CheckpointStore
+    st = CheckpointStore(directory).latest(arrays=False)
+    return st.step if st is not None else 0
 
 
 def assert_same_training(final, ref, steps: int) -> None:
