@@ -22,6 +22,7 @@ from parsl.executors.high_throughput.errors import ManagerLost
 
 from ..train.checkpoint import CheckpointStore, TrainingState
 from ..train.config import FragmentConfig, FragmentResult, Precision, StopReason
+from ..train.leftovers import kill_share_processes, share_mark
 from ..train.protocol import JobDir
 from .events import Abandon, FragmentDone, FragmentFailedEvent, StopRequest
 from .htex import FragmentHandle, FragmentLost
@@ -168,7 +169,9 @@ def newest_step(d: Path) -> int:
 
 def collect(r: Running, jd: JobDir, *, lost: bool, job_samples: int, now: float) -> Collected:
     """Classify an ended fragment (``r.handle.done()``, or ``lost``: every node it ran on has left), collected
-    at unix time ``now``."""
+    at unix time ``now``. What its ranks started on this host and still runs (its launcher died before it could
+    end them) is killed."""
+    kill_share_processes(share_mark(r.fragment, 0))
     try:
         if lost:
             r.killed = True         # reclaimed: not the job's own failure

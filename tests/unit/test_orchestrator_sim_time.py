@@ -3,6 +3,10 @@ node (no Parsl, no torch ranks), driven by an injected SimulatedClock. The decis
 planning, launching, stop requests on a reclaim notice, collecting, crash-loop accounting, the event log."""
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 import time
 from concurrent.futures import Future
 from pathlib import Path
@@ -16,6 +20,7 @@ from parsl_bft.execution.orchestrator import Orchestrator, TrainingJob
 from parsl_bft.execution.protocols import PoolEvent
 from parsl_bft.planner import Planner
 from parsl_bft.train.config import FragmentConfig, FragmentFailed, FragmentResult, StopReason
+from parsl_bft.train.leftovers import SHARE_ENV, share_mark
 from parsl_bft.train.protocol import JobDir, Progress
 
 RATE = 100.0          # samples/s per node
@@ -66,6 +71,7 @@ class SimulatedFragments:
                  silent: tuple[str, ...] = (), pool: ScriptedPool | None = None):
         self.clock, self.crash, self.deaf, self.silent, self.pool = clock, crash, deaf, silent, pool
         self.nodes: dict[str, tuple[str, ...]] = {}
+        self.helpers: list[subprocess.Popen] = []
         self.saved: dict[str, int] = {}
         self.live: list[tuple[FragmentConfig, float, Future]] = []
         self.launches: list[tuple[str, int]] = []
@@ -75,6 +81,10 @@ class SimulatedFragments:
         fut: Future = Future()
         self.launches.append((cfg.job, len(nodes)))
         self.nodes[cfg.fragment_id] = nodes
+        if cfg.job in self.silent:        # what its loop started in a session of its own, marked as a rank's is
+            self.helpers.append(subprocess.Popen(
+                [sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True,
+                env={**os.environ, SHARE_ENV: share_mark(cfg.fragment_id, 0)}))
         if cfg.job in self.crash:
             fut.set_exception(FragmentFailed(f"{cfg.job}: ImportError in the user's model"))
         else:
@@ -193,7 +203,7 @@ def test_a_loop_that_never_reports_fails_its_own_job_and_a_deaf_one_is_only_recl
     killed when its node leaves. Having held its node NO_REPORT_S without one report, that is its own failure
     (three in a row: the job fails), not a reclaim to relaunch on every hole for ever. A loop that reports but
     does not stop in time is killed the same way, and that stays a reclaim. The run then hits its time cap and
-    says so."""
+    says so. What the silent loop started in a session of its own ends with each of its fragments."""
     from parsl_bft.execution.fragments import NO_REPORT_S
     clock = SimulatedClock()
     hole = NO_REPORT_S + 100
@@ -216,4 +226,5 @@ def test_a_loop_that_never_reports_fails_its_own_job_and_a_deaf_one_is_only_recl
     assert len(deaf_failed) == 3 and all(deaf_failed) and not deaf.done()
     assert summary["ended"] == "timeout"
     assert {r["job"]: r["status"] for r in summary["jobs"]} == {"mute": "failed", "deaf": "stopped"}
+    assert len(frags.helpers) == 3 and [h.wait(timeout=30) for h in frags.helpers] == [-signal.SIGKILL] * 3
     orch.close()
