@@ -3,7 +3,9 @@
 A page's fenced blocks are taken in order; a MyST comment line just above a block says what it is:
 
     % file: NAME          the block is a file the next commands use (a site file, a workflow, a model)
-    % docs-test: output   the block shows what a command printed; it is not run
+    % docs-test: output   the block shows what the command block above it printed: each of its lines must be
+                          in that output (at 120 columns), numbers and ids aside (``shown_lines_missing``);
+                          "..." stands for what was left out: lines, or part of a line
     % docs-test: fails    a command that must fail (an error the page shows on purpose)
     % docs-test: needs slurm   run only where the local Slurm runs (tests marked slurm; CI)
     % docs-test: skip REASON   not run here: REASON says why (a GPU, the Globus Compute cloud)
@@ -95,3 +97,35 @@ def _classify(page: str, line: int, lang: str, text: str, directive: tuple[str, 
     if word == "skip" and rest:
         return Block(page, line, lang, text, "skip", rest)
     raise ValueError(f"{page}:{line}: unknown directive '% docs-test: {arg}'")
+
+
+def _shape(line: str) -> str:
+    """A printed line without what changes from run to run: ids and numbers (times, steps, rates, node names)."""
+    line = re.sub(r"\b[0-9a-f]{8,}\b", "H", line)
+    line = re.sub(r"\d+(?:[.,]\d+)*(?:e[-+]?\d+)?", "N", line)
+    return " ".join(line.split())
+
+
+def _in(parts: list[str], line: str) -> bool:
+    """The parts appear in ``line`` in this order."""
+    at = 0
+    for part in parts:
+        at = line.find(part, at)
+        if at < 0:
+            return False
+        at += len(part)
+    return True
+
+
+def shown_lines_missing(shown: str, printed: str) -> list[str]:
+    """The lines of an output block that the command did not print. A shown line may be part of a printed one,
+    and "..." in it stands for what was left out there."""
+    have = [_shape(line) for line in printed.splitlines()]
+    missing = []
+    for line in shown.splitlines():
+        parts = [p.strip() for p in _shape(line.replace("\u2026", "...")).split("...")]
+        parts = [p for p in parts if p]
+        if parts and not any(_in(parts, h) for h in have):
+            missing.append(line)
+    return missing
+

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from docs_pages import DOCS, blocks, runnable_pages
+from docs_pages import DOCS, blocks, runnable_pages, shown_lines_missing
 
 import test_slurm
 from paths import ROOT, SHARED
@@ -42,9 +42,10 @@ def test_a_page_runs_as_written(page, tmp_path, request):
     work = _scratch(tmp_path)
     (tmp_path / "home").mkdir()         # what a page writes under ~ (remote runs, their registry) stays here
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
-           "PARSL_BFT_SHARED": str(SHARED.parent), "HOME": str(tmp_path / "home"), **slurm_env}
+           "PARSL_BFT_SHARED": str(SHARED.parent), "HOME": str(tmp_path / "home"),
+           "COLUMNS": "120", **slurm_env}      # the width the pages' output was taken at
     env.pop("PARSL_BFT_HOME", None)
-    ran = 0
+    ran, printed, wrong = 0, None, []
     for b in todo:
         if b.kind == "file":
             (work / b.arg).parent.mkdir(parents=True, exist_ok=True)
@@ -53,8 +54,17 @@ def test_a_page_runs_as_written(page, tmp_path, request):
             r = _run(b, work, env)
             ok = (r.returncode != 0) if b.kind == "fails" else (r.returncode == 0)
             assert ok, f"{b.where()}: exit {r.returncode}\n{b.text}\n--- output ---\n{(r.stdout + r.stderr)[-4000:]}"
-            ran += 1
+            ran, printed = ran + 1, r.stdout + r.stderr
+        elif b.kind == "output" and printed is not None:
+            missing = shown_lines_missing(b.text, printed)
+            if missing:
+                wrong.append(f"{b.where()}: not printed:\n  " + "\n  ".join(missing)
+                             + f"\n--- printed ---\n{printed[-3000:]}")
+            printed = None                 # one output block per command block
+        elif b.kind == "skip":
+            printed = None
     assert ran, f"{page}: no block ran"
+    assert not wrong, "the page shows output its commands did not print:\n" + "\n".join(wrong)
 
 
 def _scratch(tmp_path: Path) -> Path:

@@ -22,3 +22,15 @@ def test_a_block_without_a_directive_is_refused(tmp_path):
         blocks(page)
     page.write_text("# x\n\n% file: a.yaml\n```yaml\na: 1\n```\n\nthen\n\n```bash\ncat a.yaml\n```\n")
     assert [(b.kind, b.arg) for b in blocks(page)] == [("file", "a.yaml"), ("run", "")]
+
+
+def test_shown_output_is_checked_against_what_was_printed_numbers_and_ids_aside():
+    from docs_pages import shown_lines_missing
+    printed = ("sites: two-ranks\nbft-state/two_ranks/jobs/cnn/ckpt-000000100.h5\n"
+               '  start  {"generation": "ed1b5cbacbc1", "jobs": ["blobs"], "resume": {"blobs": 343}}\n')
+    shown = ("sites: two-ranks\nbft-state/two_ranks/jobs/cnn/ckpt-000000300.h5\n...\n"
+             '  start {"generation": "0123abcd4567", "jobs": ["blobs"], ...\n')
+    assert shown_lines_missing(shown, printed) == []
+    assert shown_lines_missing("world sizes: [4]\nsites: other\n", printed) == ["world sizes: [4]", "sites: other"]
+    assert shown_lines_missing('  start ... "resume": {"blobs": 9}}', printed) == []
+    assert shown_lines_missing('  start ... "jobs": ["other"]', printed) == ['  start ... "jobs": ["other"]']
