@@ -13,7 +13,9 @@ make the ``ScalingCurve``, the others a ``LayerProfile`` (planner/freeze.py pred
 from __future__ import annotations
 
 import csv
+import warnings
 from dataclasses import dataclass, field
+from itertools import pairwise
 from pathlib import Path
 
 import numpy as np
@@ -224,12 +226,24 @@ def read_scaling_table(path: str | Path, *, lenient: bool = False) -> ScalingTab
     if lost:
         raise InputError(p, 0, "freeze", f"model {lost[0]} has rows only with layers frozen: measure level 0 too")
     curves = {m: ScalingCurve(m, pts) for m, pts in points.items()}
+    _warn_slower_on_more_nodes(p, points)
     try:
         layers = {m: LayerProfile(m, d["layers"], d["shares"], d["points"]) for m, d in frozen.items()}
     except ValueError as e:
         raise InputError(p, 0, "freeze", str(e)) from None
     bad.warn()
     return ScalingTable(curves, layers)
+
+
+def _warn_slower_on_more_nodes(p: str, points: dict[str, dict[int, float]]) -> None:
+    """Say so when a model trains slower on more nodes: real (contention) or a typo, it changes every plan."""
+    for model, pts in points.items():
+        ns = sorted(pts)
+        drop = next(((a, b) for a, b in pairwise(ns) if pts[b] < pts[a]), None)
+        if drop:
+            a, b = drop
+            warnings.warn(f"{p}: {model} trains slower on {b} nodes ({pts[b]:g} samples/s) than on {a} "
+                          f"({pts[a]:g}): check the measurement", stacklevel=3)
 
 
 def write_scaling_csv(path: str | Path, curves: dict[str, ScalingCurve] | list[tuple]) -> None:

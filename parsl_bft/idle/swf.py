@@ -137,6 +137,10 @@ def _read_lines(path: str | Path, p: str, bad: BadRows) -> _Lines:
             except ValueError:
                 _bad_number(bad, p, lineno, parts)
                 continue
+            frac = next((i for i in (F_ALLOC, F_REQPROCS) if not vals[_COLUMNS.index(i)].is_integer()), None)
+            if frac is not None:                # a size of 4.5 processors was read as 4 before
+                bad.add(InputError(p, lineno, field_label(frac), f"must be a whole number: {parts[frac - 1]!r}"))
+                continue
             got.rows.append(vals)
             got.lines.append(lineno)
     return got

@@ -103,6 +103,10 @@ def test_swf_bad_input(tmp_path):
     p.write_text(SWF_HEAD + swf_line(1, 0, 0, 100, 16))
     with pytest.raises(InputError, match="needs 16 nodes, machine has 8"):
         read_swf(p)
+    p.write_text(SWF_HEAD + "1 0 0 100 4.5 -1 -1 4 -1 -1 1 1 1 1 1 -1 -1 -1\n")   # was truncated to 4
+    with pytest.raises(InputError, match=r"must be a whole number: '4\.5'") as e:
+        read_swf(p)
+    assert "allocated processors" in e.value.field
 
 
 def test_cancelled_jobs_are_counted_not_silently_dropped(tmp_path):

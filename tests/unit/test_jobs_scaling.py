@@ -33,6 +33,16 @@ def test_scaling_roundtrip(tmp_path, shared_data):
         assert again[m].points == pytest.approx(curves[m].points, rel=1e-5)
 
 
+def test_a_curve_slower_on_more_nodes_is_named(tmp_path, shared_data, recwarn):
+    p = tmp_path / "s.scaling.csv"
+    p.write_text("model,nodes,samples_per_sec\nm,1,100\nm,2,180\nm,4,150\nok,1,10\nok,2,19\n")
+    with pytest.warns(UserWarning, match=r"m trains slower on 4 nodes \(150 samples/s\) than on 2 \(180\)"):
+        read_scaling_csv(p)
+    recwarn.clear()
+    read_scaling_csv(shared_data / "jobs" / "imagenet_mix.scaling.csv")    # the shipped mix: no warning
+    assert not [w for w in recwarn if "slower" in str(w.message)]
+
+
 @pytest.mark.parametrize("row,line,field,words", [
     ("a,m,4,2,1,1,10,0\n", 2, "max_nodes", "min_nodes 4 > max_nodes 2"),
     ("a,m,-1,2,1,1,10,0\n", 2, "min_nodes", ">= 1"),
