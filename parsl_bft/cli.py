@@ -167,6 +167,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             paths.append(a.split("=", 1)[1])
         else:
             rest.append(a)
+    if not all(paths):
+        raise UsageError("--site needs a site file: parsl-bft run W.py --site SITE.yaml")
     from .sites import SiteError, load_site
     try:
         sites = [load_site(s) for s in paths]     # read once: the workflow's training_session gets these

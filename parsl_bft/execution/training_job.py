@@ -109,6 +109,9 @@ def check_json_args(job: TrainingJob) -> None:
     for k, v in job.workload_args.items():
         try:
             json.dumps(v, allow_nan=False)
+        except RecursionError:
+            raise ValueError(f"job {job.name!r}: workload_args[{k!r}] is nested too deeply to store (hundreds of "
+                             "levels): pass its data as a file path") from None
         except (TypeError, ValueError):
             hint = "str(path)" if isinstance(v, os.PathLike) else "a str, number, bool, list or dict of those"
             raise ValueError(f"job {job.name!r}: workload_args[{k!r}] is a {type(v).__name__}, not a JSON value "

@@ -43,6 +43,18 @@ def test_run_and_submit_without_a_workflow_name_only_the_workflow_as_missing(com
                                                "workflow")
 
 
+@pytest.mark.parametrize("argv", [["w.py", "--site"], ["w.py", "--site="], ["--site", "", "w.py"]])
+def test_run_with_site_missing_its_file_says_so(tmp_path, monkeypatch, argv):
+    """It said '.: is a directory, not a file' (an empty path read as the current folder)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "w.py").write_text("print('never run')\n")
+    err = io.StringIO()
+    with redirect_stderr(err):
+        assert main(["run", *argv]) == 2
+    assert err.getvalue().splitlines()[-1] == ("parsl-bft run: error: --site needs a site file: parsl-bft run W.py "
+                                               "--site SITE.yaml")
+
+
 @pytest.mark.parametrize("source, extra, named", [
     (["--cluster", "4"], ["--window", "+1h/+2h", "--no-mask"], "--window, --no-mask"),
     (["--cluster", "4"], ["--horizon-aware", "--predict", "clairvoyant"], "--horizon-aware, --predict"),

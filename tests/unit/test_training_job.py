@@ -96,3 +96,13 @@ def test_a_job_name_with_a_trailing_newline_is_refused():
     assert check_job_name is in_jobs
     with pytest.raises(ValueError, match="job name 'a\\\\n': use 1-128 letters"):
         TrainingJob("a\n")
+
+
+def test_workload_args_nested_too_deeply_to_store_are_refused_by_name():
+    """It was a RecursionError traceback at submit."""
+    from parsl_bft.execution.training_job import check_json_args
+    x: list = []
+    for _ in range(5000):
+        x = [x]
+    with pytest.raises(ValueError, match=r"workload_args\['x'\] is nested too deeply to store"):
+        check_json_args(TrainingJob("a", workload_args={"x": x}))
