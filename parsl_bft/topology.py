@@ -164,6 +164,9 @@ def parse_pbsnodes_topology(text: str, *, key: str | None = None, intra_gbps: fl
         nodes = json.loads(text)["nodes"]
     except (ValueError, KeyError, TypeError) as e:
         raise TopologyError(f"{source}: not pbsnodes -F json output ({e})") from None
+    if not isinstance(nodes, dict) or not all(isinstance(v, dict) and isinstance(v.get("resources_available", {}),
+                                                                                 dict) for v in nodes.values()):
+        raise TopologyError(f"{source}: not pbsnodes -F json output ('nodes' is not an object of nodes by name)")
     avail = {n: (v.get("resources_available") or {}) for n, v in nodes.items()}
     if key is None:
         key = next((k for k in PBS_GROUP_KEYS if avail and all(k in a for a in avail.values())), None)

@@ -159,8 +159,11 @@ class JobDir:
                 rec = json.loads(f.read_text())
             except (FileNotFoundError, ValueError):
                 continue
-            for pid, start in rec.get("pids", {}).items():
-                if start is not None and proc_start_time(int(pid)) == start:
+            pids = rec.get("pids") if isinstance(rec, dict) else None
+            for pid, start in (pids.items() if isinstance(pids, dict) else ()):   # another shape: not ours
+                if not str(pid).isdigit() or not isinstance(start, str):
+                    continue
+                if proc_start_time(int(pid)) == start:
                     try:
                         os.kill(int(pid), signal.SIGKILL)
                         killed += 1

@@ -923,3 +923,12 @@ def test_site_files_of_any_shape_give_a_site_or_a_site_error(tmp_path, doc):
     f.write_text(yaml.safe_dump({"name": "s", "scheduler": "slurm", "partition": "p", "node": {"cores": 1}, **doc}))
     with suppress(SiteError):
         load_site(f)
+
+
+@pytest.mark.parametrize("text", ["[1, 2]", '{"pids": [123]}', '{"pids": {"abc": "1"}}', '{"pids": {"1": 5}}', "7"])
+def test_a_rank_pid_file_of_another_shape_is_passed_over(tmp_path, text):
+    """Valid JSON of another shape failed every restart (AttributeError while killing a predecessor's ranks)."""
+    from parsl_bft.train.protocol import JobDir, hostname
+    (tmp_path / f".ranks-{hostname()}-f-1.pid").write_text(text)
+    assert JobDir(tmp_path).kill_ranks() == 0
+    assert not list(tmp_path.glob(".ranks-*"))          # junk of a dead run is cleared like a real record

@@ -7,7 +7,7 @@ import pytest
 from parsl.jobs.states import JobState
 
 from parsl_bft.execution.pbs import PBSCommands, PBSPilotProvider
-from parsl_bft.execution.pbs.commands import parse_pbsnodes, parse_qstat, parse_qsub, parse_user_caps
+from parsl_bft.execution.pbs.commands import PBSError, parse_pbsnodes, parse_qstat, parse_qsub, parse_user_caps
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "pbs"
 NODES = (DATA / "pbsnodes.json").read_text()
@@ -107,3 +107,16 @@ def test_placement_sets_are_asked_once_and_pilots_name_their_host(tmp_path):
     assert prov.targets == {"1010.polaris-pbs-01": ("x3001c0s1b1n0",)}
     # vnodes without a placement set: no topology (logged), and the pilots go wherever PBS puts them
     assert PBSPilotProvider("q", commands=PBSCommands(canned([])), script_dir=str(tmp_path)).topology() is None
+
+
+@pytest.mark.parametrize("text", ['{"nodes": ["n1", "n2"]}', '["nodes"]', "not json",
+                                  '{"nodes": {"n1": {"resources_available": {"ncpus": "many"}}}}'])
+def test_pbsnodes_output_of_another_shape_is_a_scheduler_error(text):
+    """A traceback (AttributeError on a list) before; now the pool's own error naming the command."""
+    with pytest.raises(PBSError, match=r"^pbsnodes -a failed"):
+        parse_pbsnodes(text)
+
+
+def test_qstat_output_of_another_shape_is_a_scheduler_error():
+    with pytest.raises(PBSError, match=r"^qstat -f failed .*'Jobs' is not an object"):
+        parse_qstat('{"Jobs": [1, 2]}')

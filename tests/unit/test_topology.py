@@ -101,3 +101,8 @@ def test_a_malformed_groups_section_is_a_message_not_a_traceback(tmp_path, capsy
 def test_constructor_checks():
     with pytest.raises(TopologyError, match="gpus_per_node"):
         Topology(gpus_per_node=0)
+
+
+def test_pbsnodes_topology_of_another_shape_is_a_topology_error():
+    with pytest.raises(TopologyError, match="'nodes' is not an object of nodes by name"):
+        parse_pbsnodes_topology('{"nodes": ["n1"]}')

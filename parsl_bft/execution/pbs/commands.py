@@ -67,11 +67,29 @@ def _time(v: Any) -> float | None:
     return None
 
 
+def _records(text: str, key: str, command: str) -> dict[str, dict[str, Any]]:
+    """The ``key`` object of a ``-F json`` answer, checked to be records by name (PBSError when it is not)."""
+    try:
+        doc = json.loads(text)
+    except ValueError as e:
+        raise PBSError(command.split(), 0, f"output is not JSON ({e})") from None
+    recs = doc.get(key, {}) if isinstance(doc, dict) else None
+    if not isinstance(recs, dict) or not all(isinstance(r, dict) for r in recs.values()):
+        raise PBSError(command.split(), 0, f"output's '{key}' is not an object of records by name: {text[:80]!r}")
+    return recs
+
+
 def parse_pbsnodes(text: str) -> list[PBSNode]:
     """``pbsnodes -a -F json``."""
-    doc = json.loads(text)
+    try:
+        return _parse_pbsnodes(_records(text, "nodes", "pbsnodes -a -F json"))
+    except (ValueError, TypeError, AttributeError) as e:     # a field of another type than PBS writes
+        raise PBSError(["pbsnodes", "-a"], 0, f"unexpected value in its output ({e})") from None
+
+
+def _parse_pbsnodes(nodes: dict[str, dict[str, Any]]) -> list[PBSNode]:
     out = []
-    for name, n in sorted(doc.get("nodes", {}).items()):
+    for name, n in sorted(nodes.items()):
         ra = n.get("resources_available", {})
         out.append(PBSNode(name, str(n.get("state", "unknown")), int(ra.get("ncpus", 0)), int(ra.get("ngpus", 0))))
     return out
@@ -79,9 +97,15 @@ def parse_pbsnodes(text: str) -> list[PBSNode]:
 
 def parse_qstat(text: str) -> list[PBSJob]:
     """``qstat -f -F json [-x]``."""
-    doc = json.loads(text)
+    try:
+        return _parse_qstat(_records(text, "Jobs", "qstat -f -F json"))
+    except (ValueError, TypeError, AttributeError) as e:     # a field of another type than PBS writes
+        raise PBSError(["qstat", "-f"], 0, f"unexpected value in its output ({e})") from None
+
+
+def _parse_qstat(jobs: dict[str, dict[str, Any]]) -> list[PBSJob]:
     out = []
-    for jid, j in doc.get("Jobs", {}).items():
+    for jid, j in jobs.items():
         rl = j.get("Resource_List", {})
         nodes = int(rl.get("nodect", 0) or 0) or _select_nodes(rl.get("select", ""))
         est = (j.get("estimated") or {}).get("start_time")
