@@ -6,6 +6,7 @@ import gzip
 import io
 import math
 import os
+import re
 import stat
 import zlib
 from collections.abc import Iterable, Iterator
@@ -147,7 +148,7 @@ def read_rows(path: str | Path, required: list[str], bad: BadRows) -> Iterator[t
         missing = [c for c in required if c not in header]
         if missing:
             raise InputError(str(path), 1, missing[0],
-                             f"missing column(s) {', '.join(missing)}; header is {','.join(header)}")
+                             f"missing column(s) {', '.join(missing)}; {_header_shown(header)}")
         for row in reader:
             line = reader.line_num
             if not row or (len(row) == 1 and not row[0].strip()) or row[0].startswith("#"):
@@ -197,3 +198,13 @@ def parse_yaml(text: str, source: str) -> Any:
         raise InputError(source, line, None, f"not valid YAML: {' '.join(str(e).split())[:200]}") from None
     except RecursionError:
         raise InputError(source, 0, None, "not valid YAML: nested too deeply") from None
+
+
+def _header_shown(header: list[str]) -> str:
+    """The header's column names, when they look like names (a file that is not CSV is not echoed: it may be
+    anything the path pointed at), at most 12 of them."""
+    if len(header) < 2 or not all(re.fullmatch(r"[\w .()/%-]{1,40}", h) for h in header):
+        return "its first line is not a CSV header"
+    more = f", ... ({len(header)} columns)" if len(header) > 12 else ""
+    return f"header is {','.join(header[:12])}{more}"
+

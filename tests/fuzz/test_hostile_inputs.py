@@ -22,7 +22,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from parsl_bft.errors import ParslBftError
+from parsl_bft.errors import InputError, ParslBftError
 from parsl_bft.train.checkpoint import CheckpointError, CheckpointStore, TrainingState, load_checkpoint, save_checkpoint
 
 HERE = Path(__file__).resolve().parents[1]
@@ -932,3 +932,16 @@ def test_a_rank_pid_file_of_another_shape_is_passed_over(tmp_path, text):
     (tmp_path / f".ranks-{hostname()}-f-1.pid").write_text(text)
     assert JobDir(tmp_path).kill_ranks() == 0
     assert not list(tmp_path.glob(".ranks-*"))          # junk of a dead run is cleared like a real record
+
+
+def test_a_file_that_is_not_csv_is_not_echoed_in_the_error(tmp_path):
+    """A job-set path may point at anything: its first line (here a password hash) was quoted as the 'header'."""
+    from parsl_bft.jobs import read_jobs_csv
+    p = tmp_path / "shadow"
+    p.write_text("root:$6$secrethash:19000:0:99999:7:::\n")
+    with pytest.raises(InputError, match="its first line is not a CSV header") as e:
+        read_jobs_csv(p)
+    assert "secrethash" not in str(e.value)
+    p.write_text("name,model\na,m\n")                # a CSV header is named, to say what is missing
+    with pytest.raises(InputError, match=r"missing column.*; header is name,model$"):
+        read_jobs_csv(p)
