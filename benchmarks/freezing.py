@@ -165,7 +165,8 @@ def training(args) -> dict:
         pairs += res.pop("pairs")
         out.update({f"{k}_{name}": v for k, v in res.items()})
     ttt = [p["time_to_target_ratio"] for p in pairs]
-    out["time_to_target_median"] = statistics.median(ttt)
+    out["time_to_target_median"] = statistics.median(ttt)      # inf: most auto arms never reached the target
+    out["time_to_target_reached"] = f"{sum(x < float('inf') for x in ttt)}/{len(ttt)}"
     out["accuracy_delta_mean"] = statistics.fmean(p["accuracy_delta"] for p in pairs)
     out["training_budget_violations"] = sum(p["spent"] > args.budget + 1e-9 for p in pairs)
     return out
@@ -214,6 +215,8 @@ def main() -> None:
         result.update(cluster(args, c))
         if not args.skip_sensitivity:
             result.update(sensitivity(args, c))
+    if "training_budget_violations" in result:       # jobs of the replays and training runs over their budget
+        result["budget_violations"] = result.get("budget_violations", 0) + result["training_budget_violations"]
     result["run_s"] = round(time.perf_counter() - t)
     keys = ["jct_ratio_median", "jct_ratio_max", "nonfreezable_ratio", "budget_violations", "time_to_target_median",
             "accuracy_delta_mean", "jct_vs_best_baseline"]
