@@ -29,7 +29,6 @@ import os
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -38,6 +37,7 @@ import torch
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import gpu_models  # noqa: E402
+from stop_restart import stop_and_relaunch  # noqa: E402
 
 from parsl_bft.train.checkpoint import (  # noqa: E402
     BackgroundSave,
@@ -47,7 +47,6 @@ from parsl_bft.train.checkpoint import (  # noqa: E402
 )
 from parsl_bft.train.fragment import FragmentConfig  # noqa: E402
 from parsl_bft.train.launcher import run_fragment  # noqa: E402
-from parsl_bft.train.protocol import JobDir  # noqa: E402
 
 FULL = {"resnet50": dict(batch=256, steps=60), "gpt2-medium": dict(batch=8, steps=30)}
 SMOKE = {"resnet-tiny": dict(batch=16, steps=6), "gpt-tiny": dict(batch=8, steps=6)}
@@ -143,33 +142,17 @@ def resize(name: str, batch: int, device: torch.device, compile_model: bool, cac
     """A stop request to a training fragment, then the next fragment's first finished step, phase by phase."""
     env = {"TORCHINDUCTOR_CACHE_DIR": str(cache)} if cache is not None else {}
     with tempfile.TemporaryDirectory(prefix="bft-gpu-resize-") as d:
-        job = JobDir(d).ensure()
-        first = {}
-
-        def before() -> None:
-            first["result"] = run_fragment(fragment_cfg(name, batch, None, Path(d), device, compile_model,
-                                                        total=batch * 10**9), env=env)
-        th = threading.Thread(target=before)
-        th.start()
-        while (p := job.progress()) is None or p.step < 3:      # training, past its warm-up
-            if not th.is_alive():
-                raise RuntimeError(f"{name}: the first fragment ended before it trained")
-            time.sleep(0.05)
-        t_stop = time.perf_counter()
-        job.request_stop()
-        th.join()
-        t_exited = time.perf_counter()
-        a = first["result"]
-        job.clear_stop()
-        t_launch = time.perf_counter()
-        b = run_fragment(fragment_cfg(name, batch, 1, Path(d), device, compile_model), env=env)
-        t_done = time.perf_counter()
-        assert a is not None and b is not None
+        r = stop_and_relaunch(
+            Path(d), lambda: run_fragment(fragment_cfg(name, batch, None, Path(d), device, compile_model,
+                                                       total=batch * 10**9), env=env),
+            lambda: run_fragment(fragment_cfg(name, batch, 1, Path(d), device, compile_model), env=env),
+            past_step=3, poll_s=0.05)                           # training, past its warm-up
         step_s = CheckpointStore(d).latest(arrays=False).metrics[-1].get("first_step_s", 0.0)
-    launch = (t_done - t_launch) - b.restore_s - b.rendezvous_s - step_s - b.checkpoint_s
-    return {"stop_to_saved_and_exited_s": t_exited - t_stop, "final_save_s": a.checkpoint_s,
+    b = r.next
+    launch = r.launch_to_done_s - b.restore_s - b.rendezvous_s - step_s - b.checkpoint_s
+    return {"stop_to_saved_and_exited_s": r.stop_to_exited_s, "final_save_s": r.stopped.checkpoint_s,
             "launch_and_exit_s": launch, "restore_s": b.restore_s, "rendezvous_s": b.rendezvous_s,
-            "first_step_s": step_s, "total_s": (t_exited - t_stop) + (t_done - t_launch) - b.checkpoint_s}
+            "first_step_s": step_s, "total_s": r.total_s}
 
 
 def measure(name: str, batch: int, steps: int, device: torch.device, do_compile: bool, rounds: int) -> dict:

@@ -28,14 +28,14 @@ import csv
 import json
 import statistics
 import tempfile
-import threading
 import time
 from pathlib import Path
+
+from stop_restart import stop_and_relaunch
 
 from parsl_bft.train.checkpoint import BackgroundSave, CheckpointStore, TrainingState, load_checkpoint
 from parsl_bft.train.config import FragmentConfig
 from parsl_bft.train.launcher import run_fragment, start_rank_server
-from parsl_bft.train.protocol import JobDir
 from parsl_bft.train.workloads import workload_factory
 
 WORKLOADS = {"images": dict(global_batch=64), "lm": dict(global_batch=32)}
@@ -57,31 +57,16 @@ def cfg(name: str, job: Path, steps: int | None, total: int | None = None) -> Fr
 def restart(name: str, warm_steps: int) -> dict[str, float]:
     """One stop request -> next fragment's first finished step, phase by phase, and the warm-up after it."""
     with tempfile.TemporaryDirectory(prefix="bft-costs-") as d:
-        job = JobDir(d).ensure()
-        first: dict = {}
-        th = threading.Thread(target=lambda: first.setdefault("r", run_fragment(cfg(name, Path(d), None, 10**12))))
-        th.start()
-        while (p := job.progress()) is None or p.step < 5:      # training, past its first steps
-            if not th.is_alive():
-                raise RuntimeError(f"{name}: the first fragment ended before it trained")
-            time.sleep(0.02)
-        t_stop = time.perf_counter()
-        job.request_stop()
-        th.join()
-        t_exited = time.perf_counter()
-        a = first["r"]
-        job.clear_stop()
-        t_launch = time.perf_counter()
-        b = run_fragment(cfg(name, Path(d), 1))
-        t_done = time.perf_counter()
+        r = stop_and_relaunch(Path(d), lambda: run_fragment(cfg(name, Path(d), None, 10**12)),
+                              lambda: run_fragment(cfg(name, Path(d), 1)), past_step=5, poll_s=0.02)
         c = run_fragment(cfg(name, Path(d), warm_steps))
-    assert a is not None and b is not None and c is not None
+    assert c is not None
+    a, b = r.stopped, r.next
     steady = WORKLOADS[name]["global_batch"] / a.throughput
-    return {"restart_s": (t_exited - t_stop) + (t_done - t_launch) - b.checkpoint_s,
-            "stop_to_saved_s": t_exited - t_stop, "save_s": a.checkpoint_s, "restore_s": b.restore_s + b.rendezvous_s,
-            "first_step_s": b.train_s,
-            "launch_s": (t_done - t_launch) - b.restore_s - b.rendezvous_s - b.train_s - b.checkpoint_s
-                        + (t_exited - t_stop) - a.checkpoint_s,
+    return {"restart_s": r.total_s, "stop_to_saved_s": r.stop_to_exited_s, "save_s": a.checkpoint_s,
+            "restore_s": b.restore_s + b.rendezvous_s, "first_step_s": b.train_s,
+            "launch_s": r.launch_to_done_s - b.restore_s - b.rendezvous_s - b.train_s - b.checkpoint_s
+                        + r.stop_to_exited_s - a.checkpoint_s,
             "warmup_s": max(0.0, c.train_s - b.train_s - (warm_steps - 1) * steady), "steady_step_s": steady}
 
 
