@@ -356,7 +356,7 @@ def test_a_fragment_still_waiting_for_a_worker_when_its_nodes_are_reclaimed_is_g
     before = sorted(p.name for p in (tmp_path / "s" / "jobs" / "img").iterdir())
     cfg = FragmentConfig(job="img", workload="images", checkpoint_dir=str(tmp_path / "s" / "jobs" / "img"),
                          global_batch=32, world_size=2, fragment_id=stuck.fragment, timeout_s=5, steps=1)
-    assert run_gang_task(cfg, 1, f"127.0.0.1:{orch._store.port}") is None
+    assert run_gang_task(cfg, 1, orch._store.address("127.0.0.1")) is None
     assert sorted(p.name for p in (tmp_path / "s" / "jobs" / "img").iterdir()) == before
     orch.close()
 
