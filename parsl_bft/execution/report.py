@@ -85,9 +85,12 @@ def read_ledger(db: JobStore, rows: dict[str, JobRow] | None = None) -> RunLedge
 def read_jobs(db: JobStore, root: Path) -> list[JobReport]:
     """Every job of a state directory, in submission order, with live progress, the event log's account and
     the error of failed ones."""
-    sd = StateDir(root, create=False)
     rows = db.jobs()
-    ledger = read_ledger(db, rows)
+    return _reports(db, root, rows, read_ledger(db, rows))
+
+
+def _reports(db: JobStore, root: Path, rows: dict[str, JobRow], ledger: RunLedger) -> list[JobReport]:
+    sd = StateDir(root, create=False)
     return [JobReport(name, r, job_dir(db, root, name).progress(), sd.abs(r.checkpoint),
                       ledger.jobs[name].why if name in ledger.jobs and ledger.jobs[name].phase is Phase.FAILED
                       else None, ledger.jobs.get(name))
@@ -108,7 +111,7 @@ def open_state(root: str | Path) -> JobStore:
 def read_state(root: str | Path, *,
                last_events: int = 0) -> tuple[list[JobReport], list[tuple[float, str, dict[str, Any]]]]:
     """Jobs and the newest ``last_events`` events of a state directory, read-only; a damaged database is a
-    StateError that says what to do. (Whether the run has ended: ``run_ended``.)"""
+    StateError that says what to do. (Whether the run has ended: ``RunLedger.ended``.)"""
     db = open_state(root)
     try:
         jobs = read_jobs(db, Path(root))
@@ -128,7 +131,9 @@ def run_summary(db: JobStore, root: Path, *, wall_s: float, warm_up_s: float, po
     rows = []
     held = trained = work = 0.0
     reclaims = [d["job"] for _, _, d in db.events("reclaim")]
-    jobs = read_jobs(db, root)
+    job_rows = db.jobs()
+    ledger = read_ledger(db, job_rows)            # the event log read once: the jobs' accounts and why it ended
+    jobs = _reports(db, root, job_rows, ledger)
     for j in jobs:
         r, lj = j.row, j.ledger
         job_held = max(r.node_s, lj.held_node_s if lj else 0.0)
@@ -143,16 +148,7 @@ def run_summary(db: JobStore, root: Path, *, wall_s: float, warm_up_s: float, po
             work += min(r.samples_done, lj.kept) / lj.ref.per_node_s
     return {"wall_s": wall_s, "warm_up_s": warm_up_s, "jobs": rows, "pool_node_s": pool_node_s,
             "held_node_s": held, "train_share": trained / held if held else 0.0, "e_used": work / held if held else 0.0,
-            "ended": run_ended(db)}
-
-
-def run_ended(db: JobStore) -> str | None:
-    """Why the newest orchestrator life ended (a Stop event's ``why``: done, timeout, stopped, ...); None while
-    it runs, or if it died without a word."""
-    for _, kind, d in reversed(db.events()):
-        if kind in ("start", "stop"):
-            return str(d.get("why", "")) if kind == "stop" else None
-    return None
+            "ended": ledger.ended}
 
 
 def live_progress(db: JobStore, jobs: dict[str, tuple[int, Path]]) -> dict[str, float]:
