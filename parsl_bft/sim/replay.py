@@ -282,9 +282,12 @@ class _Replay:
     def reclaim(self, nodes: tuple[str, ...], t: float) -> None:
         """The facility takes ``nodes``: the Controller charges each job hit a restart (``t_down``); under a
         measured model a reclaim without notice also loses the work since the last periodic save."""
+        if self.books is None:                   # BFTrainer's model: the Controller's t_down is all
+            self.ctl.nodes_left(nodes, t)
+            return
         before = {a.name: (a.state.size, a.rate) for a in self.ctl.active.values()}
         for name in self.ctl.nodes_left(nodes, t):
-            if self.books is not None and name in self.ctl.active:
+            if name in self.ctl.active:
                 a = self.ctl.active[name]
                 lost = min(self.books.reclaimed(a.state.spec.model, *before[name]), a.state.samples_done)
                 a.state.samples_done -= lost
