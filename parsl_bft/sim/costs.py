@@ -138,7 +138,6 @@ class SaveBooks:
         self.exposure_node_s = 0.0
         self.losses = 0.0               # expected losses without notice (a share of each reclaim)
         self.stall_loss = 0.0           # samples not trained while periodic saves paused the jobs
-        self.lost_work = 0.0            # samples lost to reclaims without notice (since the last save)
 
     def interval(self, model: str, nodes: int) -> float:
         """Seconds between periodic saves of a job of ``model`` on ``nodes`` nodes."""
@@ -164,7 +163,6 @@ class SaveBooks:
             return 0.0
         lost = miss * rate * max(0.0, self.interval(model, nodes) / 2 - row.save_s)   # the interval it ran with
         self.losses += miss
-        self.lost_work += lost
         return lost
 
 
