@@ -157,17 +157,16 @@ def bind_host(executor_label: str, gang: bool) -> str:
     """Where the store listens for one site's ranks: loopback for local workers; for pilots the address their
     worker pools reach the interchange on, when the site file names one ("": every interface, when Parsl
     probes this host's addresses instead)."""
-    if not gang:
-        return "127.0.0.1"
-    from parsl.dataflow.dflow import DataFlowKernelLoader
-    return getattr(DataFlowKernelLoader.dfk().executors[executor_label], "address", None) or ""
+    return "127.0.0.1" if not gang else _interchange_address(executor_label) or ""
 
 
 def store_host(executor_label: str, gang: bool) -> str:
     """The address ranks reach the orchestrator's store on: local workers use loopback; pilots the address
     their worker pools reach the interchange on (the site's interchange_address), else this host's name."""
-    if not gang:
-        return "127.0.0.1"
+    return "127.0.0.1" if not gang else _interchange_address(executor_label) or socket.getfqdn()
+
+
+def _interchange_address(executor_label: str) -> str | None:
+    """The address the site file gives its executor's interchange (None: Parsl probes this host's)."""
     from parsl.dataflow.dflow import DataFlowKernelLoader
-    ex = DataFlowKernelLoader.dfk().executors[executor_label]
-    return getattr(ex, "address", None) or socket.getfqdn()
+    return getattr(DataFlowKernelLoader.dfk().executors[executor_label], "address", None) or None
