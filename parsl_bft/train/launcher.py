@@ -32,14 +32,14 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from torch._C._distributed_c10d import PrefixStore, Store, TCPStore  # typed here; torch.distributed re-exports
+from torch._C._distributed_c10d import Store, TCPStore  # typed here; torch.distributed re-exports
 
 from ..parent_death import signal_on_parent_death
 from .config import FragmentConfig, FragmentFailed, FragmentResult
 from .fragment import main
 from .leftovers import SHARE_ENV, kill_share_processes, share_mark
 from .protocol import JobDir
-from .rank import open_store
+from .rank import open_store, store_client
 
 
 def node_name() -> str:
@@ -191,11 +191,6 @@ def _serve_here() -> TCPStore:
     port = sock.getsockname()[1]
     return TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False,
                     timeout=timedelta(seconds=60), master_listen_fd=sock.detach())   # the store owns it
-
-
-def store_client(addr: str, fragment: str, timeout_s: float) -> Store:
-    """A client of the store at ``addr`` ([SECRET@]HOST:PORT), its keys under ``fragment``."""
-    return PrefixStore(fragment, open_store(addr, timeout_s))
 
 
 def run_fragment(cfg: FragmentConfig, *, env: dict[str, str] | None = None, ranks: list[int] | None = None,

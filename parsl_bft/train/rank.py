@@ -59,13 +59,16 @@ def open_store(addr: str, timeout_s: float) -> Store:
     return PrefixStore(secret, base) if secret else base
 
 
+def store_client(addr: str, fragment: str, timeout_s: float) -> Store:
+    """A client of the store at ``addr`` ([SECRET@]HOST:PORT), its keys under ``fragment``."""
+    return PrefixStore(fragment, open_store(addr, timeout_s))
+
+
 def rank_store(timeout_s: float) -> Store | None:
     """The TCPStore client of this fragment (``PARSL_BFT_STORE``: ``open_store``'s address, keys under the
     fragment id)."""
     addr = os.environ.get("PARSL_BFT_STORE")
-    if not addr:
-        return None
-    return PrefixStore(os.environ["PARSL_BFT_FRAGMENT"], open_store(addr, timeout_s))
+    return store_client(addr, os.environ["PARSL_BFT_FRAGMENT"], timeout_s) if addr else None
 
 
 def _master_addr() -> str:
