@@ -207,4 +207,3 @@ def _header_shown(header: list[str]) -> str:
         return "its first line is not a CSV header"
     more = f", ... ({len(header)} columns)" if len(header) > 12 else ""
     return f"header is {','.join(header[:12])}{more}"
-
