@@ -185,9 +185,7 @@ def serve_store(host: str = "127.0.0.1") -> RendezvousStore:
 
 def _serve_here() -> TCPStore:
     """A lone fragment's own store, in this process, on loopback only (its ranks are this launcher's children)."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(512)
+    sock = _listen("127.0.0.1")
     port = sock.getsockname()[1]
     return TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False,
                     timeout=timedelta(seconds=60), master_listen_fd=sock.detach())   # the store owns it
