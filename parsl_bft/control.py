@@ -49,8 +49,11 @@ class ActiveJob:
         return self.state.rate() * self.rate_scale
 
     def charge(self, samples: float, reclaim: bool) -> None:
-        """Losses come out of progress (never below zero: a job cannot lose more than it has done)."""
+        """Losses come out of progress (never below zero: a job cannot lose more than it has done); how far the
+        job had trained is kept (``JobState.trained``)."""
         lost = min(samples, self.state.samples_done)
+        if lost > 0:
+            self.state.trained = max(self.state.trained, self.state.samples_done)
         self.state.samples_done -= lost
         if reclaim:
             self.reclaim_loss += lost

@@ -108,18 +108,24 @@ def _job_values(j: JobState, pool_size: int, objective: Objective, now: float,
     choice = best_levels(j, ks, j.layers)
     u_now = float(u_base[j.size] * (choice.current if choice.current is not None else choice.factor)[j.size])
     cost = np.where(a > j.size, s.t_up * u_now, np.where(a < j.size, s.t_down * u_now, 0.0))
-    value, level = horizon.gain(j, a, u_base * choice.factor) - cost, choice.level[a]
+    gain, level = horizon.gain(j, a, u_base * choice.factor), choice.level[a]
+    value = gain - cost
     i = int(np.flatnonzero(a == j.size)[0])
-    if j.size and level[i] != j.freeze:
-        # at its own size a new level means a restart: keep the current one unless the gain pays for it (or
-        # the budget no longer allows the current one)
-        stay = horizon.gain(j, a, u_base * choice.current)[i] if choice.current is not None else -math.inf
-        # the gain lasts until the job ends, not beyond: a job about to finish is not restarted for speed
+    if j.size and choice.current is not None:
+        # what a new level gains lasts until the job ends, not beyond: a job about to finish is not restarted for
+        # speed (at any size: a restart that costs more than the rest of the job would make it flap)
         left = min(1.0, j.remaining / max(j.rate(), 1e-12) / horizon.t_fwd)
-        if (value[i] - stay) * left <= s.t_up * u_now:
-            level[i], value[i] = j.freeze, stay
-        else:
-            value[i] -= s.t_up * u_now
+        stay = horizon.gain(j, a, u_base * choice.current)
+        moved = (level != j.freeze) & (a > 0)
+        value[moved] = stay[moved] + (gain[moved] - stay[moved]) * left - cost[moved]
+        # at its own size a new level means a restart too: keep the current one unless the gain pays for it
+        if level[i] != j.freeze:
+            if value[i] - stay[i] <= s.t_up * u_now:
+                level[i], value[i] = j.freeze, stay[i]
+            else:
+                value[i] -= s.t_up * u_now
+    elif j.size and level[i] != j.freeze:      # the budget no longer allows the current level: it must change
+        value[i] -= s.t_up * u_now
     return a, value, level
 
 

@@ -25,6 +25,8 @@ class JobState:
     curve: ScalingCurve
     nodes: tuple[str, ...] = ()          # nodes it holds now (reclaimed ones already removed)
     samples_done: float = 0.0
+    trained: float = 0.0                 # the furthest samples_done has reached (a pause the simulator charges as
+                                         # lost samples costs time: it does not untrain the model)
     freeze: int = 0                      # layers frozen now (layer elasticity, planner/freeze.py)
     accuracy_spent: float = 0.0          # of spec.accuracy_budget, by the penalty of the levels it trained at
     grad_stats: dict[str, Any] | None = None   # the last per-layer gradient statistics its fragments reported
@@ -49,6 +51,12 @@ class JobState:
     def remaining(self) -> float:
         """Samples still to train."""
         return max(self.spec.samples - self.samples_done, 0.0)
+
+    @property
+    def untrained_share(self) -> float:
+        """The share of the job's samples its model has never trained on: what a frozen level is still charged
+        for (a pause charged as lost samples leaves it as it was)."""
+        return max(self.spec.samples - max(self.trained, self.samples_done), 0.0) / self.spec.samples
 
 
 @dataclass

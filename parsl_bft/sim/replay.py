@@ -219,7 +219,6 @@ class _Replay:
         self.t = first.time
         self.tl = Timeline()
         self.idle_s = self.alloc_s = self.comm_s = self.frozen_s = 0.0
-        self.peak: dict[str, float] = {}           # the furthest each freezable job's training has got
         self.n_events = 0
 
     def finish_time(self, a: ActiveJob) -> float:
@@ -259,8 +258,8 @@ class _Replay:
             return True
         for a in ctl.active.values():          # what the job's fragments would have reported by now
             if a.name in self.profiles:        # (a charged pause costs time, it does not untrain the model)
-                self.peak[a.name] = max(self.peak.get(a.name, 0.0), a.state.samples_done / a.state.spec.samples)
-                a.state.grad_stats = self.profiles[a.name].stats(self.peak[a.name])
+                a.state.trained = max(a.state.trained, a.state.samples_done)
+                a.state.grad_stats = self.profiles[a.name].stats(a.state.trained / a.state.spec.samples)
         ctl.replan(t)
         if self.network is not None:
             running = [a for a in ctl.active.values() if a.state.size]
@@ -302,8 +301,8 @@ class _Replay:
                 if self.books is not None:     # the periodic saves' stalls
                     step = self.books.trained(a.state.spec.model, a.state.size, dt, step)
                 if a.state.freeze:             # new progress at this level spends budget; retraining what a
-                    charge_budget(a.state, (a.state.samples_done + step) / a.state.spec.samples  # charged pause
-                                  - self.peak.get(a.name, 0.0))                                   # lost does not
+                    charge_budget(a.state, (a.state.samples_done + step - a.state.trained)      # charged pause
+                                  / a.state.spec.samples)                                         # lost does not
                     self.frozen_s += a.state.size * dt
                 a.state.samples_done += step
                 a.node_seconds += a.state.size * dt

@@ -263,15 +263,21 @@ def test_signal_tells_noise_from_a_consistent_gradient():
 
 
 def test_penalty_from_the_signal_charges_only_what_still_learns():
-    """The consistent share of the prefix's gradient energy, counted from the louder of the last two intervals;
-    settled layers are free whatever their share of the gradient."""
+    """The prefix's share of the model's consistent gradient (signal x energy), counted from the louder of the
+    last two intervals; settled layers are free whatever their share of the gradient."""
     settled = {"prev": [1, 1, 1, 1], "now": [1, 1, 1, 1], "signal": [0.0, -0.03, 0.5, 0.8],
-               "signal_prev": [-0.02, 0.01, 0.4, 0.9], "energy": [10.0, 30.0, 20.0, 40.0]}
+               "signal_prev": [-0.02, 0.004, 0.4, 0.9], "energy": [10.0, 30.0, 20.0, 40.0]}
+    pull = 0.004 * 30 + 0.5 * 20 + 0.9 * 40
     pen = penalty_curve(GradStats.from_dict(settled), 4)
-    assert pen[:3] == pytest.approx([0, 0, 0.01 * 30 / 100])          # layer 1's 0.01 of the previous interval
-    assert pen[3] == pytest.approx(pen[2] + 0.5 * 20 / 100)
+    assert pen[:3] == pytest.approx([0, 0, 0.004 * 30 / pull])        # layer 1's 0.004 of the previous interval
+    assert pen[3] == pytest.approx(pen[2] + 0.5 * 20 / pull)
     once = {**settled, "signal_prev": [0.6, 0.6, 0.4, 0.9]}            # quiet in one interval only: still costly
-    assert penalty_curve(GradStats.from_dict(once), 4)[2] == pytest.approx(0.6 * 40 / 100)
+    assert penalty_curve(GradStats.from_dict(once), 4)[2] == pytest.approx(0.6 * 40 / (0.6 * 40 + pull - 0.12))
+    # a noisy model that still learns: the layers that carry its progress cost their share of it, not of the noise
+    noisy = {**settled, "signal": [0.02, 0.02, 0.0, 0.0], "signal_prev": [0.0] * 4, "energy": [100.0, 1, 1, 1]}
+    assert penalty_curve(GradStats.from_dict(noisy), 4)[1] == pytest.approx(2 / (0.05 * 103))
+    settled_all = {**noisy, "signal": [0.001] * 4}                     # all noise: settled as a whole
+    assert penalty_curve(GradStats.from_dict(settled_all), 4)[3] == pytest.approx(0.102 / (0.05 * 103))
     unknown = {**settled, "signal": [float("nan"), 0.0, 0.0, 0.0]}     # frozen before it had statistics
     assert penalty_curve(GradStats.from_dict(unknown), 4)[1] == 1.0
     plan = Planner(method="dp").plan([job(stats=settled)], NODES)
@@ -396,3 +402,41 @@ def test_a_simulated_job_reports_once_per_interval():
     assert p.stats(0.01) is None and p.stats(0.039) is None
     assert p.stats(0.041) is p.stats(0.059) is not p.stats(0.061)
     assert p.stats(0.041)["signal"] != p.stats(0.061)["signal"]
+
+
+def test_a_short_job_is_not_restarted_for_a_level_it_cannot_keep(shared_data):
+    """A job of ~50 s on 16 GPUs, alone on a dedicated cluster (Philly draw 4's philly0032): a restart costs 15 s,
+    a third of it. It used to switch to a higher level near its end (the speed-up valued over the whole
+    look-ahead, not its last seconds), lose the restart as samples, find the level over budget for the work now
+    left, switch back, and never finish (the replay ran for days of simulated time)."""
+    from parsl_bft.sim import simulate
+    from parsl_bft.sim.freezing import synthetic_layers
+    from parsl_bft.sim.philly import dedicated_cluster
+
+    curves = read_scaling_csv(shared_data / "jobs" / "imagenet_mix.scaling.csv")
+    spec = JobSpec("philly0032", "DenseNet", 1, 16, 15.0, 15.0, 1125998.8, freeze="auto", accuracy_budget=0.005)
+    steps = []
+
+    def bounded(_: float) -> None:
+        steps.append(1)
+        if len(steps) > 5000:
+            raise AssertionError(f"ran out of steps at step {len(steps)}: the job is still not done")
+    res = simulate(dedicated_cluster(48, 0.0, 3 * 86400.0),
+                   JobSet([spec], {"DenseNet": curves["DenseNet"]}, {"DenseNet": synthetic_layers("DenseNet")}),
+                   Planner(method="dp", objective="jct", t_fwd=300.0), until_done=True, max_concurrent=4,
+                   progress=bounded)
+    (row,) = res.job_rows()
+    alone = 1125998.8 / curves["DenseNet"].rate(16)
+    assert row["finished_at"] is not None and row["finished_at"] < alone + 2 * 15.0
+    assert row["rescales"] <= 1 and row["accuracy_spent"] <= 0.005
+
+
+def test_a_pause_charged_as_lost_samples_does_not_untrain_the_budget():
+    """The simulator charges a restart as samples taken off progress; the budget's remaining share is what the
+    model has never trained on, so the charge cannot push a frozen level over budget."""
+    from parsl_bft.control import ActiveJob
+
+    a = ActiveJob(job(), 0.0)
+    a.state.samples_done = 9e5
+    a.charge(3e5, reclaim=False)
+    assert a.state.remaining == pytest.approx(4e5) and a.state.untrained_share == pytest.approx(0.1)
