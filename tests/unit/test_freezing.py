@@ -263,21 +263,23 @@ def test_signal_tells_noise_from_a_consistent_gradient():
 
 
 def test_penalty_from_the_signal_charges_only_what_still_learns():
-    """The prefix's share of the model's consistent gradient (signal x energy), counted from the louder of the
-    last two intervals; settled layers are free whatever their share of the gradient."""
+    """The consistent share of the prefix's gradient energy, counted from the louder of the last two intervals,
+    plus ANNEAL of its noise share: a settled layer is cheap when it holds little of the gradient, not free."""
+    from parsl_bft.planner.freeze import ANNEAL
+
     settled = {"prev": [1, 1, 1, 1], "now": [1, 1, 1, 1], "signal": [0.0, -0.03, 0.5, 0.8],
-               "signal_prev": [-0.02, 0.004, 0.4, 0.9], "energy": [10.0, 30.0, 20.0, 40.0]}
-    pull = 0.004 * 30 + 0.5 * 20 + 0.9 * 40
+               "signal_prev": [-0.02, 0.004, 0.4, 0.9], "energy": [1.0, 3.0, 36.0, 60.0]}
+
+    def cost(rho: float, e: float) -> float:
+        return (rho + ANNEAL * (1 - rho)) * e / 100
     pen = penalty_curve(GradStats.from_dict(settled), 4)
-    assert pen[:3] == pytest.approx([0, 0, 0.004 * 30 / pull])        # layer 1's 0.004 of the previous interval
-    assert pen[3] == pytest.approx(pen[2] + 0.5 * 20 / pull)
+    assert pen[:3] == pytest.approx([0, cost(0, 1), cost(0, 1) + cost(0.004, 3)])   # layer 1: the louder 0.004
+    assert pen[3] == pytest.approx(pen[2] + cost(0.5, 36))
     once = {**settled, "signal_prev": [0.6, 0.6, 0.4, 0.9]}            # quiet in one interval only: still costly
-    assert penalty_curve(GradStats.from_dict(once), 4)[2] == pytest.approx(0.6 * 40 / (0.6 * 40 + pull - 0.12))
-    # a noisy model that still learns: the layers that carry its progress cost their share of it, not of the noise
-    noisy = {**settled, "signal": [0.02, 0.02, 0.0, 0.0], "signal_prev": [0.0] * 4, "energy": [100.0, 1, 1, 1]}
-    assert penalty_curve(GradStats.from_dict(noisy), 4)[1] == pytest.approx(2 / (0.05 * 103))
-    settled_all = {**noisy, "signal": [0.001] * 4}                     # all noise: settled as a whole
-    assert penalty_curve(GradStats.from_dict(settled_all), 4)[3] == pytest.approx(0.102 / (0.05 * 103))
+    assert penalty_curve(GradStats.from_dict(once), 4)[2] == pytest.approx(cost(0.6, 1) + cost(0.6, 3))
+    # all noise, most of the gradient in the prefix (the transformer): costly though nothing shows a signal
+    noisy = {**settled, "signal": [-0.05] * 4, "signal_prev": [-0.04] * 4, "energy": [2.0, 50.0, 25.0, 23.0]}
+    assert penalty_curve(GradStats.from_dict(noisy), 4)[3] == pytest.approx(ANNEAL * 0.77)
     unknown = {**settled, "signal": [float("nan"), 0.0, 0.0, 0.0]}     # frozen before it had statistics
     assert penalty_curve(GradStats.from_dict(unknown), 4)[1] == 1.0
     plan = Planner(method="dp").plan([job(stats=settled)], NODES)
