@@ -103,16 +103,27 @@ class GradRecorder:
             self.start = step
         self.samples += 1
         with torch.no_grad():
-            for i, b in enumerate(self.blocks[self.frozen:], self.frozen):
-                gs = [p.grad.detach().reshape(-1).float() for p in b.parameters() if p.grad is not None]
-                self.l1[i] += sum(float(g.abs().sum()) for g in gs)
-                self.sq[i] += sum(float(g.square().sum()) for g in gs)
-                sums = self.sums[i]
-                if sums is None:
-                    self.sums[i] = [g.clone() for g in gs]
-                else:
-                    for acc, g in zip(sums, gs):
-                        acc.add_(g)
+            # one fused pass over every tensor and one host sync for all the norms (per-tensor reductions cost a
+            # small model 15% of its step)
+            grads = {i: [p.grad.detach().reshape(-1).float() for p in self.blocks[i].parameters()
+                         if p.grad is not None] for i in range(self.frozen, len(self.blocks))}
+            flat = [g for gs in grads.values() for g in gs]
+            l1: list[float] = []
+            l2: list[float] = []
+            if flat:
+                l1 = torch.stack(torch._foreach_norm(flat, 1)).tolist()
+                l2 = torch.stack(torch._foreach_norm(flat, 2)).tolist()
+            at = 0
+            for i, gs in grads.items():
+                self.l1[i] += sum(l1[at:at + len(gs)])
+                self.sq[i] += sum(x * x for x in l2[at:at + len(gs)])
+                at += len(gs)
+            fresh = [i for i, gs in grads.items() if self.sums[i] is None or len(self.sums[i] or []) != len(gs)]
+            for i in fresh:
+                self.sums[i] = [g.clone() for g in grads[i]]
+            kept = [i for i in grads if i not in fresh]
+            if kept:
+                torch._foreach_add_([a for i in kept for a in self.sums[i] or []], [g for i in kept for g in grads[i]])
         if step - self.start + self.every >= self.interval:
             t = self.samples
             for i in range(self.frozen, len(self.blocks)):
