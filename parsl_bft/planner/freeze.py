@@ -37,11 +37,11 @@ of what the optimizer does, with rho_i the larger of the last two intervals' (a 
 both: one quiet interval may be noise). A settled layer costs ANNEAL of its share of the gradient energy: cheap
 when its share is small (a CNN's first convolutions), not when it carries most of the gradient (the layers of
 a transformer, whose signal an interval does not resolve, yet whose freezing loses 2-7 points).
-Statistics without the signal (the simulator's synthetic profiles) fall back to AutoFreeze's rate of change of
-the per-layer L1 norms, r_i = |g_prev - g_now| / g_prev: penalty(k) = sum_{i<k} share_i * min(1, r_i / median r).
-Effective progress = P(n, f) * (1 - penalty(f)). Calibrated on real data by benchmarks/freeze_calibration.py:
-the signal separates the first epochs (rho 0.5-0.8) from the noise-dominated rest, but a layer can still
-drift below what an interval resolves (see the README).
+Statistics without the signal (reports that carry only the L1 norms) fall back to AutoFreeze's rate of change
+of the per-layer L1 norms, r_i = |g_prev - g_now| / g_prev: penalty(k) = sum_{i<k} share_i * min(1, r_i / median
+r). Effective progress = P(n, f) * (1 - penalty(f)). Calibrated on real data by benchmarks/freeze_calibration.py
+(docs/explanation/layer-elasticity.md): the signal separates the first epochs (rho 0.5-0.8) from the
+noise-dominated rest; ANNEAL covers what drifts below what an interval resolves.
 
 Budget. A job with ``accuracy_budget`` B has spent sum(penalty * samples trained at that level / samples): a
 lost share of progress is counted as that much accuracy (conservative: accuracy gains little from the last
@@ -258,7 +258,7 @@ def penalty_curve(stats: GradStats | None, n_layers: int) -> np.ndarray:
         # what freezing it loses; of its noise, ANNEAL: what the layer would still settle as the step size decays
         rho = np.clip(rho, 0.0, 1.0)
         cost = np.where(known, (rho + ANNEAL * (1 - rho)) * np.where(known, energy, 0.0) / energy[known].sum(), 1.0)
-    else:      # statistics without the signal (the simulator's profiles): the rate of change of the L1 norms
+    else:      # statistics without the signal (L1 norms only): the rate of change of the L1 norms
         now = np.array(stats.now)
         r = stats.plasticity()
         known = np.isfinite(r) & np.isfinite(now)
