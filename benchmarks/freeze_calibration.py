@@ -7,9 +7,10 @@ One process trains at the benchmark's batch, freezing level L from the start of 
 (L, E) asked; the unfrozen run records, per epoch, each layer's signal and energy share (what ``GradRecorder``
 reports) and the penalty curve the planner would read. Prints the final test accuracies next to what the budget
 rule would have charged for freezing L from E (the penalty after epoch E-1 times the rest of the run); the LAST
-line is JSON: {"model", "final": {"L@E": [accuracy per seed]}, "stats", "penalty", "charged"}.
+line is JSON: {"model", "final": {"L@E": [accuracy per seed]}, "stats", "penalty", "charged"}. ``--plot``
+draws the accuracy lost against the charge, the budget on both axes.
 Usage: python benchmarks/freeze_calibration.py [--model digits] [--epochs 10] [--levels 1,2,3] [--from 3,5,7]
-[--seeds 0,1]
+[--seeds 0,1] [--plot calibration.png]
 """
 from __future__ import annotations
 
@@ -87,6 +88,8 @@ def main() -> None:
     ap.add_argument("--interval", type=int, default=0, help="steps per statistics interval (0: an epoch's, as "
                     "benchmarks/freezing.py)")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--budget", type=float, default=0.005, help="the accuracy budget drawn on the plot")
+    ap.add_argument("--plot", default="", help="write the loss-against-charge figure here (PNG)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     levels = [int(x) for x in args.levels.split(",") if x]
@@ -124,7 +127,42 @@ def main() -> None:
         print(f"{lv:>6} {e or '-':>10} {' '.join(f'{a:.4f}' for a in v):>36} "
               f"{sum(v) / len(v) - off:+10.4f} {charged:8.4f}")
     print(f"({time.perf_counter() - t:.0f} s)")
+    if args.plot:
+        plot(args, final, out["charged"])
+        print(f"wrote {args.plot}")
     print(json.dumps({"model": args.model, "final": final, **out}))
+
+
+def plot(args, final: dict[str, list[float]], charged: dict[str, float]) -> None:
+    """Measured accuracy loss (mean over the seeds, and each seed) against the charge, one point per frozen
+    (level, epoch); the budget drawn on both axes: the planner admits only what lies left of it."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    off = final["off"]
+    fig, ax = plt.subplots(figsize=(6.5, 5))
+    for k, accs in final.items():
+        if k == "off":
+            continue
+        lost = [o - a for o, a in zip(off, accs)]
+        x = max(charged[k], 1e-4)
+        ax.scatter([x] * len(lost), lost, s=8, color="0.7", zorder=1)
+        ax.scatter([x], [sum(lost) / len(lost)], s=30, color="C0", zorder=2)
+        ax.annotate(k, (x, sum(lost) / len(lost)), fontsize=7, xytext=(4, 2), textcoords="offset points")
+    ax.axvline(args.budget, color="C3", lw=0.8, ls="--", label=f"budget {args.budget:g}")
+    ax.axhline(args.budget, color="C3", lw=0.8, ls=":")
+    xs = [10 ** (k / 50 - 4) for k in range(201)]          # the diagonal, curved where the y axis turns linear
+    ax.plot(xs, xs, color="black", lw=0.6, label="loss = charge")
+    ax.set_xscale("log")
+    ax.set_yscale("symlog", linthresh=0.01)
+    ax.set_xlabel("charged by the budget rule (penalty x rest of the run)")
+    ax.set_ylabel("test accuracy lost (grey: per seed; blue: mean)")
+    ax.set_title(f"{args.model}: freezing level@epoch, {len(off)} seeds")
+    ax.legend(loc="upper left", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(args.plot, dpi=120)
+    plt.close(fig)
 
 
 if __name__ == "__main__":
