@@ -66,7 +66,7 @@ def test_a_run_that_hits_its_time_cap_fails_as_out_of_time_not_as_a_wrong_status
                          stderr=subprocess.PIPE, text=True, start_new_session=True)
     with pytest.raises(RanOutOfTime, match=r"ran out of time at step: the jobs \(.*time cap.*img"):
         finish(p, timeout=60, what="the jobs")
-    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], stdout=subprocess.PIPE,
+    p = subprocess.Popen([sys.executable, "-c", "import signal; signal.pause()"], stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True, start_new_session=True)
     with pytest.raises(RanOutOfTime, match=r"ran out of time at step: the sleeper"):
         finish(p, timeout=0.5, what="the sleeper")

@@ -83,7 +83,7 @@ class SimulatedFragments:
         self.nodes[cfg.fragment_id] = nodes
         if cfg.job in self.silent:        # what its loop started in a session of its own, marked as a rank's is
             self.helpers.append(subprocess.Popen(
-                [sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True,
+                [sys.executable, "-c", "import signal; signal.pause()"], start_new_session=True,
                 env={**os.environ, SHARE_ENV: share_mark(cfg.fragment_id, 0)}))
         if cfg.job in self.crash:
             fut.set_exception(FragmentFailed(f"{cfg.job}: ImportError in the user's model"))
