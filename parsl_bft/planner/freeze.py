@@ -36,7 +36,7 @@ first k layers loses
 of what the optimizer does, with rho_i the larger of the last two intervals' (a settled layer must be quiet in
 both: one quiet interval may be noise). A settled layer costs ANNEAL of its share of the gradient energy: cheap
 when its share is small (a CNN's first convolutions), not when it carries most of the gradient (the layers of
-a transformer, whose signal an interval does not resolve, yet whose freezing loses 2-7 points).
+a transformer, whose signal an interval does not resolve, yet whose freezing loses 0.5-6 points).
 Statistics without the signal (reports that carry only the L1 norms) fall back to AutoFreeze's rate of change
 of the per-layer L1 norms, r_i = |g_prev - g_now| / g_prev: penalty(k) = sum_{i<k} share_i * min(1, r_i / median
 r). Effective progress = P(n, f) * (1 - penalty(f)). Calibrated on real data by benchmarks/freeze_calibration.py
