@@ -95,7 +95,8 @@ def build(name: str, device: torch.device, channels_last: bool, compile_model: b
     """(the model to call, the model whose state is saved, its optimizer), seeded alike in both arms."""
     spec = SPECS[name]
     torch.manual_seed(0)
-    model = spec.build().to(device)
+    with device:                                  # built on the device: no CPU initialisation, no copy
+        model = spec.build()
     if channels_last and spec.kind == "image":
         model = model.to(memory_format=torch.channels_last)
     opt: torch.optim.Optimizer = (torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9) if spec.kind == "image"
@@ -116,25 +117,33 @@ def step(name: str, run: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor,
     return loss
 
 
+WARMUP = 5     # steps before the steady-state timer starts, in both arms
+
+
 def train(ctx: Any) -> None:
     """The parsl-bft arm: the same step as a fragment (``ctx.args``: model, batch, bf16, channels_last,
-    compile). The first step's time is reported (``first_step_s``: compile and warm-up are part of a restart)."""
+    compile). Reports the first step's time (``first_step_s``: compile and warm-up are part of a restart) and,
+    after WARMUP steps, the steady rate (``steady_samples_s``, as the plain arm times it: per-step overhead of the
+    runtime included, warm-up not)."""
     a = ctx.args
     run, model, opt = build(a["model"], ctx.device, a["channels_last"], a["compile"])
     if ctx.restored is not None:
         model.load_state_dict(ctx.restored["model"])
         opt.load_state_dict(ctx.restored["optimizer"])
     x, y = SPECS[a["model"]].batch(ctx.global_batch // ctx.world_size, ctx.device, a["channels_last"])
-    first = True
+    n, t_steady = 0, 0.0
     while True:
         t = time.perf_counter()
-        loss = step(a["model"], run, opt, x, y, a["bf16"])
-        if first:
-            loss.detach().item()                         # the first step, finished
-            ctx.report(loss=loss.item(), first_step_s=time.perf_counter() - t)
-            first = False
+        loss = step(a["model"], run, opt, x, y, a["bf16"]).item()        # .item(): the step finished
+        n += 1
+        if n == 1:
+            ctx.report(loss=loss, first_step_s=time.perf_counter() - t)
+        elif n > WARMUP:
+            ctx.report(loss=loss, steady_samples_s=(n - WARMUP) * x.shape[0] / (time.perf_counter() - t_steady))
         else:
-            ctx.report(loss=loss.item())
+            ctx.report(loss=loss)
+        if n == WARMUP:
+            t_steady = time.perf_counter()
         if ctx.should_stop():
             break
     ctx.save({"model": model.state_dict(), "optimizer": opt.state_dict()})

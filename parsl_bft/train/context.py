@@ -185,8 +185,8 @@ class TrainContext:
     def _restore(self, into: Mapping[str, torch.Tensor]) -> TrainingState | None:
         """The newest good checkpoint, read straight into ``into`` (the built model's tensors: no second copy),
         and the job positioned at it; for a loop that restores its state itself (a scientist's gets
-        ``restored``)."""
-        st = self._rs.store.latest(into=into)
+        ``restored``). On an accelerator its large tensors are read onto the rank's device."""
+        st = self._rs.store.latest(into=into, device=self._rs.device if self._rs.use_cuda else None)
         self._position(st)
         return st
 
@@ -351,7 +351,7 @@ def _user_loop(cfg: FragmentConfig, rs: RankSetup) -> tuple[TrainFn, TrainContex
     spec = cfg.loop or ""
     fn = load_attr(spec, "training function")
     _check_signature(fn, spec)
-    ctx = TrainContext(cfg, rs, rs.store.latest())
+    ctx = TrainContext(cfg, rs, rs.store.latest(device=rs.device if rs.use_cuda else None))   # as map_location
     ctx._join()
     torch.manual_seed(cfg.seed)              # the user's model is built the same way in every fragment
     ctx._begin_training()

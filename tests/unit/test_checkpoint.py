@@ -251,8 +251,8 @@ def test_background_copy_of_every_tensor_layout(tmp_path):
     assert back.optimizer["state"][0]["step"].item() == 3.0
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="NOT RUN: needs a CUDA GPU (pinned-buffer saves from GPU "
-                    "tensors are unchecked on this machine and in CI)")
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="NOT RUN: needs a CUDA GPU (CI has none; "
+                    "pinned-buffer saves from GPU tensors passed on one H100)")
 def test_background_copy_from_a_gpu_goes_to_pinned_buffers(tmp_path):
     st = TrainingState(model={"w": torch.randn(256, 256, device="cuda"), "b": torch.randn(256, device="cuda")})
     bg = BackgroundSave(lambda s: save_checkpoint(tmp_path / "c.h5", s, fsync=False))
@@ -473,3 +473,26 @@ def test_a_non_finite_tensor_is_found_under_any_key():
     assert finite_weights(good) is None
     good["ema"] = {"w": torch.tensor([1.0, float("nan")])}
     assert finite_weights(good) == "ema.w"
+
+
+def test_staged_reads_give_the_bytes_and_digest_of_a_plain_read(tmp_path, monkeypatch):
+    """DeviceStaging (the road onto an accelerator: two buffers that take turns) reads the same bytes and checksum
+    as the read into host memory, across many buffer turns; a file that ends early gives None. Run here into a
+    CPU tensor (the GPU test reads onto a GPU)."""
+    from parsl_bft.train.checkpoint import reader, staging
+    monkeypatch.setattr(staging, "_BUFFER", 1 << 12)          # many turns of two small buffers
+    data = torch.randn(3, 5000)
+    path = save_checkpoint(tmp_path / "c.h5", TrainingState(model={"w": data}), fsync=False)
+    with h5py.File(path, "r") as f:
+        offset = f["model/k0"].id.get_offset()
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        dest = torch.empty_like(data)
+        got = staging.DeviceStaging(1 << 10).read(fd, offset, dest)
+        plain = np.empty(data.numel(), dtype=np.float32)
+        assert got == reader._read_into(fd, offset, plain) is not None
+        assert torch.equal(dest, data) and torch.equal(torch.from_numpy(plain).view(3, 5000), data)
+        size = os.fstat(fd).st_size
+        assert staging.DeviceStaging(1 << 10).read(fd, size - 100, torch.empty(1000)) is None
+    finally:
+        os.close(fd)

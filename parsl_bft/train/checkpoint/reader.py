@@ -31,6 +31,7 @@ from .format import (
     as_count,
     digest,
 )
+from .staging import DeviceStaging
 
 _PIECE = 1 << 18             # data is read and hashed in pieces this large: each hashed while still in the core's
                              # L2 cache (half the hash's cost with 4 MiB pieces, measured)
@@ -43,11 +44,12 @@ class _Pending:
 
     name: str
     offset: int | None           # None: compact or empty, already read (``got``) through HDF5
-    array: np.ndarray
+    array: np.ndarray | None     # None: read onto a device (``tensor``)
     digest: Any                  # the stored checksum (whatever the attribute holds)
     got: str | None = None
     live: bool = False           # ``array`` is a live tensor's memory (``load_checkpoint(into=...)``)
     key: Any = None              # its key in ``into``
+    tensor: torch.Tensor | None = None    # a fresh tensor on an accelerator, read through DeviceStaging
 
 
 class _Reader:
@@ -60,8 +62,10 @@ class _Reader:
     ``fill`` reads it once all that has verified - into fresh memory first, into the live tensors (``into``)
     last, so a file whose metadata, optimizer state or length is damaged never touches the live model."""
 
-    def __init__(self, path: str, f: h5py.File, size: int, arrays: bool = True, fd: int | None = None) -> None:
+    def __init__(self, path: str, f: h5py.File, size: int, arrays: bool = True, fd: int | None = None,
+                 device: torch.device | None = None) -> None:
         self.path, self.f, self.size, self.arrays, self.fd = path, f, size, arrays, fd
+        self.device = device             # large tensors of the part being read go there (None: CPU memory)
         self.where: str | None = None
         self.read: list[str] = []
         self.meta = MetaChecksum()
@@ -74,17 +78,25 @@ class _Reader:
 
     def fill(self) -> None:
         """Read and verify every registered dataset, live tensors last (``sorted`` is stable)."""
+        staging = None
         for p in sorted(self.pending, key=lambda p: p.live):
             self.where = p.name
             if p.offset is not None:
                 if p.live:
                     self.written.append(p.key)
                 assert self.fd is not None       # an offset is only taken where HDF5 gave its descriptor
-                p.got = _read_into(self.fd, p.offset, p.array)
+                if p.tensor is not None:
+                    staging = staging or DeviceStaging(_PIECE)
+                    p.got = staging.read(self.fd, p.offset, p.tensor)
+                else:
+                    assert p.array is not None
+                    p.got = _read_into(self.fd, p.offset, p.array)
             if p.got is None:
                 raise self.fail("data past the end of the file")
             if p.got != p.digest:
                 raise self.fail("checksum mismatch: the data is damaged")
+        if staging is not None:
+            staging.finish()
         self.where = None
 
     def attr(self, obj: Any, name: str, default: Any = KeyError) -> Any:
@@ -181,6 +193,13 @@ class _Reader:
         if not self.arrays:
             return None
         live = _live_view(target, ds.shape, dt, dtn) if offset is not None and numpy is None else None
+        device = _device_for(target, self.device)
+        if live is None and offset is not None and numpy is None and device is not None \
+                and declared >= _MAPPED_MIN and dt.kind in "biuf":
+            t = torch.empty(ds.shape, dtype=BY_NAME.get(dtn) or torch.from_numpy(np.empty(0, dt)).dtype,
+                            device=device)
+            self.pending.append(_Pending(ds.name, offset, None, stored, tensor=t))
+            return t
         a = _empty(ds.shape, dt) if live is None else live
         got = None
         if offset is None:                       # compact (HDF5 places it itself) or empty: small, read now
@@ -214,6 +233,14 @@ def _live_view(target: Any, shape: tuple[int, ...], dt: np.dtype, dtn: str) -> n
     return a if a.dtype == dt else None
 
 
+def _device_for(target: Any, device: torch.device | None) -> torch.device | None:
+    """Where a large tensor is read to: the accelerator its live counterpart is on, else ``device`` (None: CPU
+    memory, as before)."""
+    if isinstance(target, torch.Tensor) and target.device.type not in ("cpu", "meta"):
+        return target.device
+    return device if device is not None and device.type != "cpu" else None
+
+
 def _empty(shape: tuple[int, ...], dt: np.dtype) -> np.ndarray:
     """Memory for a dataset. Large ones get a private anonymous mapping of their own, its pages mapped in one call
     (MAP_POPULATE): faulting them in one by one as the read first touched them (a trap each, costly in a VM) made
@@ -240,8 +267,8 @@ def _read_into(fd: int, offset: int, a: np.ndarray) -> str | None:
 
 
 
-def load_checkpoint(path: str | Path, *, arrays: bool = True,
-                    into: Mapping[str, torch.Tensor] | None = None) -> TrainingState:
+def load_checkpoint(path: str | Path, *, arrays: bool = True, into: Mapping[str, torch.Tensor] | None = None,
+                    device: str | torch.device | None = None) -> TrainingState:
     """Read and verify one checkpoint. Whatever is wrong with the file - not there, not a regular file, not
     HDF5, damaged anywhere (HDF5's own errors included), crafted to read other files or to exhaust memory, from a
     newer format - raises CheckpointError naming the file and, when known, the dataset.
@@ -257,9 +284,14 @@ def load_checkpoint(path: str | Path, *, arrays: bool = True,
     tensors are written last, once the metadata, the file's length and every other dataset have verified; only
     damage inside the model's own data is found after they were written: the error then says ``overwritten``
     (the tensors hold part of this file; ``written`` names them) and the model must be loaded from another
-    checkpoint or built again. A format-1 file (no metadata checksum) loads as without ``into``."""
+    checkpoint or built again. A format-1 file (no metadata checksum) loads as without ``into``. A tensor of ``into`` on
+    an accelerator is never written: its dataset is read onto that device, into a fresh tensor.
+
+    ``device`` (an accelerator, e.g. a rank's ``cuda:0``): the model's and optimizer's tensors of 1 MiB or more
+    are read onto it, as ``torch.load(map_location=)`` would place them, through pinned staging buffers (no
+    fresh host memory, no pageable copy); smaller ones (an optimizer's step counts) stay in CPU memory."""
     p = str(path)
-    r = _open(p, arrays)
+    r = _open(p, arrays, torch.device(device) if device is not None else None)
     try:
         with r.f:
             return _read_state(r, into)
@@ -270,7 +302,7 @@ def load_checkpoint(path: str | Path, *, arrays: bool = True,
                               written=r.written) from None
 
 
-def _open(p: str, arrays: bool) -> _Reader:
+def _open(p: str, arrays: bool, device: torch.device | None = None) -> _Reader:
     """A reader of the regular file ``p``, opened by HDF5 (which must recognise it)."""
     try:
         st = os.stat(p)
@@ -284,7 +316,7 @@ def _open(p: str, arrays: bool) -> _Reader:
         raise CheckpointError(p, f"not a readable HDF5 file ({type(e).__name__}: {e})") from None
     # HDF5's own descriptor, and that file's size: a save may have replaced the file at this path since the stat
     fd = f.id.get_vfd_handle()
-    return _Reader(p, f, os.fstat(fd).st_size if fd is not None else st.st_size, arrays, fd)
+    return _Reader(p, f, os.fstat(fd).st_size if fd is not None else st.st_size, arrays, fd, device)
 
 
 def _read_state(r: _Reader, into: Mapping[str, torch.Tensor] | None) -> TrainingState:
@@ -321,7 +353,9 @@ def _read_parts(r: _Reader, version: int, into: Mapping[str, torch.Tensor] | Non
     """The model, optimizer, scheduler and rng trees (None where absent); arrays registered, not yet read."""
     f = r.f
     parts: dict[str, Any] = {}
+    device = r.device
     for key in PARTS:
+        r.device = device if key in ("model", "optimizer") else None      # RNG states stay in host memory
         if f.get(key, getlink=True) is None:
             r.meta.add("/", key, "absent")
             parts[key] = None
@@ -333,4 +367,5 @@ def _read_parts(r: _Reader, version: int, into: Mapping[str, torch.Tensor] | Non
             # format 1 has no metadata checksum to pass before live tensors are written: fresh memory
             parts[key] = r.tree(g, into if key == "model" and version >= 2 else None)
     r.where = None
+    r.device = device
     return parts

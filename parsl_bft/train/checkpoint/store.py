@@ -92,10 +92,12 @@ class CheckpointStore:
                 p.unlink(missing_ok=True)
         return path
 
-    def latest(self, *, arrays: bool = True, into: Mapping[str, torch.Tensor] | None = None) -> TrainingState | None:
+    def latest(self, *, arrays: bool = True, into: Mapping[str, torch.Tensor] | None = None,
+               device: str | torch.device | None = None) -> TrainingState | None:
         """The newest checkpoint that loads and verifies; damaged ones are recorded in ``skipped`` and set aside.
         ``arrays=False``: only where it stands; ``into``: read into the live model (see ``load_checkpoint``: load
-        the result into it with ``load_state_dict``, which also rewrites what a damaged newer file overwrote).
+        the result into it with ``load_state_dict``, which also rewrites what a damaged newer file overwrote);
+        ``device``: large tensors are read onto that accelerator (see ``load_checkpoint``).
         When none verifies but one had already overwritten part of ``into``, that model is unusable and nothing
         can restore it: CheckpointError (not None, which would train the half-overwritten model from scratch);
         so too when the one that verifies lacks a tensor a damaged one overwrote (load_state_dict would leave it
@@ -106,7 +108,7 @@ class CheckpointStore:
         written: set[Any] = set()
         for p in self.paths():
             try:
-                st = load_checkpoint(p, arrays=arrays, into=into)
+                st = load_checkpoint(p, arrays=arrays, into=into, device=device)
             except CheckpointError as e:
                 written.update(e.written)
                 self._set_aside(p, e)
