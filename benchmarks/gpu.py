@@ -124,17 +124,18 @@ def checkpoint_costs(name: str, device: torch.device, rounds: int) -> dict[str, 
         bg.wait()
         for i in range(rounds):
             sync(device)
+            # steps only grow, as in training: a save reads and verifies any newer-numbered file it finds
             t = time.perf_counter()
-            store.save(ts(i + 1), fsync=False)
+            store.save(ts(3 * i + 1), fsync=False)
             out["hdf5_save_s"].append(time.perf_counter() - t)
             t = time.perf_counter()
             torch.save(state, tpath)
             out["torch_save_s"].append(time.perf_counter() - t)
             t = time.perf_counter()
-            store.save(ts(1000 + i), fsync=True)
+            store.save(ts(3 * i + 2), fsync=True)
             out["blocking_s"].append(time.perf_counter() - t)
             t = time.perf_counter()
-            bg.start(ts(2000 + i))
+            bg.start(ts(3 * i + 3))
             out["stall_s"].append(time.perf_counter() - t)
             path = bg.wait()                                     # (the write itself overlaps training)
             assert path is not None
