@@ -141,7 +141,7 @@ class TrainContext:
         the job stands; rank 0 writes, the other ranks return at once. Saving twice at a step writes once. While
         training goes on (should_stop() has not said stop) the state is copied to memory and written on a
         thread: the pause is the copy (plus the rest of the previous write, if that is still going)."""
-        if self.rank != 0 or (self.step == self.saved_step and (self.saves or self.restored is not None)):
+        if self.rank != 0 or (self.step == self.saved_step and (self.saves or self.checkpoint is not None)):
             return
         if not isinstance(state, dict):
             raise TypeError(f"ctx.save takes a dict of state (state_dicts, tensors, numbers), not "

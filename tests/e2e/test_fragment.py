@@ -316,6 +316,30 @@ def test_a_training_loop_that_forgets_to_save_fails_with_what_to_do(tmp_path):
         train_rank(cfg(tmp_path / "k", loop=f"{tmp_path / 'bad.py'}:nope", steps=3))
 
 
+def test_a_loop_may_let_go_of_what_was_restored(tmp_path):
+    """``ctx.restored = None`` frees the restored state (on a GPU rank it sits in GPU memory); a save at the
+    restored step still writes nothing, and the next one is written as usual."""
+    (tmp_path / "loop.py").write_text(
+        "import torch\n"
+        "def train(ctx):\n"
+        "    w = ctx.restored['w'] if ctx.restored is not None else torch.zeros(3)\n"
+        "    ctx.restored = None\n"
+        "    ctx.save({'w': w})\n"
+        "    for _ in ctx.batches(256):\n"
+        "        w = w + 1\n"
+        "        if ctx.should_stop():\n"
+        "            break\n"
+        "    ctx.save({'w': w})\n")
+    c = cfg(tmp_path / "j", workload="unused", loop=f"{tmp_path / 'loop.py'}:train", steps=2, workload_args={})
+    train_rank(c)
+    first = CheckpointStore(tmp_path / "j").paths()[0]               # step 2
+    before = first.stat().st_mtime_ns, first.stat().st_ino
+    r = train_rank(c)
+    assert (r.start_step, r.end_step) == (2, 4)
+    assert (first.stat().st_mtime_ns, first.stat().st_ino) == before, "the restored checkpoint was written again"
+    assert torch.equal(CheckpointStore(tmp_path / "j").latest().model["w"], torch.full((3,), 4.0))
+
+
 def test_a_failed_ranks_whole_traceback_and_output_reach_the_error_and_stay_on_disk(tmp_path):
     (tmp_path / "user.py").write_text(
         "def check(lr):\n"
