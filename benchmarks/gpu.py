@@ -31,6 +31,7 @@ import gc
 import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -163,12 +164,22 @@ def checkpoint_costs(name: str, device: torch.device, rounds: int) -> dict[str, 
 
 @contextlib.contextmanager
 def ranks_logs_on_failure(job: Path) -> Iterator[None]:
-    """A failed fragment's rank logs live in its temporary job directory: print their ends before it goes."""
+    """A failed fragment's rank logs live in its temporary job directory: print their ends before it goes, and
+    what else may say why (exit 255 with no output, seen on an H100 run, is multiprocessing's word for a rank
+    whose forkserver stopped answering: is it alive, did the kernel kill something?)."""
     try:
         yield
     except FragmentFailed:
         for log in sorted(job.glob("logs/*.log")):
             print(f"--- {log.name} (last 3000 characters)\n{log.read_text(errors='replace')[-3000:]}", flush=True)
+        from multiprocessing import forkserver
+        pid = getattr(getattr(forkserver, "_forkserver", None), "_forkserver_pid", None)
+        alive = pid is not None and Path(f"/proc/{pid}").exists()
+        memory = [ln for ln in Path("/proc/meminfo").read_text().splitlines() if ln.startswith(("MemT", "MemA"))]
+        print(f"--- forkserver pid {pid}: {'alive' if alive else 'gone'}; {'; '.join(memory)}", flush=True)
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            kernel = subprocess.run(["dmesg"], capture_output=True, text=True, timeout=10).stdout
+            print("--- the kernel's last words\n" + "\n".join(kernel.splitlines()[-15:]), flush=True)
         raise
 
 
