@@ -36,6 +36,7 @@ from .staging import DeviceStaging
 _PIECE = 1 << 18             # data is read and hashed in pieces this large: each hashed while still in the core's
                              # L2 cache (half the hash's cost with 4 MiB pieces, measured)
 _MAPPED_MIN = 1 << 20        # datasets this large are loaded into a memory mapping of their own (see _empty)
+_ON_DEVICE = ("model", "optimizer")     # the parts ``device`` applies to (RNG states stay in host memory)
 
 
 @dataclass
@@ -65,7 +66,7 @@ class _Reader:
     def __init__(self, path: str, f: h5py.File, size: int, arrays: bool = True, fd: int | None = None,
                  device: torch.device | None = None) -> None:
         self.path, self.f, self.size, self.arrays, self.fd = path, f, size, arrays, fd
-        self.device = device             # large tensors of the part being read go there (None: CPU memory)
+        self.device = device             # large model and optimizer tensors go there (None: CPU memory)
         self.where: str | None = None
         self.read: list[str] = []
         self.meta = MetaChecksum()
@@ -193,7 +194,7 @@ class _Reader:
         if not self.arrays:
             return None
         live = _live_view(target, ds.shape, dt, dtn) if offset is not None and numpy is None else None
-        device = _device_for(target, self.device)
+        device = _device_for(target, self.device if (ds.name or "/").split("/")[1] in _ON_DEVICE else None)
         if live is None and offset is not None and numpy is None and device is not None \
                 and declared >= _MAPPED_MIN and dt.kind in "biuf":
             t = torch.empty(ds.shape, dtype=BY_NAME.get(dtn) or torch.from_numpy(np.empty(0, dt)).dtype,
@@ -353,9 +354,7 @@ def _read_parts(r: _Reader, version: int, into: Mapping[str, torch.Tensor] | Non
     """The model, optimizer, scheduler and rng trees (None where absent); arrays registered, not yet read."""
     f = r.f
     parts: dict[str, Any] = {}
-    device = r.device
     for key in PARTS:
-        r.device = device if key in ("model", "optimizer") else None      # RNG states stay in host memory
         if f.get(key, getlink=True) is None:
             r.meta.add("/", key, "absent")
             parts[key] = None
@@ -367,5 +366,4 @@ def _read_parts(r: _Reader, version: int, into: Mapping[str, torch.Tensor] | Non
             # format 1 has no metadata checksum to pass before live tensors are written: fresh memory
             parts[key] = r.tree(g, into if key == "model" and version >= 2 else None)
     r.where = None
-    r.device = device
     return parts
