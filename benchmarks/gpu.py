@@ -76,10 +76,7 @@ def plain(name: str, batch: int, steps: int, device: torch.device, compile_model
     for _ in range(steps):
         gpu_models.step(name, run, opt, x, y, bf16).item()
     sync(device)
-    rate = batch * steps / (time.perf_counter() - t)
-    del run, _model, opt, x, y
-    release(device)
-    return rate
+    return batch * steps / (time.perf_counter() - t)
 
 
 def release(device: torch.device) -> None:
@@ -153,9 +150,6 @@ def checkpoint_costs(name: str, device: torch.device, rounds: int) -> dict[str, 
             sync(device)
             out["torch_restore_s"].append(time.perf_counter() - t)
             del loaded, got
-    del run, model, opt, x, y
-    state.clear()
-    release(device)
     m = {k: statistics.median(v) for k, v in out.items()}
     m.update(save_ratio=m["hdf5_save_s"] / m["torch_save_s"], stall_ratio=m["stall_s"] / m["blocking_s"],
              restore_ratio=m["hdf5_restore_s"] / m["torch_restore_s"])
@@ -212,6 +206,7 @@ def measure(name: str, batch: int, steps: int, device: torch.device, parts: set[
 
     def throughput() -> None:
         row["plain_samples_s"] = plain(name, batch, steps, device, False)
+        release(device)                 # its cache would crowd the fragment's process on the same GPU
         row["fragment_samples_s"], row["fragment_whole_samples_s"] = in_fragment(name, batch, steps, device, False)
         row["throughput_ratio"] = row["fragment_samples_s"] / row["plain_samples_s"]
         print(f"{name}: plain {row['plain_samples_s']:.1f}/s, fragment {row['fragment_samples_s']:.1f}/s "
@@ -241,7 +236,7 @@ def measure(name: str, batch: int, steps: int, device: torch.device, parts: set[
             except Exception as e:
                 row[f"{part}_error"] = f"{type(e).__name__}: {e}"
                 print(f"{name}: {part} FAILED: {row[f'{part}_error']}", flush=True)
-            release(device)
+            release(device)             # what the part's models cached, before the next part's processes
     return row
 
 
