@@ -108,11 +108,8 @@ class GradRecorder:
             grads = {i: [p.grad.detach().reshape(-1).float() for p in self.blocks[i].parameters()
                          if p.grad is not None] for i in range(self.frozen, len(self.blocks))}
             flat = [g for gs in grads.values() for g in gs]
-            l1: list[float] = []
-            l2: list[float] = []
-            if flat:
-                l1 = torch.stack(torch._foreach_norm(flat, 1)).tolist()
-                l2 = torch.stack(torch._foreach_norm(flat, 2)).tolist()
+            norms = torch.stack([*torch._foreach_norm(flat, 1), *torch._foreach_norm(flat, 2)]).tolist() if flat else []
+            l1, l2 = norms[:len(flat)], norms[len(flat):]
             at = 0
             for i, gs in grads.items():
                 self.l1[i] += sum(l1[at:at + len(gs)])
