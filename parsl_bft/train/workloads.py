@@ -255,7 +255,10 @@ class _Embed(nn.Module):
         return tokens + self.pos[: x.shape[1]]
 
 
-WORKLOADS = {"images": SyntheticImages, "lm": TinyLM}
+# the built-in workloads by name; a string is loaded when first used (the emulated accelerator's module imports
+# this one for Workload)
+WORKLOADS: dict[str, type[Workload] | str] = {"images": SyntheticImages, "lm": TinyLM,
+                                              "emulated": "parsl_bft.train.emulated:EmulatedAccelerator"}
 
 
 def load_attr(spec: str, what: str = "workload") -> object:
@@ -302,10 +305,11 @@ def _import_file(path: Path) -> ModuleType:
 
 
 def workload_factory(spec: str) -> Callable[..., Workload]:
-    """'images' | 'lm' | 'package.module:factory' | '/path/to/file.py:factory': the class or function that
+    """'images' | 'lm' | 'emulated' | 'package.module:factory' | '/path/to/file.py:factory': the class or function that
     returns the Workload (loading it is the check that the spec names one)."""
     if spec in WORKLOADS:
-        return WORKLOADS[spec]
+        builtin = WORKLOADS[spec]
+        return cast(Callable[..., Workload], load_attr(builtin) if isinstance(builtin, str) else builtin)
     if ":" not in spec:
         raise ValueError(f"unknown workload {spec!r}: use {', '.join(WORKLOADS)}, 'package.module:factory' "
                          "or '/path/to/file.py:factory'")
