@@ -230,8 +230,11 @@ class PilotProvider(ClusterProvider):
         return self._job_limit[0]
 
     def current_holes(self) -> list[Hole]:
-        """The holes of the latest survey (our own pilots' planned starts do not end them)."""
-        return self.snapshot().holes(self.submitted)
+        """The holes of the latest survey (our own pilots' planned starts do not end them) that are at least as
+        long as the shortest pilot: a pilot in a shorter hole would outlast it and hold back the facility job
+        planned to start at its end (or be preempted for it) while training next to nothing."""
+        shortest = self.clock() + self.walltime_min_min * 60
+        return [h for h in self.snapshot().holes(self.submitted) if h.until >= shortest]
 
     def waiting(self) -> list[QueueJob]:
         """The scheduler's waiting jobs (anyone's)."""
@@ -302,11 +305,23 @@ class PilotProvider(ClusterProvider):
                 f"[ -e {mark} ] && exit 0", "exit $rc"]
 
     def claimed(self, within_s: float, now: float | None = None) -> set[str]:
-        """Nodes a waiting facility job (not one of our pilots) is planned to start on within ``within_s``:
-        give them back now."""
+        """Nodes a waiting facility job (not one of our pilots) is planned to start on within ``within_s``, or
+        on a running pilot's node no later than that pilot's walltime ends: then the pilot is what the job
+        waits for (a job that arrived after the pilot started, where no preemption takes the node back). Give
+        them back now."""
         soon = (self.clock() if now is None else now) + within_s
-        return {n for j in self.waiting() if j.job_id not in self.submitted and j.start is not None
-                and j.start <= soon for n in j.nodes}
+        jobs = self.snapshot().jobs
+        ours = {n: job.end for j in self.submitted if (job := jobs.get(j)) is not None and job.end is not None
+                for n in job.nodes}
+        out: set[str] = set()
+        for j in self.waiting():
+            if j.job_id in self.submitted or j.start is None:
+                continue
+            if j.start <= soon:
+                out.update(j.nodes)
+            else:          # a survey later than the pilot's end still shows the plan made at that end
+                out.update(n for n in j.nodes if n in ours and j.start <= ours[n] + self.poll_s + 1)
+        return out
 
     def noticed(self, job_id: str) -> bool:
         """Has the scheduler sent this pilot its notice (or begun ending it)?"""

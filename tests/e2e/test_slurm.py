@@ -93,10 +93,10 @@ def test_holes_and_pilot_scripts_on_canned_slurm(tmp_path):
                   "sbatch": (0, "Submitted batch job 11\n", "")})
     cmd = SlurmCommands(run)
     prov = SlurmPilotProvider("debug", qos="standby", commands=cmd, script_dir=str(tmp_path), notice_s=45)
+    prov.clock = lambda: start - 10 * 60 - 5           # the recorded queue, 10 minutes before its planned start
     holes = prov.current_holes()
     assert [h.node for h in holes] == ["n7", "n8"] and all(h.until == start for h in holes)
-    assert prov.walltime_minutes(now=start - 10 * 60 - 5) == 10        # the hole: 10 whole minutes
-    assert prov.walltime_minutes(now=start - 30) == 1                  # never below --time-min
+    assert prov.walltime_minutes() == 10                               # the hole: 10 whole minutes
     assert prov.claimed(60, now=start - 30) == {f"n{i}" for i in range(1, 9)}   # the head job wants them soon
     assert prov.claimed(60, now=start - 300) == set()
     jid = prov.submit("process_worker_pool.py --foo", 1, "pilot")
@@ -108,9 +108,12 @@ def test_holes_and_pilot_scripts_on_canned_slurm(tmp_path):
     assert after.get("sinfo", 0) - before.get("sinfo", 0) <= 1 and after.get("squeue", 0) - before.get("squeue", 0) <= 1
     assert sum(c[:2] == ["sbatch", "--test-only"] for c in run.calls) <= 2 and after["sbatch"] >= 5
     script = next(tmp_path.glob("pilot.*.sh")).read_text()
-    for opt in ("--nodes=1", "--time-min=1", "--signal=B:USR1@45", "--qos=standby", "--partition=debug"):
+    for opt in ("--nodes=1", "--time=10", "--signal=B:USR1@45", "--qos=standby", "--partition=debug"):
         assert f"#SBATCH {opt}" in script
     assert "process_worker_pool.py --foo" in script and "trap" in script
+    prov.clock = lambda: start - 50                    # 50 s before the planned start: shorter than any pilot
+    prov.snapshot(max_age_s=0)
+    assert prov.current_holes() == []                  # so no pilot goes there (it would delay that job)
 
 
 def test_the_same_refusal_three_times_stops_submitting(tmp_path):

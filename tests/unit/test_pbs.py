@@ -47,6 +47,7 @@ def test_holes_and_pilot_script(tmp_path):
     cmd = PBSCommands(canned(calls))
     prov = PBSPilotProvider("preemptable", account="proj", select="1:ncpus=64:ngpus=4", commands=cmd,
                             script_dir=str(tmp_path), scheduler_options=["-l filesystems=home:eagle"])
+    prov.clock = lambda: 1795291800 - 30 * 60          # the recorded queue, 30 minutes before its planned start
     holes = prov.current_holes()
     assert [h.node for h in holes] == ["x3001c0s1b1n0", "x3001c0s7b0n0"] and holes[0].until == 1795291800
     assert prov.walltime_minutes(now=1795291800 - 25 * 60) == 25
