@@ -461,8 +461,8 @@ class PilotPool:
         pilots at the next poll instead of holding the nodes to the pilots' time limits, so that replacement
         pilots can start on them."""
         nodes = set(nodes)
-        for p in self._joined().values():
-            if p.state is PilotState.NOTICED and set(p.nodes) <= nodes and p.release_at is None:
+        for p in self._joined().values():     # a claimed pilot waits no longer than what ran there
+            if p.state is PilotState.NOTICED and set(p.nodes) <= nodes and not p.cancelled:
                 p.release_at = -math.inf
 
     def stop(self) -> None:

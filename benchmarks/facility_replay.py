@@ -1,0 +1,461 @@
+"""What parsl-bft does to a facility's jobs, and how much training it gets from the holes, on a real scheduler.
+
+A stretch of a production log (default: 8 hours of ALCF Theta 2022) is replayed as real sbatch jobs on the local
+Slurm (tools/local-slurm.sh, 16 virtual nodes; how a log's job becomes a local one: benchmarks/facility_stream.py),
+time compressed 60x. The same stream runs three times on a fresh cluster:
+  alone        the facility's jobs only: the baseline every delay is measured against;
+  preempt      with `parsl-bft run` training alongside on pilots in the preemptable partition (`backfill`:
+               a facility job takes a pilot's nodes at once, after Slurm's GraceTime of 10 s at most);
+  no-preempt   the same, pilots in the facility's own partition (`debug`): no preemption, pilots must fit the
+               holes the scheduler's own plan leaves (squeue --start, reservations) and leave when a facility
+               job is planned onto their nodes.
+Training: two jobs of the EMULATED ACCELERATOR (parsl_bft/train/emulated.py: a sleep stands in for the GPU's
+compute, real gloo all-reduces and HDF5 checkpoints), whose scaling curve is known exactly, so "samples
+trained / what the same jobs train on dedicated nodes for the same node-seconds" is exact.
+Then `parsl-bft simulate` replays the alone run's idle nodes with the same jobs under the costs this run measured,
+and its e_idle is printed beside the real one.
+
+    python benchmarks/facility_replay.py                        # ~30 min: 3 runs of 8 min, 16 nodes
+    python benchmarks/facility_replay.py --swf ../shared/data/eval/theta_2023H1.swf.gz --start 2023-03-01
+    python benchmarks/facility_replay.py --smoke                # ~8 min: 2-minute runs
+
+Needs root (it starts its own local Slurm under /tmp/local-slurm-replay, ports 19817-19834). Writes
+out/facility_replay/ (runs, plot facility_replay.png, result.json). LAST lines: one JSON object per mode.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+from facility_stream import LocalSlurm, Replayed, StreamJob, finish, replay, stream_from_swf
+
+from parsl_bft.execution.jobstore import JobStore
+from parsl_bft.train.emulated import dedicated_rate
+
+ROOT = Path(__file__).resolve().parent.parent
+SHARED = Path(os.environ.get("PARSL_BFT_SHARED", ROOT.parent / "shared"))
+GRACE_S = 10.0                  # tools/local-slurm.sh: GraceTime of the preemptable partition
+TAU_S = 10.0                    # bounded slowdown's floor on run time (the usual 10 s)
+PLAN_TOLERANCE_S = 2.0          # squeue's 1 s resolution + the scheduler's 1 s cycle
+MODES = {"preempt": "backfill", "no-preempt": "debug"}
+DEFAULT_START, SMOKE_START = "2022-09-27T08:00", "2022-09-30T09:00"
+# the emulated jobs: 840 = lcm(1..8), so every size a job may take divides the batch: rate(n) = n * rate(1)
+BATCH, MAX_NODES, SAMPLE_MS, PARAMS_MB = 840, 8, 3.0, 1.0
+
+SITE = """name: replay
+scheduler: slurm
+partition: {partition}
+node: {{cores: 4, gpus: 0, ranks_per_node: 1}}
+pilot_walltime: {{min_minutes: 1, max_minutes: 30}}
+interchange_address: 127.0.0.1
+worker_init: "export SLURM_CONF={conf}"
+checkpoint_dir: {state}/checkpoints
+holes: {{poll_seconds: 1, max_pending_seconds: 20, notice_seconds: 20, max_pilots: {nodes}}}
+objective: {{name: throughput, t_fwd_seconds: 20}}
+"""
+WORKFLOW = """from parsl_bft.execution import TrainingJob, training_session
+with training_session("state") as trainer:
+    for name in ("emu-a", "emu-b"):
+        trainer.submit(TrainingJob(name, workload="emulated", samples=10**12, global_batch={batch}, min_nodes=1,
+                                   max_nodes={max_nodes}, rate_guess={rate},
+                                   workload_args={{"sample_ms": {sample_ms}, "params_mb": {params_mb}}}))
+    trainer.run()
+"""
+
+
+def per_node_rate() -> float:
+    return dedicated_rate(1, BATCH, SAMPLE_MS)
+
+
+@dataclass
+class Training:
+    """What the training beside the stream did, from its state directory (times in s from the replay's t0)."""
+
+    samples: float                               # trained within the window
+    train_node_s: float                          # node-seconds ranks trained within the window
+    fragments: list[tuple[float, float, int]]    # (start, end, nodes) of each fragment's training
+    restart_s: float                             # median launch -> training of a fragment
+    save_s: float                                # median save at a fragment's stop
+    failed: int
+
+
+def read_training(state: Path, t0: float, window_s: float) -> Training:
+    db = JobStore(state / "state.sqlite", readonly=True)
+    frags, samples, node_s, launch, saves = [], 0.0, 0.0, [], []
+    for _, _, e in db.events("fragment-done"):
+        a, b = e["train_started"] - t0, e["train_started"] - t0 + e["train_s"]
+        inside = max(0.0, min(b, window_s) - max(a, 0.0))
+        share = inside / (b - a) if b > a else 0.0
+        samples += share * (e.get("samples") or 0)
+        node_s += inside * e["size"]
+        frags.append((a, b, e["size"]))
+        launch.append(e["train_started"] - e["launched"])
+        saves.append(e["checkpoint_s"])
+    failed = db.events("fragment-failed")
+    for _, _, e in failed:                       # what a failed fragment saved before it died still counts
+        samples += max(0, e["saved_step"] - e["resume_step"]) * BATCH
+    return Training(samples, node_s, frags, statistics.median(launch) if launch else 0.0,
+                    statistics.median(saves) if saves else 0.0, len(failed))
+
+
+def node_seconds(spans: list[tuple[float, float | None, int]], window_s: float) -> float:
+    """Node-seconds of (start, end, nodes) spans within [0, window_s] (an end of None: still running then)."""
+    return sum(n * max(0.0, min(window_s if b is None else b, window_s) - max(a, 0.0)) for a, b, n in spans)
+
+
+def spans(rep: Replayed, pilots: bool) -> list[tuple[float, float | None, int]]:
+    recs = rep.pilots() if pilots else list(rep.facility().values())
+    return [(r.start, r.end, len(r.nodes)) for r in recs if r.start is not None]
+
+
+def delays(alone: Replayed, other: Replayed, window_s: float) -> tuple[list[float], int]:
+    """Each facility job's start with training minus its start alone (matched by name); a job that started in
+    one run only counts as delayed to the window's end (a lower bound), and is counted."""
+    a, b = alone.facility(), other.facility()
+    out, unmatched = [], 0
+    for name, ra in a.items():
+        rb = b.get(name)
+        sa, sb = ra.start, rb.start if rb is not None else None
+        if sa is None and sb is None:
+            continue
+        if sa is None or sb is None:
+            unmatched += 1
+        out.append((window_s if sb is None else sb) - (window_s if sa is None else sa))
+    return out, unmatched
+
+
+def bounded_slowdown(rep: Replayed, jobs: dict[str, StreamJob], window_s: float) -> float:
+    """Mean bounded slowdown of the facility jobs that started (wait + run) / max(run, TAU_S), at least 1."""
+    vals = []
+    for name, r in rep.facility().items():
+        if r.start is None or name not in jobs:
+            continue
+        j = jobs[name]
+        wait = r.start - j.offset_s
+        vals.append(max(1.0, (wait + j.sleep_s) / max(j.sleep_s, TAU_S)))
+    return statistics.mean(vals) if vals else 1.0
+
+
+def plan_violations(rep: Replayed) -> int:
+    """Facility jobs that started later than the first start the scheduler planned for them."""
+    fac = rep.facility()
+    return sum(1 for name, plan in rep.first_plan.items()
+               if (r := fac.get(name)) is not None and r.start is not None and r.start > plan + PLAN_TOLERANCE_S)
+
+
+def percentile(xs: list[float], q: float) -> float:
+    if not xs:
+        return 0.0
+    s = sorted(xs)
+    return s[min(len(s) - 1, round(q / 100 * (len(s) - 1)))]
+
+
+# --- the runs ------------------------------------------------------------------------------------------------
+def say(msg: str) -> None:
+    print(f"[facility_replay {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def ticker(label: str, window_s: float):
+    last = [-60.0]
+
+    def tick(now: float) -> None:
+        if now - last[0] >= 60:
+            last[0] = now
+            say(f"{label}: {now:.0f} of {window_s:.0f} s")
+    return tick
+
+
+def next_second() -> float:
+    """The next whole second, waited for: Slurm's times are whole seconds, so every run's t0 is one too and a
+    job's start means the same in each run."""
+    t0 = float(int(time.time()) + 1)
+    time.sleep(max(0.0, t0 - time.time()))
+    return t0
+
+
+def run_alone(cluster: LocalSlurm, jobs: list[StreamJob], window_s: float, out: Path) -> Replayed:
+    cluster.restart()
+    rep = finish(cluster, replay(cluster, jobs, window_s, next_second(), ticker("alone", window_s)))
+    (out / "alone").mkdir(parents=True, exist_ok=True)
+    (out / "alone" / "replay.json").write_text(json.dumps(asdict(rep)))
+    return rep
+
+
+def run_with_training(cluster: LocalSlurm, jobs: list[StreamJob], window_s: float, mode: str, out: Path
+                      ) -> tuple[Replayed, Training]:
+    """The stream with `parsl-bft run` training beside it, started with the stream and stopped (Ctrl-C: the
+    fragments checkpoint, the pilots are given back) at the window's end."""
+    cluster.restart()
+    d = out / mode
+    subprocess.run(["rm", "-rf", str(d)], check=True)
+    d.mkdir(parents=True)
+    state = d / "state"
+    (d / "site.yaml").write_text(SITE.format(partition=MODES[mode], conf=cluster.conf, state=state,
+                                             nodes=cluster.nodes))
+    (d / "workflow.py").write_text(WORKFLOW.format(batch=BATCH, max_nodes=MAX_NODES, rate=per_node_rate(),
+                                                   sample_ms=SAMPLE_MS, params_mb=PARAMS_MB))
+    env = {**os.environ, "SLURM_CONF": cluster.conf, "PYTHONUNBUFFERED": "1"}
+    cli = str(Path(sys.executable).with_name("parsl-bft"))
+    # the orchestrator starts while a reservation holds every node, so its own start-up (Parsl, the interchange)
+    # is not charged to the window: a site runs it long before the holes it soaks
+    cluster.run("scontrol", "create", "reservation", "reservationname=warmup", "starttime=now", "duration=10",
+                "nodes=ALL", "users=root", "flags=maint,ignore_jobs")
+    with open(d / "run.log", "w") as log:
+        orch = subprocess.Popen([cli, "run", "workflow.py", "--site", "site.yaml", "--quiet"], cwd=d, env=env,
+                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            started(state, orch)
+            cluster.run("scontrol", "delete", "reservationname=warmup")
+            t0 = next_second()
+            rep = replay(cluster, jobs, window_s, t0, ticker(mode, window_s))
+            orch.send_signal(signal.SIGINT)
+            orch.wait(timeout=240)
+        finally:
+            if orch.poll() is None:
+                say(f"{mode}: the orchestrator did not stop within 240 s of Ctrl-C: killed")
+                os.killpg(orch.pid, signal.SIGKILL)
+                orch.wait()
+    rep = finish(cluster, rep)
+    (d / "replay.json").write_text(json.dumps(asdict(rep)))
+    return rep, read_training(state, t0, window_s)
+
+
+def started(state: Path, orch: subprocess.Popen, timeout_s: float = 300.0) -> None:
+    """Wait until the orchestrator has started its loop (its first event)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if orch.poll() is not None:
+            raise RuntimeError(f"parsl-bft run exited with {orch.returncode} before it started (see run.log)")
+        if (state / "state.sqlite").exists() and JobStore(state / "state.sqlite", readonly=True).events("start"):
+            return
+        time.sleep(0.5)
+    raise RuntimeError(f"ran out of time waiting for parsl-bft run to start ({timeout_s:.0f} s)")
+
+
+# --- the figures -----------------------------------------------------------------------------------------------
+def figures(mode: str, alone: Replayed, rep: Replayed, tr: Training, jobs: dict[str, StreamJob], nodes: int,
+            window_s: float) -> dict:
+    idle = nodes * window_s - node_seconds(spans(alone, pilots=False), window_s)
+    held = node_seconds(spans(rep, pilots=True), window_s)
+    d, unmatched = delays(alone, rep, window_s)
+    rate = per_node_rate()
+    bsld_alone, bsld = bounded_slowdown(alone, jobs, window_s), bounded_slowdown(rep, jobs, window_s)
+    return {
+        "mode": mode, "facility_jobs": len(d), "facility_unmatched": unmatched,
+        "facility_delay_median_s": statistics.median(d) if d else 0.0,
+        "facility_delay_p95_s": percentile(d, 95), "facility_delay_max_s": max(d, default=0.0),
+        "facility_delayed_jobs": sum(x > PLAN_TOLERANCE_S for x in d),
+        "planned_start_violations": plan_violations(rep), "planned_start_violations_alone": plan_violations(alone),
+        "bounded_slowdown_alone": bsld_alone, "bounded_slowdown_with": bsld,
+        "bounded_slowdown_ratio": bsld / bsld_alone,
+        "idle_node_s_alone": idle, "held_node_s": held, "train_node_s": tr.train_node_s,
+        "idle_share_held": held / idle if idle else 0.0,
+        "held_training_share": tr.train_node_s / held if held else 0.0,
+        "samples": tr.samples, "pilots": len(rep.pilots()), "fragments": len(tr.fragments),
+        "fragments_failed": tr.failed,
+        "e_used_vs_dedicated": tr.samples / (held * rate) if held else 0.0,
+        "real_e_idle": tr.samples / (idle * rate) if idle else 0.0,
+        "restart_s": tr.restart_s, "save_s": tr.save_s,
+    }
+
+
+# --- the simulator on the same stretch ---------------------------------------------------------------------------
+def idle_intervals(alone: Replayed, nodes: int, window_s: float) -> list[tuple[str, float, float]]:
+    """Each node's idle intervals in the alone run, within [0, window_s]."""
+    busy: dict[str, list[tuple[float, float]]] = {f"n{i}": [] for i in range(1, nodes + 1)}
+    for r in alone.facility().values():
+        if r.start is not None:
+            for n in r.nodes:
+                busy.setdefault(n, []).append((r.start, window_s if r.end is None else min(r.end, window_s)))
+    out = []
+    for n, spans_ in busy.items():
+        t = 0.0
+        for a, b in sorted(spans_):
+            if a > t:
+                out.append((n, t, min(a, window_s)))
+            t = max(t, b)
+        if t < window_s:
+            out.append((n, t, window_s))
+    return [(n, a, b) for n, a, b in out if b > a]
+
+
+def pilot_start_s(rep: Replayed, state: Path, t0: float) -> float:
+    """Median seconds from a node going idle to the first fragment launched on it by a pilot there: the survey
+    that sees the hole, sbatch, Slurm's start, the worker pool's connection and the plan (what a replay of idle
+    intervals does not see: it takes a node as usable the moment it is idle)."""
+    launches = [(t - t0, set(e["nodes"])) for t, _, e in JobStore(state / "state.sqlite", readonly=True)
+                .events("launch")]
+    ends: dict[str, list[float]] = {}
+    for r in rep.records:
+        if r.start is not None and r.end is not None:
+            for n in r.nodes:
+                ends.setdefault(n, []).append(r.end)
+    waits = []
+    for p in rep.pilots():
+        if p.start is None:
+            continue
+        first = min((t for t, ns in launches if t >= p.start and ns & set(p.nodes)), default=None)
+        if first is None or (p.end is not None and first > p.end):
+            continue                       # never trained: that pilot's time is held, not a start-up
+        idle_since = max((e for n in p.nodes for e in ends.get(n, []) if e <= p.start), default=0.0)
+        waits.append(first - idle_since)
+    return statistics.median(waits) if waits else 0.0
+
+
+def simulate(alone: Replayed, nodes: int, window_s: float, tr: Training, d: Path, late_s: float = 0.0) -> dict:
+    """`parsl-bft simulate` on the alone run's idle nodes, the same two jobs, the costs this run measured; with
+    ``late_s``, each idle interval is taken as usable that much after it begins (the pilots' start-up), and
+    e_idle is stated against the idle node-seconds as they were."""
+    d.mkdir(parents=True, exist_ok=True)
+    t0 = round(alone.t0)
+    idle = idle_intervals(alone, nodes, window_s)
+    usable = [(n, a + late_s, b) for n, a, b in idle if b > a + late_s]
+    with open(d / "idle.csv", "w") as f:
+        f.write("node,idle_start,idle_end\n")
+        f.writelines(f"{n},{t0 + a:.3f},{t0 + b:.3f}\n" for n, a, b in usable)
+    (d / "emu.jobs.csv").write_text("name,model,min_nodes,max_nodes,t_up,t_down,samples,submit\n" + "".join(
+        f"emu-{x},emulated,1,{MAX_NODES},{tr.restart_s:.3f},{tr.restart_s:.3f},{10**12},{t0}\n" for x in "ab"))
+    (d / "emu.scaling.csv").write_text("model,nodes,samples_per_sec\n" + "".join(
+        f"emulated,{n},{dedicated_rate(n, BATCH, SAMPLE_MS):.3f}\n" for n in range(1, MAX_NODES + 1)))
+    (d / "emu.costs.csv").write_text(
+        "model,device,restart_s,launch_s,restore_s,first_step_s,warmup_s,save_s,stall_s,notice_reservation,"
+        f"notice_preemption,estimate\nemulated,emulated,{tr.restart_s + tr.save_s:.3f},0,0,0,0,{tr.save_s:.3f},"
+        "0.001,1,1,0\n")
+    cli = str(Path(sys.executable).with_name("parsl-bft"))
+    r = subprocess.run([cli, "simulate", "--idle-intervals", str(d / "idle.csv"), "--jobs", str(d / "emu.jobs.csv"),
+                        "--costs", str(d / "emu.costs.csv"), "--objective", "throughput", "--tfwd", "20",
+                        "--no-mask", "--no-ceiling", "--max-concurrent", "2", "--json", str(d / "sim.json")],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        raise RuntimeError(f"parsl-bft simulate failed: {r.stderr[-2000:]}")
+    metrics: dict = json.loads((d / "sim.json").read_text())
+    idle_s = sum(b - a for _, a, b in idle)
+    metrics["e_idle_of_all_idle"] = metrics["e_idle"] * metrics["idle_node_s"] / idle_s if idle_s else 0.0
+    return metrics
+
+
+# --- the plot --------------------------------------------------------------------------------------------------
+def counts(spans_: list[tuple[float, float | None, int]], grid: list[float], window_s: float) -> list[int]:
+    return [sum(n for a, b, n in spans_ if a <= t < (window_s if b is None else b)) for t in grid]
+
+
+def plot(alone: Replayed, runs: dict[str, tuple[Replayed, Training]], nodes: int, window_s: float, path: Path
+         ) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    grid = [i * 2.0 for i in range(int(window_s / 2))]
+    fig, axes = plt.subplots(len(runs) + 1, 1, figsize=(11, 2.6 * (len(runs) + 1)), sharex=True)
+    fac = counts(spans(alone, False), grid, window_s)
+    axes[0].stackplot(grid, fac, [nodes - f for f in fac], colors=["#9aa5b1", "#ffffff"], labels=["facility jobs",
+                                                                                                   "idle"])
+    axes[0].set_title("alone: the facility's jobs")
+    for ax, (mode, (rep, tr)) in zip(axes[1:], runs.items()):
+        fac = counts(spans(rep, False), grid, window_s)
+        held = counts(spans(rep, True), grid, window_s)
+        train = counts([(a, b, n) for a, b, n in tr.fragments], grid, window_s)
+        train = [min(t, h) for t, h in zip(train, held)]
+        idle = [max(0, nodes - f - h) for f, h in zip(fac, held)]
+        ax.stackplot(grid, fac, train, [h - t for h, t in zip(held, train)], idle,
+                     colors=["#9aa5b1", "#2b8a3e", "#f08c00", "#ffffff"],
+                     labels=["facility jobs", "pilots training", "pilots starting / between fragments", "idle"])
+        ax.set_title(f"{mode}: with parsl-bft training on pilots (emulated accelerator)")
+    for ax in axes:
+        ax.set_ylim(0, nodes)
+        ax.set_ylabel("nodes")
+    axes[-1].set_xlabel("seconds of the replay")
+    axes[1 if len(axes) > 1 else 0].legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# --- main ------------------------------------------------------------------------------------------------------
+def parse_start(text: str) -> float:
+    if text.replace(".", "", 1).isdigit():
+        return float(text)
+    dt = datetime.fromisoformat(text)
+    return (dt if dt.tzinfo else dt.replace(tzinfo=UTC)).timestamp()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--swf", default=str(SHARED / "data" / "traces" / "theta_2022.swf.gz"))
+    ap.add_argument("--start", help="the window's start in the log (ISO date, UTC, or unix s; default "
+                    f"{DEFAULT_START}, or {SMOKE_START} with --smoke: about 12%% and 19%% of the replayed "
+                    "machine idle)")
+    ap.add_argument("--minutes", type=float, default=8.0, help="minutes each run replays (the window is "
+                    "minutes x compression of the log)")
+    ap.add_argument("--compression", type=float, default=60.0, help="log seconds per replayed second")
+    ap.add_argument("--nodes", type=int, default=16, help="virtual nodes of the local Slurm (8-16)")
+    ap.add_argument("--modes", default="preempt,no-preempt")
+    ap.add_argument("--out", default=str(ROOT / "out" / "facility_replay"))
+    ap.add_argument("--smoke", action="store_true", help="90-second runs (the test suite's)")
+    args = ap.parse_args()
+    if os.geteuid() != 0:
+        sys.exit("facility_replay.py needs root: it starts a local Slurm (tools/local-slurm.sh)")
+    minutes = 1.5 if args.smoke else args.minutes
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    unknown = [m for m in modes if m not in MODES]
+    if unknown:
+        sys.exit(f"--modes: unknown {', '.join(unknown)} (use {', '.join(MODES)})")
+    window_s = minutes * 60
+    start = parse_start(args.start or (SMOKE_START if args.smoke else DEFAULT_START))
+    jobs, info = stream_from_swf(args.swf, start, window_s * args.compression, args.nodes, args.compression)
+    if not jobs:
+        sys.exit(f"no jobs of {args.swf} in the window starting {args.start}")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    say(f"{len(jobs)} facility jobs from {Path(args.swf).name}, {minutes:g} min a run on {args.nodes} nodes, "
+        f"{args.compression:g}x; offered load {info.log_load:.2f} (log) -> {info.replay_load:.2f} (replayed)")
+    cluster = LocalSlurm(args.nodes)
+    t_begin = time.time()
+    try:
+        alone = run_alone(cluster, jobs, window_s, out)
+        runs = {m: run_with_training(cluster, jobs, window_s, m, out) for m in modes}
+    finally:
+        cluster.clean()
+    by_name = {j.name: j for j in jobs}
+    results = []
+    for mode, (rep, tr) in runs.items():
+        r = figures(mode, alone, rep, tr, by_name, args.nodes, window_s)
+        naive = simulate(alone, args.nodes, window_s, tr, out / mode / "sim-naive")
+        late = pilot_start_s(rep, out / mode / "state", rep.t0)
+        sim = simulate(alone, args.nodes, window_s, tr, out / mode / "sim", late)
+        e_sim = sim["e_idle_of_all_idle"]
+        r.update({"sim_e_idle_naive": naive["e_idle_of_all_idle"], "pilot_start_s": late, "sim_e_idle": e_sim,
+                  "sim_gap": abs(r["real_e_idle"] - e_sim) / e_sim if e_sim else None})
+        results.append(r)
+    plot(alone, runs, args.nodes, window_s, out / "facility_replay.png")
+    wall = time.time() - t_begin
+    common = {"swf": Path(args.swf).name, "window": [datetime.fromtimestamp(t, UTC).isoformat()
+                                                      for t in info.window],
+              "nodes": args.nodes, "compression": args.compression, "facility_jobs_submitted": len(jobs),
+              "offered_load_log": info.log_load, "offered_load_replayed": info.replay_load,
+              "workload": f"emulated accelerator: {SAMPLE_MS} ms/sample/rank, {PARAMS_MB} MB all-reduce, "
+                          f"global batch {BATCH}, 2 jobs of 1-{MAX_NODES} nodes", "wall_s": wall}
+    (out / "result.json").write_text(json.dumps([{**common, **r} for r in results], indent=1))
+    for r in results:
+        say(f"{r['mode']}: facility delay median {r['facility_delay_median_s']:.1f} s, p95 "
+            f"{r['facility_delay_p95_s']:.1f} s, max {r['facility_delay_max_s']:.1f} s; planned-start violations "
+            f"{r['planned_start_violations']} (alone {r['planned_start_violations_alone']}); bounded slowdown x"
+            f"{r['bounded_slowdown_ratio']:.3f}; held {r['idle_share_held']:.1%} of the idle node-time, trained "
+            f"{r['held_training_share']:.1%} of it; e_used vs dedicated {r['e_used_vs_dedicated']:.3f}; e_idle real "
+            f"{r['real_e_idle']:.3f} / simulated {r['sim_e_idle']:.3f}")
+    say(f"plot: {out / 'facility_replay.png'}; all figures: {out / 'result.json'}")
+    for r in results:
+        print(json.dumps({**common, **r}))
+
+
+if __name__ == "__main__":
+    main()
