@@ -449,7 +449,7 @@ class Orchestrator:
         if c.outcome is Outcome.FAILED:    # in a row without progress: one that saved before it failed starts a new row
             progressed = c.stands is not None and c.stands.step > r.resume_step      # (a rank killed from outside)
             self.failures[name] = 1 if progressed else self.failures.get(name, 0) + 1
-            if self.failures[name] >= self.max_failures:
+            if self.failures[name] >= self.max_failures or c.permanent:
                 self._give_up(ctl, name, c.error)
                 return False
         return True
@@ -493,7 +493,7 @@ class Orchestrator:
         self.db.record(events.Failed(name, err[-20_000:]))
         if not self.futures[name].done():
             self.futures[name].set_exception(JobFailed(
-                f"job {name}: {self.max_failures} fragments failed in a row without progress; last: {err} "
+                f"job {name}: {_fragments(self.failures.get(name, 0))} failed in a row without progress; last: {err} "
                 f"(checkpoints kept in {self.job_dir(name)})"))
 
     def _reconcile(self, ctl: Controller) -> None:
@@ -522,3 +522,7 @@ class Orchestrator:
     def summary(self, wall_s: float) -> dict[str, Any]:
         """The run's table (``report.run_summary``)."""
         return run_summary(self.db, self.dir, wall_s=wall_s, warm_up_s=self.warm_up_s, pool_node_s=self.pool_node_s)
+
+
+def _fragments(n: int) -> str:
+    return f"{n} fragment" + ("s" if n != 1 else "")

@@ -164,13 +164,16 @@ def _dataflow(executors: list[ParslExecutor], **config_kw: Any) -> Iterator[Data
     from parsl.executors import ThreadPoolExecutor
 
     try:
-        dfk = parsl.dfk()
+        dfk: DataFlowKernel | None = parsl.dfk()
     except NoDataFlowKernelError:
+        dfk = None    # loaded below, outside this handler: an error in the session's block would else show as
+                      # raised "during handling of" NoDataFlowKernelError
+    if dfk is None:
         with _children_ignore_sigint():
-            dfk = parsl.load(Config(executors=[*executors, ThreadPoolExecutor(label=LOGIN, max_threads=4)],
+            own = parsl.load(Config(executors=[*executors, ThreadPoolExecutor(label=LOGIN, max_threads=4)],
                                     **config_kw))
-        with dfk:
-            yield dfk
+        with own:
+            yield own
         return
     clash = sorted(e.label for e in executors if e.label in dfk.executors)
     if clash:

@@ -37,7 +37,6 @@ scientist's API.
 
 from __future__ import annotations
 
-import inspect
 import math
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -46,6 +45,7 @@ from typing import Any
 
 import torch
 
+from .check import check_signature
 from .checkpoint import TrainingState, capture_rng, finite_weights, restore_rng
 from .config import FragmentConfig, FragmentFailed, FragmentResult, StopReason
 from .protocol import Progress
@@ -305,21 +305,6 @@ class TrainContext:
                              **parts)
 
 
-def _check_signature(fn: object, spec: str) -> None:
-    """Before a rank is set up: a training function is called as fn(ctx)."""
-    if not callable(fn):
-        raise ValueError(f"training function {spec!r} is a {type(fn).__name__}, not a function: write def train(ctx)")
-    try:
-        sig = inspect.signature(fn)
-    except ValueError:                   # a builtin without a signature: the call itself will say
-        return
-    try:
-        sig.bind(None)
-    except TypeError:
-        raise ValueError(f"training function {spec!r} takes {sig}; it is called with the context alone: "
-                         "write def train(ctx)") from None
-
-
 def run_loop(cfg: FragmentConfig, train: TrainFn | None = None) -> FragmentResult | None:
     """One rank of a fragment, the one loop driver: a training function run against a TrainContext, then the
     final save and (rank 0) the result. ``train``: a loop that keeps its own state (the built-in workload loop);
@@ -350,12 +335,12 @@ def _user_loop(cfg: FragmentConfig, rs: RankSetup) -> tuple[TrainFn, TrainContex
     """The user's training function and its context: restored, in its process group, seeded."""
     spec = cfg.loop or ""
     fn = load_attr(spec, "training function")
-    _check_signature(fn, spec)
+    check_signature(fn, spec)
     ctx = TrainContext(cfg, rs, rs.store.latest(device=rs.device if rs.use_cuda else None))   # as map_location
     ctx._join()
     torch.manual_seed(cfg.seed)              # the user's model is built the same way in every fragment
     ctx._begin_training()
-    return fn, ctx  # type: ignore[return-value]   # _check_signature: called as fn(ctx)
+    return fn, ctx  # type: ignore[return-value]   # check_signature: called as fn(ctx)
 
 
 def _final_save(ctx: TrainContext) -> float:
