@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from ..train.metrics import FILENAME as METRICS_FILE
 from ..train.protocol import JobDir, Progress
 from .errors import StateError
 from .jobstore import JobRow, JobStore, damaged_advice
@@ -121,6 +122,24 @@ def read_state(root: str | Path, *,
     finally:
         db.close()
     return jobs, events
+
+
+def metrics_file(root: str | Path, job: str | None = None) -> tuple[str, Path]:
+    """The job (``job``, or the state directory's only one) and its metrics.csv (``train.metrics``), read-only;
+    an unknown or ambiguous job is refused naming the jobs there."""
+    db = open_state(root)
+    try:
+        names = list(db.jobs())
+        if job is None and len(names) != 1:
+            raise StateError(f"{root} holds {len(names)} jobs ({', '.join(names) or 'none'}): name one")
+        name = job if job is not None else names[0]
+        if name not in names:
+            raise StateError(f"{root} has no job {name!r}; its jobs: {', '.join(names) or 'none'}")
+        return name, job_dir(db, Path(root), name).path / METRICS_FILE
+    except sqlite3.DatabaseError as e:
+        raise StateError(damaged_advice(db.path, e)) from None
+    finally:
+        db.close()
 
 
 def run_summary(db: JobStore, root: Path, *, wall_s: float, warm_up_s: float, pool_node_s: float) -> dict[str, Any]:

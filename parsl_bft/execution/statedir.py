@@ -12,6 +12,7 @@
         ckpt-<step>.h5, damaged/      checkpoints (train.checkpoint) and the ones set aside as damaged
         GENERATION, FRAGMENT, STOP    the fence and the stop request (train.protocol.JobDir)
         progress.json, logs/          live progress, rank output (the newest 32 logs kept)
+        metrics.csv                   one row per step: loss, ranks, ctx.report() and evaluate() (train.metrics)
         .errors/<fragment>/           a failed rank's exception and traceback
         .ranks-<host>-<frag>-<pid>.pid  rank pids with their start times (a restart kills its predecessor's)
       sites/<site>/jobs/<job>/        the same, per site, when several sites run (a job that moves is staged)

@@ -38,6 +38,7 @@ scientist's API.
 from __future__ import annotations
 
 import math
+import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -48,6 +49,8 @@ import torch
 from .check import check_signature
 from .checkpoint import TrainingState, capture_rng, finite_weights, restore_rng
 from .config import FragmentConfig, FragmentFailed, FragmentResult, StopReason
+from .metrics import FILENAME as METRICS_FILE
+from .metrics import MetricsLog
 from .protocol import Progress
 from .rank import RankSetup, close_rank, fault_point, join_group, local_rank, open_rank, step_flags
 from .workloads import load_attr
@@ -68,6 +71,7 @@ class TrainContext:
     start_step: int                      # where this fragment started
     start_samples: int
     saved_step: int                      # the step of the newest save (the restored one before any)
+    _metrics_written: int                # metrics entries on the job's metrics.csv (or restored) so far
 
     def __init__(self, cfg: FragmentConfig, rs: RankSetup, restored: TrainingState | None = None) -> None:
         self._cfg, self._rs = cfg, rs
@@ -78,6 +82,7 @@ class TrainContext:
         self.restored: dict[str, Any] | None = restored.model if restored is not None else None
         self._rng = restored.rng if restored is not None else None
         self._n: int | None = None           # the size of the data set ctx.batches() walks, once it is asked
+        self._metrics_log = MetricsLog(rs.jd.path / METRICS_FILE) if rs.rank == 0 else None
         self._position(restored)
         self._start_save_clock()
         self.saves, self.save_s, self.last_save_s = 0, 0.0, 0.0
@@ -167,6 +172,22 @@ class TrainContext:
     def _progress(self, loss: float) -> None:
         self._rs.saver.report(Progress(self.step, self.samples_done, loss, self.world_size, self.saved_step,
                                        self._saved_at, time.time()))
+        self._flush_metrics()
+
+    def _flush_metrics(self) -> None:
+        """Rank 0: the steps recorded since the last flush, onto the job's metrics.csv; the fragment's first flush
+        trims the file to the step it started from. A file that cannot be written is said once, not fatal."""
+        log = self._metrics_log
+        if log is None:
+            return
+        try:
+            if not log.resumed:
+                log.resume(self.start_step, self.metrics[: self._metrics_written])
+            log.append(self.metrics[self._metrics_written:])
+        except OSError as e:
+            print(f"parsl-bft: job {self.job}: not writing {log.path}: {e}", file=sys.stderr, flush=True)
+            self._metrics_log = None
+        self._metrics_written = len(self.metrics)
 
     # the driver's hooks, and the built-in loop's (workload_loop.py) --------------------------------------------
 
@@ -176,6 +197,9 @@ class TrainContext:
         self.step, self.epoch, self.samples_done, self._pos = st.step, st.epoch, st.samples_done, st.data_position
         self.metrics = list(st.metrics)
         self.start_step, self.start_samples = self.step, self.samples_done
+        self._metrics_written = len(self.metrics)        # rows before it are the checkpoint's history
+        if self._metrics_log is not None:
+            self._metrics_log.resumed = False
 
     def _start_save_clock(self) -> None:
         """Periodic saves count from now; on disk now: what was restored."""
@@ -352,6 +376,7 @@ def _final_save(ctx: TrainContext) -> float:
         ctx.checkpoint = rs.saver.save(ctx._snapshot())
         rs.jd.write_progress(Progress(ctx.step, ctx.samples_done, ctx._loss, ctx.world_size, ctx.step, time.time(),
                                       time.time()))
+        ctx._flush_metrics()
     close_rank(rs, ctx._net)
     return time.perf_counter() - t
 
@@ -367,5 +392,6 @@ def _user_loop_returned(ctx: TrainContext) -> float:
     if rs.rank == 0:
         written = [c for c in (rs.saver.background.wait(), ctx.checkpoint) if c]   # a save may still be writing
         ctx.checkpoint = max(written, key=lambda c: Path(c).name, default=None)      # ckpt-<step>.h5: the newest
+        ctx._flush_metrics()
     close_rank(rs, ctx._net)
     return ctx.last_save_s
