@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..sites import DEFAULT_SITE, Site, load_site
 from .run import RunSettings, current_settings
-from .signals import sigterm_unwinds
+from .signals import sigterm_unwinds, stop_reason
 from .site_runtime import SiteRuntime, check_sites, checkpoint_dir, make_planner, make_pool, site_topology
 
 if TYPE_CHECKING:
@@ -109,12 +109,16 @@ def training_session(state_dir: str | Path, site: SiteArg | Sequence[SiteArg] = 
             from .live import LiveBars
             progress = LiveBars()
         with sigterm_unwinds():        # SIGTERM unwinds the session like Ctrl-C
+            why = None
             try:
                 with progress if isinstance(progress, AbstractContextManager) else nullcontext():
                     yield orch.start(progress=progress)  # futures resolve on their own; run() waits for the jobs
+            except (Exception, KeyboardInterrupt) as e:
+                why = stop_reason(e)    # the event log says interrupted (Ctrl-C), SIGTERM or the error
+                raise
             finally:
                 try:
-                    orch.stop()     # running fragments checkpoint, pilots are given back
+                    orch.stop(why)  # running fragments checkpoint, pilots are given back
                 finally:
                     orch.close()    # the state directory's lock goes with the session
 

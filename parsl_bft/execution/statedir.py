@@ -98,6 +98,28 @@ def lock_state_dir(d: Path) -> IO[str]:
     return f
 
 
+def holder_gone(d: Path) -> int | None:
+    """The pid of the orchestrator the state directory's lock names when that process is gone (it ended without
+    recording why: a second Ctrl-C, kill -9, a crash); None while it may be alive, on another host (no way to
+    tell from here), or when nothing is named. Read-only: no lock is taken (that could refuse a starting one)."""
+    try:
+        fd = os.open(d / LOCK, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return None
+    with os.fdopen(fd) as f:
+        m = re.match(r"pid (\d+) on (\S+),", f.read(300))
+    if m is None or m[2] != socket.gethostname():
+        return None
+    pid = int(m[1])
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return pid
+    except PermissionError:         # alive, another user's (a pid reused)
+        return None
+    return None
+
+
 def read_run_id(path: Path, stem: str) -> str:
     """The run id kept in ``path``, made (``<stem>-<12 hex digits>``) if there is none yet; never through a link."""
     while True:
