@@ -41,6 +41,7 @@ class TrainingJob:
     compile: bool | str = False    # the built-in loop runs torch.compile(model): True (inductor) or a backend
     channels_last: bool = False    # the built-in loop's model and images in channels-last memory format
     micro_batch: int | None = None  # samples a rank computes at once (gradients accumulated): when a batch won't fit
+    batch_norm: str = "per-rank"   # BatchNorm statistics: each rank's own ("per-rank") or over all ranks ("sync": GPUs)
 
     def __post_init__(self) -> None:
         check_job_name(self.name)
@@ -68,6 +69,9 @@ class TrainingJob:
         if self.loop is not None and own:
             raise ValueError(f"job {self.name!r}: {', '.join(own)} set the built-in loop's; your own loop chooses "
                              "its own (torch.autocast, torch.compile, memory_format in it): drop them")
+        if self.batch_norm not in ("per-rank", "sync"):
+            raise ValueError(f"job {self.name!r}: batch_norm is 'per-rank' (each rank's own statistics) or 'sync' "
+                             f"(SyncBatchNorm over all ranks, on GPUs), got {str(self.batch_norm)[:40]!r}")
         if not isinstance(self.deterministic, bool):
             raise ValueError(f"job {self.name!r}: deterministic is True or False, got {str(self.deterministic)[:40]!r}")
         if self.loop is None and self.workload not in WORKLOADS:

@@ -53,7 +53,7 @@ from .metrics import FILENAME as METRICS_FILE
 from .metrics import MetricsLog
 from .protocol import Progress
 from .rank import RankSetup, close_rank, fault_point, join_group, local_rank, open_rank, step_flags
-from .workloads import load_attr
+from .workloads import WorkloadError, load_attr
 
 TrainFn = Callable[["TrainContext"], object]
 """A training function: called once per rank with its context (``def train(ctx)``)."""
@@ -101,12 +101,24 @@ class TrainContext:
     def distributed(self, model: torch.nn.Module) -> torch.nn.Module:
         """``model`` wrapped for data parallelism across the fragment's ranks (itself on one rank). DDP averages
         gradients over ranks: with a loss that is the mean over the rank's share, the step is the one of a mean
-        over the global batch (exactly when global_batch divides by the number of ranks)."""
+        over the global batch (exactly when global_batch divides by the number of ranks).
+
+        Buffers (BatchNorm's running statistics) are each rank's own while it trains, not broadcast from rank 0
+        at every forward (a collective per step); a checkpoint keeps rank 0's, and every rank of the next fragment
+        starts from them. With the job's ``batch_norm="sync"`` its BatchNorm layers are replaced, in place, by
+        SyncBatchNorm: batch statistics over the global batch (GPU ranks only)."""
         self._join()
         if self.world_size == 1:
             return model
+        if self._cfg.sync_batchnorm:
+            if not self._rs.use_cuda:
+                raise WorkloadError(f"job {self.job}: batch_norm='sync' needs GPU ranks (torch's SyncBatchNorm); "
+                                    "these ranks run on CPUs: use batch_norm='per-rank'")
+            model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)  # type: ignore[no-untyped-call]
+        # forward_sync_buffers=False: per-rank buffers, as broadcast_buffers=False (deprecated: a FutureWarning in
+        # every rank's log) gave; buffers are equal at the start anyway (every rank restored the same checkpoint)
         self._net = torch.nn.parallel.DistributedDataParallel(
-            model, device_ids=[self.device] if self._rs.use_cuda else None, broadcast_buffers=False)
+            model, device_ids=[self.device] if self._rs.use_cuda else None, forward_sync_buffers=False)
         return self._net
 
     def batches(self, n: int) -> Iterator[torch.Tensor]:

@@ -36,8 +36,9 @@ from ..errors import ParslBftError
 
 
 class WorkloadError(ParslBftError, ValueError):
-    """A workload or training function that cannot be loaded or built as named: a misspelled file, class,
-    function or ``workload_args`` key. Raised at submit; a rank that meets it fails without retries."""
+    """A workload or training function that cannot be loaded or built as named (a misspelled file, class,
+    function or ``workload_args`` key), or a job option its ranks cannot honour. Raised at submit where it can
+    be told there; a rank that meets it fails its job without retries."""
 
 
 def lr_schedule(optimizer: torch.optim.Optimizer, schedule: str | None, total_steps: int | None,
