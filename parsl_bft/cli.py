@@ -276,8 +276,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     from .cli_simulate import add_simulate_parser
     add_simulate_parser(sub)
+    from .cli_export import add_export_parser
     from .cli_metrics import add_metrics_parser
     add_metrics_parser(sub)
+    add_export_parser(sub)
 
     pr = sub.add_parser("profile", help="measure a workload's samples/s on 1..k ranks and its rescale overheads")
     pr.add_argument("workload", help="images | lm | package.module:factory")
