@@ -55,14 +55,15 @@ def _table(job: str, columns: list[str], rows: list[dict[str, float]], last: int
     from rich.table import Table
 
     shown = rows[-last:] if last else rows
-    caption = (f"the last {len(shown)} of {len(rows):,} steps (--last 0: all; --csv: the file)"
-               if len(shown) < len(rows) else None)
-    t = Table(title=f"metrics of job {job}", caption=caption)
+    t = Table(title=f"metrics of job {job}")
     for c in columns:
         t.add_column(c, justify="right")
     for r in shown:
         t.add_row(*(_fmt(r[c]) if c in r else "" for c in columns))
-    make_console().print(t)
+    console = make_console()
+    console.print(t)
+    if len(shown) < len(rows):
+        console.print(f"the last {len(shown)} of {len(rows):,} steps (--last 0: all; --csv: the file)")
 
 
 def _fmt(v: float) -> str:
