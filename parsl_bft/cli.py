@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 import warnings
 from pathlib import Path
 
@@ -190,12 +191,15 @@ def cmd_status(args: argparse.Namespace) -> int:
     from rich.table import Table
     from rich.text import Text
 
-    from .execution.report import STATUS_COLUMNS, read_state, reference_note, status_row
+    from .execution.report import STATUS_COLUMNS, read_state, reference_note, status_json, status_row
 
-    try:
-        jobs, last = read_state(args.state, last_events=5)     # a read-only command: nothing is created or changed
+    try:        # a read-only command: nothing is created or changed
+        jobs, last = read_state(args.state, last_events=_event_count(args.events or "5"))
     except FileNotFoundError as e:
         raise UsageError(str(e)) from None
+    if args.json:
+        print(json.dumps(status_json(jobs, last), indent=1))
+        return 0
     t = Table(title=f"parsl-bft jobs in {args.state}")
     for c in STATUS_COLUMNS:
         t.add_column(c, justify="right")
@@ -206,11 +210,27 @@ def cmd_status(args: argparse.Namespace) -> int:
     for j in jobs:
         if j.row.status == "failed":
             _console().print(Text.assemble((f"{j.name} failed: ", "bold red"), j.error or ""))
-    for _ts, kind, d in last:
-        _console().print(f"  {kind:15} {json.dumps(d)[:100]}")
+    full = args.events is not None      # asked for: each event whole, with its time
+    for ts, kind, d in last:
+        when = time.strftime("%H:%M:%S ", time.localtime(ts)) if full else ""
+        detail = json.dumps(d)
+        _console().print(f"  {when}{kind:15} {detail if full else detail[:100]}", soft_wrap=full)
     if last and last[-1][1] == "stop" and str(last[-1][2].get("why", "")).startswith("error"):
         _console().print(Text.assemble(("the run stopped on an error: ", "bold red"), str(last[-1][2]["why"])))
     return 0
+
+
+def _event_count(text: str) -> int | None:
+    """--events N (the newest N) or all (None)."""
+    if text == "all":
+        return None
+    try:
+        n = int(text)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise UsageError(f"--events is a number of events >= 0 or 'all', got {text!r}")
+    return n
 
 
 def cmd_sites(args: argparse.Namespace) -> int:
@@ -256,6 +276,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     from .cli_simulate import add_simulate_parser
     add_simulate_parser(sub)
+    from .cli_export import add_export_parser
+    from .cli_metrics import add_metrics_parser
+    add_metrics_parser(sub)
+    add_export_parser(sub)
 
     pr = sub.add_parser("profile", help="measure a workload's samples/s on 1..k ranks and its rescale overheads")
     pr.add_argument("workload", help="images | lm | package.module:factory")
@@ -305,6 +329,9 @@ def _add_runtime_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser
     st.add_argument("state", nargs="?", default="bft-state", help="the state directory (default bft-state), or "
                     "the run id of a submitted run")
     from .remote.commands import add_parsers, add_site_arg
+    st.add_argument("--events", metavar="N|all", help="show the newest N events of the run's event "
+                    "log (default 5, cut to a line each), or all of them; each whole, with its time")
+    st.add_argument("--json", action="store_true", help="print the jobs and the events as JSON instead of a table")
     add_site_arg(st)                    # status RUN_ID --site ENDPOINT.yaml: a remote run's status
     st.set_defaults(func=cmd_status)
     add_parsers(sub)                    # submit, logs, cancel, fetch: runs through Globus Compute

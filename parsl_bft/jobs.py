@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from .csvio import parse_number, parse_yaml, read_rows, read_small_text
-from .errors import BadRows, InputError
+from .errors import BadRows, InputError, ParslBftError
 from .scaling import LayerProfile, ScalingCurve, read_scaling_table
 
 JOB_COLUMNS = ["name", "model", "min_nodes", "max_nodes", "t_up", "t_down", "samples", "submit"]
@@ -106,7 +106,7 @@ def check_job_name(name: object) -> str:
     return name
 
 
-class JobSpecError(ValueError):
+class JobSpecError(ParslBftError, ValueError):
     """A job spec that cannot run: ``field`` names the offending field, ``problem`` says what is wrong with it
     (the message names the job too)."""
 

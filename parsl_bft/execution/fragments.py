@@ -96,6 +96,7 @@ class Collected:
     result: FragmentResult | None = None
     error: str = ""
     stands: TrainingState | None = None      # the newest stored checkpoint's attributes (failures only)
+    permanent: bool = False                  # its job's code cannot load (a WorkloadError): trying again cannot help
     ended: float = 0.0                       # unix time it was collected
 
 
@@ -158,7 +159,7 @@ def fragment_config(job: TrainingJob, jd: JobDir, *, fragment: str, world_size: 
         generation=generation, timeout_s=COLLECTIVE_TIMEOUT_S, checkpoint_every_s=interval_s, fragment_id=fragment,
         ranks_per_node=ranks_per_node, loop=job.loop, deterministic=job.deterministic, freeze_layers=freeze_layers,
         precision=Precision(job.precision), compile="inductor" if job.compile is True else job.compile or None,
-        channels_last=job.channels_last, micro_batch=job.micro_batch)
+        channels_last=job.channels_last, micro_batch=job.micro_batch, sync_batchnorm=job.batch_norm == "sync")
 
 
 def newest_step(d: Path) -> int:
@@ -187,8 +188,9 @@ def collect(r: Running, jd: JobDir, *, lost: bool, job_samples: int, now: float)
             error = (f"fragment {r.fragment} held its nodes {now - r.launched:.0f} s without one progress report "
                      "(its loop never reached ctx.should_stop()), then was killed with them: counted as the job's "
                      f"own failure\n{error}")
+        permanent = any(e.kind == "WorkloadError" for e in jd.errors(r.fragment)[:1])
         return Collected(Outcome.RECLAIMED if r.killed and not silent else Outcome.FAILED, done, ckpt,
-                         error=error, stands=st, ended=now)
+                         error=error, stands=st, ended=now, permanent=permanent)
     outcome = Outcome.FINISHED if res.stopped_by is StopReason.FINISHED else Outcome.ENDED
     return Collected(outcome, res.samples_done, res.checkpoint, result=res, ended=now)
 

@@ -37,7 +37,7 @@ class Phase(StrEnum):
 
 
 STOP_WORDS = {"timeout": "time cap reached", "stopped": "run stopped", "interrupted": "interrupted (Ctrl-C)",
-              "SIGTERM": "terminated (SIGTERM)"}
+              "SIGTERM": "terminated (SIGTERM)", "gone": "orchestrator gone (it ended without saying why)"}
 
 
 def stop_words(why: str) -> str:
@@ -136,12 +136,17 @@ class RunLedger:
                 j._launched.clear()          # a dead life's fragments were fenced off
                 j.saved_step = max(j.saved_step, int(d.get("resume", {}).get(name, 0)))
         elif kind == EventKind.STOP:
-            self.ended = str(d.get("why", ""))
-            for j in self.jobs.values():
-                if j.phase in (Phase.WAITING, Phase.RUNNING):
-                    j.phase, j.nodes, j.why = Phase.STOPPED, 0, self.ended
+            self.stopped(str(d.get("why", "")))
         elif "job" in d:
             self._job_event(self.job(d["job"]), t, kind, d)
+
+    def stopped(self, why: str) -> None:
+        """The run ended (``why``: a Stop event's, or "gone": its orchestrator died without one): jobs not done
+        or failed stopped with it."""
+        self.ended = why
+        for j in self.jobs.values():
+            if j.phase in (Phase.WAITING, Phase.RUNNING):
+                j.phase, j.nodes, j.why = Phase.STOPPED, 0, why
 
     def _job_event(self, j: JobLedger, t: float, kind: str, d: dict[str, Any]) -> None:
         batch = self.batch.get(j.name, 0)

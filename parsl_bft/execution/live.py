@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import sys
 import time
+from collections import deque
+from collections.abc import Callable
 from types import TracebackType
 from typing import TYPE_CHECKING, TextIO
 
@@ -29,13 +31,14 @@ class LiveBars:
     ``every_s`` seconds (and a last one at the end) instead."""
 
     def __init__(self, console: Console | None = None, *, every_s: float = PLAIN_EVERY_S,
-                 plain_to: TextIO | None = None):
+                 plain_to: TextIO | None = None, clock: Callable[[], float] = time.monotonic):
         console = console or Console(stderr=True)
         self.plain = None if console.is_terminal else (plain_to or sys.stderr)
         self.every_s, self._last_line = every_s, -float("inf")
         self.bar = Progress(TextColumn("{task.description:>10}"), BarColumn(), TextColumn("{task.percentage:>5.1f}%"),
-                            TextColumn("{task.fields[nodes]}"), TextColumn("{task.fields[loss]}"), TimeElapsedColumn(),
-                            console=console)
+                            TextColumn("{task.fields[nodes]}"), TextColumn("{task.fields[loss]}"),
+                            TextColumn("{task.fields[speed]}"), TimeElapsedColumn(), console=console)
+        self.clock, self.rates = clock, Rates()
         self.tasks: dict[str, TaskID] = {}
         self._orch: Orchestrator | None = None
         self._ledger: RunLedger | None = None
@@ -64,24 +67,57 @@ class LiveBars:
             self._ledger.batch.setdefault(n, j.global_batch)
         self._seen, new = orch.db.events_after(self._seen)
         self._ledger.feed(new)
-        rows = [(name, done, *self._state(orch, name)) for name, done in orch.live_progress().items()]
+        now = self.clock()
+        rows = [(name, done, *self._state(orch, name), self.rates.words(name, done, orch.jobs[name].samples, now))
+                for name, done in orch.live_progress().items()]
         if self.plain is not None:
-            now = time.monotonic()
             if now - self._last_line >= self.every_s:
                 self._last_line = now
                 stamp = time.strftime("%H:%M:%S")
-                for name, done, nodes, loss in rows:
+                for name, done, nodes, loss, speed in rows:
                     total = orch.jobs[name].samples
                     print(f"parsl-bft {stamp} {name}: {100 * done / max(total, 1):.1f}% of {total:,.0f} samples, "
-                          f"{nodes}{', ' + loss if loss else ''}", file=self.plain, flush=True)
+                          f"{nodes}{', ' + loss if loss else ''}{', ' + speed if speed else ''}", file=self.plain,
+                          flush=True)
             return
-        for name, done, nodes, loss in rows:
+        for name, done, nodes, loss, speed in rows:
             if name not in self.tasks:
-                self.tasks[name] = self.bar.add_task(name, total=orch.jobs[name].samples, nodes="", loss="")
-            self.bar.update(self.tasks[name], completed=done, nodes=nodes, loss=loss)
+                self.tasks[name] = self.bar.add_task(name, total=orch.jobs[name].samples, nodes="", loss="",
+                                                     speed="")
+            self.bar.update(self.tasks[name], completed=done, nodes=nodes, loss=loss, speed=speed)
 
     def _state(self, orch: Orchestrator, name: str) -> tuple[str, str]:
         """(where the job stands, by the event log; its last loss) for display."""
         assert self._ledger is not None
         p = orch.last_report(name)
         return self._ledger.job(name).state, f"loss {p.loss:.4g}" if p is not None and p.loss == p.loss else ""
+
+
+class Rates:
+    """Each job's training speed over the last ``window_s`` seconds of its progress (samples done as seen at
+    each update), and the time left at that speed."""
+
+    def __init__(self, window_s: float = 60.0) -> None:
+        self.window_s = window_s
+        self.seen: dict[str, deque[tuple[float, float]]] = {}
+
+    def words(self, name: str, done: float, total: float, now: float) -> str:
+        """'1,234 samples/s, ETA 3m05s' (no ETA when done or not moving); "" until two updates show a speed."""
+        pts = self.seen.setdefault(name, deque())
+        pts.append((now, done))
+        while len(pts) > 2 and pts[1][0] <= now - self.window_s:
+            pts.popleft()
+        (t0, d0), (t1, d1) = pts[0], pts[-1]
+        if t1 - t0 < 1.0 or done >= total:
+            return ""
+        rate = max(d1 - d0, 0.0) / (t1 - t0)
+        if rate <= 0:
+            return "0 samples/s"
+        return f"{rate:,.0f} samples/s, ETA {_duration((total - done) / rate)}"
+
+
+def _duration(s: float) -> str:
+    n = round(s)
+    if n >= 3600:
+        return f"{n // 3600}h{n % 3600 // 60:02d}m"
+    return f"{n // 60}m{n % 60:02d}s" if n >= 60 else f"{n}s"

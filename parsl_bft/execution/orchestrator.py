@@ -108,6 +108,7 @@ class Orchestrator:
         self._store: RendezvousStore | None = None
         self._thread: threading.Thread | None = None   # the loop, when it runs in the background (start())
         self._stopping = threading.Event()
+        self._stop_why = "stopped"
         self._arrivals: list[str] = []                 # jobs submitted while the loop runs
         self._noticed: set[str] = set()                # nodes on notice whose pilots we have not let go yet
         self._summary: dict[str, Any] | None = None
@@ -180,9 +181,11 @@ class Orchestrator:
             time.sleep(0.1)
         return all(f.done() for f in self.futures.values())
 
-    def stop(self) -> dict[str, Any] | None:
+    def stop(self, why: str | None = None) -> dict[str, Any] | None:
         """Leave the background loop: running fragments checkpoint, pilots are given back; futures of jobs not
-        done get ``RunStopped`` (nothing waits forever on them). Returns the summary."""
+        done get ``RunStopped`` (nothing waits forever on them). ``why``: the event log's reason (default
+        "stopped"; a session passes "interrupted", "SIGTERM" or the error it unwinds with). Returns the summary."""
+        self._stop_why = why or "stopped"
         self._stopping.set()
         if self._thread is not None:
             self._thread.join()
@@ -277,7 +280,7 @@ class Orchestrator:
         changed, joined_at = True, None
         while ctl.active or ctl.waiting or (stay and not self._stopping.is_set()):
             if self._stopping.is_set():
-                return "stopped"
+                return self._stop_why
             changed |= self._take_arrivals(ctl)
             for site in self.sites.values():             # no pilots for nodes no job could use
                 site.pool.demand = ctl.demand
@@ -306,7 +309,7 @@ class Orchestrator:
             if timeout_s is not None and now - t_start > timeout_s:
                 return "timeout"
             self.clock.sleep(self.poll_s)
-        return "stopped" if self._stopping.is_set() else "done"
+        return self._stop_why if self._stopping.is_set() else "done"
 
     def _take_arrivals(self, ctl: Controller) -> bool:
         """Jobs submitted while the loop runs join the plan; True if any did."""
@@ -449,7 +452,7 @@ class Orchestrator:
         if c.outcome is Outcome.FAILED:    # in a row without progress: one that saved before it failed starts a new row
             progressed = c.stands is not None and c.stands.step > r.resume_step      # (a rank killed from outside)
             self.failures[name] = 1 if progressed else self.failures.get(name, 0) + 1
-            if self.failures[name] >= self.max_failures:
+            if self.failures[name] >= self.max_failures or c.permanent:
                 self._give_up(ctl, name, c.error)
                 return False
         return True
@@ -491,9 +494,10 @@ class Orchestrator:
             ctl.job_finished(name, self.clock.monotonic())
         self.db.update(name, status="failed", size=0)
         self.db.record(events.Failed(name, err[-20_000:]))
+        n = self.failures.get(name, 0)          # fewer than max_failures when its code cannot load
         if not self.futures[name].done():
             self.futures[name].set_exception(JobFailed(
-                f"job {name}: {self.max_failures} fragments failed in a row without progress; last: {err} "
+                f"job {name}: {n} fragment{'s' * (n != 1)} failed in a row without progress; last: {err} "
                 f"(checkpoints kept in {self.job_dir(name)})"))
 
     def _reconcile(self, ctl: Controller) -> None:

@@ -9,11 +9,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from ..train.metrics import FILENAME as METRICS_FILE
 from ..train.protocol import JobDir, Progress
 from .errors import StateError
 from .jobstore import JobRow, JobStore, damaged_advice
 from .ledger import JobLedger, Phase, RunLedger, ref_words
-from .statedir import DATABASE, StateDir
+from .statedir import DATABASE, StateDir, holder_gone
 
 
 @dataclass
@@ -64,6 +65,21 @@ def status_row(j: JobReport) -> tuple[str, ...]:
             else "0%", "-" if e is None else f"{e:.2f}")
 
 
+def status_json(jobs: list[JobReport], events: list[tuple[float, str, dict[str, Any]]]) -> dict[str, Any]:
+    """`parsl-bft status --json`: each job as the table shows it, in numbers, and the events asked for."""
+    out = []
+    for j in jobs:
+        r = j.row
+        held = max(r.node_s, j.ledger.held_node_s if j.ledger else 0.0)
+        out.append({"job": j.name, "status": j.state, "phase": j.ledger.phase.value if j.ledger else r.status,
+                    "samples": j.samples, "samples_done": min(j.samples_now, j.samples) if j.samples else
+                    j.samples_now, "loss": j.live.loss if j.live is not None and j.live.loss == j.live.loss
+                    else None, "fragments": r.fragments, "rescales": r.rescales, "node_s_held": round(held, 3),
+                    "training_share": min(r.train_node_s, held) / held if held else None, "e_used": j.e_used,
+                    "checkpoint": j.checkpoint, "error": j.error})
+    return {"jobs": out, "events": [{"t": t, "kind": kind, **d} for t, kind, d in events]}
+
+
 def reference_note(jobs: list[JobReport]) -> str:
     """What E_used is measured against: each job's reference rate and when it was measured."""
     return ("E_used: samples kept at the job's reference rate (its fastest measured training rate per node) per "
@@ -86,7 +102,10 @@ def read_jobs(db: JobStore, root: Path) -> list[JobReport]:
     """Every job of a state directory, in submission order, with live progress, the event log's account and
     the error of failed ones."""
     rows = db.jobs()
-    return _reports(db, root, rows, read_ledger(db, rows))
+    ledger = read_ledger(db, rows)
+    if ledger.ended is None and ledger.started is not None and holder_gone(root) is not None:
+        ledger.stopped("gone")        # no Stop event, and its process is dead: nothing waits or runs
+    return _reports(db, root, rows, ledger)
 
 
 def _reports(db: JobStore, root: Path, rows: dict[str, JobRow], ledger: RunLedger) -> list[JobReport]:
@@ -109,18 +128,36 @@ def open_state(root: str | Path) -> JobStore:
 
 
 def read_state(root: str | Path, *,
-               last_events: int = 0) -> tuple[list[JobReport], list[tuple[float, str, dict[str, Any]]]]:
-    """Jobs and the newest ``last_events`` events of a state directory, read-only; a damaged database is a
-    StateError that says what to do. (Whether the run has ended: ``RunLedger.ended``.)"""
+               last_events: int | None = 0) -> tuple[list[JobReport], list[tuple[float, str, dict[str, Any]]]]:
+    """Jobs and the newest ``last_events`` events (None: all) of a state directory, read-only; a damaged
+    database is a StateError that says what to do. (Whether the run has ended: ``RunLedger.ended``.)"""
     db = open_state(root)
     try:
         jobs = read_jobs(db, Path(root))
-        events = db.events()[-last_events:] if last_events else []
+        events = db.events() if last_events is None else db.events()[-last_events:] if last_events else []
     except (sqlite3.DatabaseError, ValueError, TypeError) as e:
         raise StateError(damaged_advice(db.path, e)) from None
     finally:
         db.close()
     return jobs, events
+
+
+def metrics_file(root: str | Path, job: str | None = None) -> tuple[str, Path]:
+    """The job (``job``, or the state directory's only one) and its metrics.csv (``train.metrics``), read-only;
+    an unknown or ambiguous job is refused naming the jobs there."""
+    db = open_state(root)
+    try:
+        names = list(db.jobs())
+        if job is None and len(names) != 1:
+            raise StateError(f"{root} holds {len(names)} jobs ({', '.join(names) or 'none'}): name one")
+        name = job if job is not None else names[0]
+        if name not in names:
+            raise StateError(f"{root} has no job {name!r}; its jobs: {', '.join(names) or 'none'}")
+        return name, job_dir(db, Path(root), name).path / METRICS_FILE
+    except sqlite3.DatabaseError as e:
+        raise StateError(damaged_advice(db.path, e)) from None
+    finally:
+        db.close()
 
 
 def run_summary(db: JobStore, root: Path, *, wall_s: float, warm_up_s: float, pool_node_s: float) -> dict[str, Any]:

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..sites import DEFAULT_SITE, Site, load_site
 from .run import RunSettings, current_settings
-from .signals import sigterm_unwinds
+from .signals import sigterm_unwinds, stop_reason
 from .site_runtime import SiteRuntime, check_sites, checkpoint_dir, make_planner, make_pool, site_topology
 
 if TYPE_CHECKING:
@@ -109,12 +109,16 @@ def training_session(state_dir: str | Path, site: SiteArg | Sequence[SiteArg] = 
             from .live import LiveBars
             progress = LiveBars()
         with sigterm_unwinds():        # SIGTERM unwinds the session like Ctrl-C
+            why = None
             try:
                 with progress if isinstance(progress, AbstractContextManager) else nullcontext():
                     yield orch.start(progress=progress)  # futures resolve on their own; run() waits for the jobs
+            except (Exception, KeyboardInterrupt) as e:
+                why = stop_reason(e)    # the event log says interrupted (Ctrl-C), SIGTERM or the error
+                raise
             finally:
                 try:
-                    orch.stop()     # running fragments checkpoint, pilots are given back
+                    orch.stop(why)  # running fragments checkpoint, pilots are given back
                 finally:
                     orch.close()    # the state directory's lock goes with the session
 
@@ -164,13 +168,16 @@ def _dataflow(executors: list[ParslExecutor], **config_kw: Any) -> Iterator[Data
     from parsl.executors import ThreadPoolExecutor
 
     try:
-        dfk = parsl.dfk()
+        dfk: DataFlowKernel | None = parsl.dfk()
     except NoDataFlowKernelError:
+        dfk = None    # loaded below, outside this handler: an error in the session's block would else show as
+                      # raised "during handling of" NoDataFlowKernelError
+    if dfk is None:
         with _children_ignore_sigint():
-            dfk = parsl.load(Config(executors=[*executors, ThreadPoolExecutor(label=LOGIN, max_threads=4)],
+            own = parsl.load(Config(executors=[*executors, ThreadPoolExecutor(label=LOGIN, max_threads=4)],
                                     **config_kw))
-        with dfk:
-            yield dfk
+        with own:
+            yield own
         return
     clash = sorted(e.label for e in executors if e.label in dfk.executors)
     if clash:

@@ -12,6 +12,7 @@
         ckpt-<step>.h5, damaged/      checkpoints (train.checkpoint) and the ones set aside as damaged
         GENERATION, FRAGMENT, STOP    the fence and the stop request (train.protocol.JobDir)
         progress.json, logs/          live progress, rank output (the newest 32 logs kept)
+        metrics.csv                   one row per step: loss, ranks, ctx.report() and evaluate() (train.metrics)
         .errors/<fragment>/           a failed rank's exception and traceback
         .ranks-<host>-<frag>-<pid>.pid  rank pids with their start times (a restart kills its predecessor's)
       sites/<site>/jobs/<job>/        the same, per site, when several sites run (a job that moves is staged)
@@ -95,6 +96,28 @@ def lock_state_dir(d: Path) -> IO[str]:
     f.write(f"pid {os.getpid()} on {socket.gethostname()}, since {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
     f.flush()
     return f
+
+
+def holder_gone(d: Path) -> int | None:
+    """The pid of the orchestrator the state directory's lock names when that process is gone (it ended without
+    recording why: a second Ctrl-C, kill -9, a crash); None while it may be alive, on another host (no way to
+    tell from here), or when nothing is named. Read-only: no lock is taken (that could refuse a starting one)."""
+    try:
+        fd = os.open(d / LOCK, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return None
+    with os.fdopen(fd) as f:
+        m = re.match(r"pid (\d+) on (\S+),", f.read(300))
+    if m is None or m[2] != socket.gethostname():
+        return None
+    pid = int(m[1])
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return pid
+    except PermissionError:         # alive, another user's (a pid reused)
+        return None
+    return None
 
 
 def read_run_id(path: Path, stem: str) -> str:

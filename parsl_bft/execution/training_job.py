@@ -13,8 +13,9 @@ from typing import Any
 
 from ..jobs import JobSpec, JobSpecError
 from ..jobs import check_job_name as check_job_name  # re-exported: its home moved to jobs (no torch there)
+from ..train.check import check_loop, check_workload
 from ..train.config import Precision
-from ..train.workloads import WORKLOADS
+from ..train.workloads import WORKLOADS, WorkloadError
 
 
 @dataclass
@@ -40,6 +41,7 @@ class TrainingJob:
     compile: bool | str = False    # the built-in loop runs torch.compile(model): True (inductor) or a backend
     channels_last: bool = False    # the built-in loop's model and images in channels-last memory format
     micro_batch: int | None = None  # samples a rank computes at once (gradients accumulated): when a batch won't fit
+    batch_norm: str = "per-rank"   # BatchNorm statistics: each rank's own ("per-rank") or over all ranks ("sync": GPUs)
 
     def __post_init__(self) -> None:
         check_job_name(self.name)
@@ -67,9 +69,29 @@ class TrainingJob:
         if self.loop is not None and own:
             raise ValueError(f"job {self.name!r}: {', '.join(own)} set the built-in loop's; your own loop chooses "
                              "its own (torch.autocast, torch.compile, memory_format in it): drop them")
+        if self.batch_norm not in ("per-rank", "sync"):
+            raise ValueError(f"job {self.name!r}: batch_norm is 'per-rank' (each rank's own statistics) or 'sync' "
+                             f"(SyncBatchNorm over all ranks, on GPUs), got {str(self.batch_norm)[:40]!r}")
+        if not isinstance(self.deterministic, bool):
+            raise ValueError(f"job {self.name!r}: deterministic is True or False, got {str(self.deterministic)[:40]!r}")
         if self.loop is None and self.workload not in WORKLOADS:
             self._check_spec("workload", self.workload, f"{' or '.join(map(repr, WORKLOADS))}, "
                              "'package.module:factory' or 'my_model.py:factory'")
+        self._check_code()
+
+    def _check_code(self) -> None:
+        """The code a rank would run, loaded and built now (a loop's file imported and its function found; a
+        workload built with its arguments and its schedule made): its mistake in one line, before any worker."""
+        total = -(-self.samples // self.global_batch) if _positive_int(self.samples) and \
+            _positive_int(self.global_batch) else None
+        try:
+            if self.loop is not None:
+                check_loop(self.loop)
+            else:
+                check_workload(self.workload, self.workload_args, total)
+        except WorkloadError as e:
+            field = "loop" if self.loop is not None else "workload"
+            raise JobSpecError(field, f"job {self.name!r}: {e}", str(e)) from None
 
     def _check_spec(self, what: str, spec: str, forms: str) -> tuple[str, str]:
         mod, _, name = str(spec).rpartition(":")
@@ -97,11 +119,15 @@ class TrainingJob:
         """Everything a new job must pass before it is stored: JSON arguments, a known workload or loop, sizes,
         and at least one sample per rank and step at its largest size."""
         check_json_args(self)
-        self.check_workload()
         self.spec()
+        self.check_workload()
         if self.global_batch < self.max_nodes * ranks_per_node:
             raise ValueError(f"job {self.name!r}: global_batch {self.global_batch} < max_nodes {self.max_nodes} x "
                              f"{ranks_per_node} ranks per node: every rank needs at least one sample per step")
+
+
+def _positive_int(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v > 0
 
 
 def check_json_args(job: TrainingJob) -> None:

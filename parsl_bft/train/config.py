@@ -69,6 +69,7 @@ class FragmentConfig:
     precision: Precision = Precision.FP32    # the built-in loop's autocast dtype
     compile: str | None = None        # the built-in loop runs torch.compile(model, backend=compile) ("inductor")
     channels_last: bool = False       # the built-in loop's model and 4-d inputs in channels-last memory format
+    sync_batchnorm: bool = False      # BatchNorm statistics over all ranks (SyncBatchNorm, GPU ranks) or per rank
 
     def __post_init__(self) -> None:
         if self.world_size < 1:

@@ -37,8 +37,8 @@ scientist's API.
 
 from __future__ import annotations
 
-import inspect
 import math
+import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -46,11 +46,14 @@ from typing import Any
 
 import torch
 
+from .check import check_signature
 from .checkpoint import TrainingState, capture_rng, finite_weights, restore_rng
 from .config import FragmentConfig, FragmentFailed, FragmentResult, StopReason
+from .metrics import FILENAME as METRICS_FILE
+from .metrics import MetricsLog
 from .protocol import Progress
 from .rank import RankSetup, close_rank, fault_point, join_group, local_rank, open_rank, step_flags
-from .workloads import load_attr
+from .workloads import WorkloadError, load_attr
 
 TrainFn = Callable[["TrainContext"], object]
 """A training function: called once per rank with its context (``def train(ctx)``)."""
@@ -68,6 +71,7 @@ class TrainContext:
     start_step: int                      # where this fragment started
     start_samples: int
     saved_step: int                      # the step of the newest save (the restored one before any)
+    _metrics_written: int                # metrics entries on the job's metrics.csv (or restored) so far
 
     def __init__(self, cfg: FragmentConfig, rs: RankSetup, restored: TrainingState | None = None) -> None:
         self._cfg, self._rs = cfg, rs
@@ -78,6 +82,7 @@ class TrainContext:
         self.restored: dict[str, Any] | None = restored.model if restored is not None else None
         self._rng = restored.rng if restored is not None else None
         self._n: int | None = None           # the size of the data set ctx.batches() walks, once it is asked
+        self._metrics_log = MetricsLog(rs.jd.path / METRICS_FILE) if rs.rank == 0 else None
         self._position(restored)
         self._start_save_clock()
         self.saves, self.save_s, self.last_save_s = 0, 0.0, 0.0
@@ -96,12 +101,24 @@ class TrainContext:
     def distributed(self, model: torch.nn.Module) -> torch.nn.Module:
         """``model`` wrapped for data parallelism across the fragment's ranks (itself on one rank). DDP averages
         gradients over ranks: with a loss that is the mean over the rank's share, the step is the one of a mean
-        over the global batch (exactly when global_batch divides by the number of ranks)."""
+        over the global batch (exactly when global_batch divides by the number of ranks).
+
+        Buffers (BatchNorm's running statistics) are each rank's own while it trains, not broadcast from rank 0
+        at every forward (a collective per step); a checkpoint keeps rank 0's, and every rank of the next fragment
+        starts from them. With the job's ``batch_norm="sync"`` its BatchNorm layers are replaced, in place, by
+        SyncBatchNorm: batch statistics over the global batch (GPU ranks only)."""
         self._join()
         if self.world_size == 1:
             return model
+        if self._cfg.sync_batchnorm:
+            if not self._rs.use_cuda:
+                raise WorkloadError(f"job {self.job}: batch_norm='sync' needs GPU ranks (torch's SyncBatchNorm); "
+                                    "these ranks run on CPUs: use batch_norm='per-rank'")
+            model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)  # type: ignore[no-untyped-call]
+        # forward_sync_buffers=False: per-rank buffers, as broadcast_buffers=False (deprecated: a FutureWarning in
+        # every rank's log) gave; buffers are equal at the start anyway (every rank restored the same checkpoint)
         self._net = torch.nn.parallel.DistributedDataParallel(
-            model, device_ids=[self.device] if self._rs.use_cuda else None, broadcast_buffers=False)
+            model, device_ids=[self.device] if self._rs.use_cuda else None, forward_sync_buffers=False)
         return self._net
 
     def batches(self, n: int) -> Iterator[torch.Tensor]:
@@ -167,6 +184,22 @@ class TrainContext:
     def _progress(self, loss: float) -> None:
         self._rs.saver.report(Progress(self.step, self.samples_done, loss, self.world_size, self.saved_step,
                                        self._saved_at, time.time()))
+        self._flush_metrics()
+
+    def _flush_metrics(self) -> None:
+        """Rank 0: the steps recorded since the last flush, onto the job's metrics.csv; the fragment's first flush
+        trims the file to the step it started from. A file that cannot be written is said once, not fatal."""
+        log = self._metrics_log
+        if log is None:
+            return
+        try:
+            if not log.resumed:
+                log.resume(self.start_step, self.metrics[: self._metrics_written])
+            log.append(self.metrics[self._metrics_written:])
+        except OSError as e:
+            print(f"parsl-bft: job {self.job}: not writing {log.path}: {e}", file=sys.stderr, flush=True)
+            self._metrics_log = None
+        self._metrics_written = len(self.metrics)
 
     # the driver's hooks, and the built-in loop's (workload_loop.py) --------------------------------------------
 
@@ -176,6 +209,9 @@ class TrainContext:
         self.step, self.epoch, self.samples_done, self._pos = st.step, st.epoch, st.samples_done, st.data_position
         self.metrics = list(st.metrics)
         self.start_step, self.start_samples = self.step, self.samples_done
+        self._metrics_written = len(self.metrics)        # rows before it are the checkpoint's history
+        if self._metrics_log is not None:
+            self._metrics_log.resumed = False
 
     def _start_save_clock(self) -> None:
         """Periodic saves count from now; on disk now: what was restored."""
@@ -305,21 +341,6 @@ class TrainContext:
                              **parts)
 
 
-def _check_signature(fn: object, spec: str) -> None:
-    """Before a rank is set up: a training function is called as fn(ctx)."""
-    if not callable(fn):
-        raise ValueError(f"training function {spec!r} is a {type(fn).__name__}, not a function: write def train(ctx)")
-    try:
-        sig = inspect.signature(fn)
-    except ValueError:                   # a builtin without a signature: the call itself will say
-        return
-    try:
-        sig.bind(None)
-    except TypeError:
-        raise ValueError(f"training function {spec!r} takes {sig}; it is called with the context alone: "
-                         "write def train(ctx)") from None
-
-
 def run_loop(cfg: FragmentConfig, train: TrainFn | None = None) -> FragmentResult | None:
     """One rank of a fragment, the one loop driver: a training function run against a TrainContext, then the
     final save and (rank 0) the result. ``train``: a loop that keeps its own state (the built-in workload loop);
@@ -350,12 +371,12 @@ def _user_loop(cfg: FragmentConfig, rs: RankSetup) -> tuple[TrainFn, TrainContex
     """The user's training function and its context: restored, in its process group, seeded."""
     spec = cfg.loop or ""
     fn = load_attr(spec, "training function")
-    _check_signature(fn, spec)
+    check_signature(fn, spec)
     ctx = TrainContext(cfg, rs, rs.store.latest(device=rs.device if rs.use_cuda else None))   # as map_location
     ctx._join()
     torch.manual_seed(cfg.seed)              # the user's model is built the same way in every fragment
     ctx._begin_training()
-    return fn, ctx  # type: ignore[return-value]   # _check_signature: called as fn(ctx)
+    return fn, ctx  # type: ignore[return-value]   # check_signature: called as fn(ctx)
 
 
 def _final_save(ctx: TrainContext) -> float:
@@ -367,6 +388,7 @@ def _final_save(ctx: TrainContext) -> float:
         ctx.checkpoint = rs.saver.save(ctx._snapshot())
         rs.jd.write_progress(Progress(ctx.step, ctx.samples_done, ctx._loss, ctx.world_size, ctx.step, time.time(),
                                       time.time()))
+        ctx._flush_metrics()
     close_rank(rs, ctx._net)
     return time.perf_counter() - t
 
@@ -382,5 +404,6 @@ def _user_loop_returned(ctx: TrainContext) -> float:
     if rs.rank == 0:
         written = [c for c in (rs.saver.background.wait(), ctx.checkpoint) if c]   # a save may still be writing
         ctx.checkpoint = max(written, key=lambda c: Path(c).name, default=None)      # ckpt-<step>.h5: the newest
+        ctx._flush_metrics()
     close_rank(rs, ctx._net)
     return ctx.last_save_s

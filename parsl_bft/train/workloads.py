@@ -13,11 +13,15 @@ Subclass ``Workload`` and override what differs; pass it to a fragment as ``"pac
 """
 from __future__ import annotations
 
+import difflib
 import importlib
 import importlib.util
+import inspect
 import math
+import os
 import random
 import sys
+import traceback
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from types import ModuleType
@@ -27,6 +31,14 @@ import torch
 from torch import nn
 from torch.optim.lr_scheduler import LambdaLR, LRScheduler
 from torch.utils.data import Dataset, TensorDataset, default_collate
+
+from ..errors import ParslBftError
+
+
+class WorkloadError(ParslBftError, ValueError):
+    """A workload or training function that cannot be loaded or built as named (a misspelled file, class,
+    function or ``workload_args`` key), or a job option its ranks cannot honour. Raised at submit where it can
+    be told there; a rank that meets it fails its job without retries."""
 
 
 def lr_schedule(optimizer: torch.optim.Optimizer, schedule: str | None, total_steps: int | None,
@@ -81,15 +93,25 @@ def lr_schedule(optimizer: torch.optim.Optimizer, schedule: str | None, total_st
 
 class Workload:
     """The default of every part but the model and the data (the module docstring lists the parts): subclass it
-    and override what differs. ``kwargs`` are the workload arguments a subclass does not take itself."""
+    and override what differs. A subclass takes its own workload arguments as parameters and passes the rest on
+    (``def __init__(self, width=64, **kw): super().__init__(**kw)``); what reaches this class unclaimed is a typo
+    and is refused, naming the arguments the class takes. A subclass that reads arguments from ``self.kwargs``
+    instead names them in ``extra_args`` (``("*",)``: any)."""
 
     name = "workload"
+    extra_args: tuple[str, ...] = ()     # workload arguments kept in self.kwargs rather than taken as parameters
 
     def __init__(self, seed: int = 0, lr: float = 0.05, schedule: str | None = None, warmup: float | str = 0.0,
                  eval_every: int = 0, **kwargs: Any) -> None:
+        unknown = sorted(k for k in kwargs if k not in self.extra_args and "*" not in self.extra_args)
+        if unknown:
+            raise WorkloadError(unknown_args(type(self), unknown))
+        if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not lr >= 0:
+            raise WorkloadError(f"{type(self).__name__}: lr is a number >= 0, got {str(lr)[:40]!r}")
+        if isinstance(eval_every, bool) or not isinstance(eval_every, int) or eval_every < 0:
+            raise WorkloadError(f"{type(self).__name__}: eval_every is a number of steps >= 0, got "
+                                f"{str(eval_every)[:40]!r}")
         self.seed, self.lr, self.schedule, self.warmup, self.kwargs = seed, lr, schedule, warmup, kwargs
-        if eval_every < 0:
-            raise ValueError(f"eval_every is a number of steps >= 0, got {eval_every}")
         self.eval_every = eval_every
 
     def build_model(self) -> nn.Module:
@@ -261,12 +283,33 @@ WORKLOADS: dict[str, type[Workload] | str] = {"images": SyntheticImages, "lm": T
                                               "emulated": "parsl_bft.train.emulated:EmulatedAccelerator"}
 
 
+def accepted_args(cls: type) -> list[str]:
+    """The keyword arguments the constructors of ``cls`` and its bases name (what ``workload_args`` may hold)."""
+    names: set[str] = set(getattr(cls, "extra_args", ()) or ()) - {"*"}
+    for c in cls.__mro__:
+        init = c.__dict__.get("__init__")
+        if init is None or c is object:
+            continue
+        names |= {p.name for p in list(inspect.signature(init).parameters.values())[1:]
+                  if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    return sorted(names)
+
+
+def unknown_args(cls: type, unknown: list[str]) -> str:
+    """One line: the workload arguments ``cls`` does not take, the nearest it does, and all it does."""
+    takes = accepted_args(cls)
+    hints = [f"{k!r} (did you mean {m[0]!r}?)" if (m := difflib.get_close_matches(k, takes, 1)) else repr(k)
+             for k in unknown]
+    return (f"{cls.__name__} takes no workload_args {', '.join(hints)}; it takes: {', '.join(takes)} (a subclass "
+            "reading others from self.kwargs lists them in extra_args)")
+
+
 def load_attr(spec: str, what: str = "workload") -> object:
     """``'package.module:name'`` or ``'/path/to/file.py:name'``: the object it names. A file path works in every
     rank process without touching PYTHONPATH (its directory joins sys.path, so it may import its siblings)."""
     mod, _, attr = spec.rpartition(":")
     if not mod or not attr:
-        raise ValueError(f"{what} {spec!r}: write 'package.module:name' or '/path/to/file.py:name'")
+        raise WorkloadError(f"{what} {spec!r}: write 'package.module:name' or '/path/to/file.py:name'")
     try:
         if mod.endswith(".py"):
             folder = str(Path(mod).resolve().parent)
@@ -275,9 +318,29 @@ def load_attr(spec: str, what: str = "workload") -> object:
             module = _import_file(Path(mod).resolve())
         else:
             module = importlib.import_module(mod)
-        return getattr(module, attr)
-    except (ImportError, AttributeError, FileNotFoundError) as e:
-        raise ValueError(f"cannot load {what} {spec!r}: {e}") from None
+    except Exception as e:      # a missing module, or the file's own error (SyntaxError, NameError...): where
+        raise WorkloadError(f"cannot load {what} {spec!r}: {_where(e)}{type(e).__name__}: {e}") from None
+    return attr_of(module, spec, what)
+
+
+def attr_of(module: ModuleType, spec: str, what: str) -> object:
+    """What ``spec`` ('module:name') names in its imported ``module``; a misspelled name is refused naming the
+    nearest one the module defines."""
+    mod, _, attr = spec.rpartition(":")
+    if not hasattr(module, attr):
+        near = difflib.get_close_matches(attr, [n for n in vars(module) if not n.startswith("_")], 1)
+        raise WorkloadError(f"cannot load {what} {spec!r}: {mod} defines no {attr!r}"
+                            + (f" (did you mean {near[0]!r}?)" if near else ""))
+    return getattr(module, attr)
+
+
+def _where(e: BaseException) -> str:
+    """'file.py:12: ': the innermost frame of the user's code an exception went through ("" when none)."""
+    if isinstance(e, SyntaxError):      # its message says where already
+        return ""
+    frames = [f for f in traceback.extract_tb(e.__traceback__) if not f.filename.startswith("<")
+              and f.filename != __file__ and f"{os.sep}importlib{os.sep}" not in f.filename]
+    return f"{frames[-1].filename}:{frames[-1].lineno}: " if frames else ""
 
 
 def _import_file(path: Path) -> ModuleType:
@@ -311,7 +374,7 @@ def workload_factory(spec: str) -> Callable[..., Workload]:
         builtin = WORKLOADS[spec]
         return cast(Callable[..., Workload], load_attr(builtin) if isinstance(builtin, str) else builtin)
     if ":" not in spec:
-        raise ValueError(f"unknown workload {spec!r}: use {', '.join(WORKLOADS)}, 'package.module:factory' "
+        raise WorkloadError(f"unknown workload {spec!r}: use {', '.join(WORKLOADS)}, 'package.module:factory' "
                          "or '/path/to/file.py:factory'")
     return cast(Callable[..., Workload], load_attr(spec))    # the user's factory, taken at its word
 

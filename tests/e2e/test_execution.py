@@ -319,7 +319,11 @@ def test_one_signal_to_parsl_bft_run_checkpoints_and_leaves_nothing_behind(tmp_p
     newest = max(f.stat().st_mtime for f in state.glob("jobs/*/ckpt-*.h5"))
     assert newest > t_signal                                   # the shutdown checkpoint
     stop = JobStore(state / "state.sqlite").events("stop")[-1][2]
-    assert stop["why"] in ("interrupted", "stopped"), stop
+    ctrl_c = how.startswith("Ctrl-C")
+    assert stop["why"] == ("interrupted" if ctrl_c else "SIGTERM"), stop     # the session says why it unwound
+    status = subprocess.run([sys.executable, "-m", "parsl_bft.cli", "status", str(state)], capture_output=True,
+                            text=True, timeout=120, env={**os.environ, "COLUMNS": "300"}).stdout
+    assert ("stopped: interrupted (Ctrl-C)" if ctrl_c else "stopped: terminated (SIGTERM)") in status, status
     assert_nothing_left(state, 60)
 
 

@@ -789,7 +789,7 @@ def test_every_command_given_bad_input_exits_2_with_one_line_and_no_traceback(ba
 
 
 def test_a_training_function_called_with_anything_but_ctx_is_refused_naming_its_signature(tmp_path):
-    from parsl_bft.train.context import _check_signature
+    from parsl_bft.train.check import check_signature as _check_signature
     _check_signature(lambda ctx, lr=0.1: None, "f.py:ok")
     for fn, expect in ((lambda ctx, extra: None, r"takes \(ctx, extra\)"), (lambda: None, r"takes \(\)"),
                        (5, "is a int, not a function")):

@@ -100,3 +100,28 @@ def test_a_new_life_starts_from_where_the_log_stands(tmp_path):
     ledger = RunLedger({"j": 10}).feed(db.events())
     j = ledger.jobs["j"]
     assert (j.kept, j.held_node_s, j.ref.per_node_s, j.phase) == (200, 50.0, 4.0, Phase.WAITING)
+
+
+def test_progress_lines_show_samples_per_second_and_an_eta_once_known(tmp_path):
+    out, now = io.StringIO(), [100.0]
+    orch = _orch(tmp_path)
+    done = {"ok": 1000, "bad": 300, "cut": 500, "busy": 250}
+    orch.live_progress = lambda: dict(done)
+    with LiveBars(Console(file=io.StringIO(), force_terminal=False), every_s=10, plain_to=out,
+                  clock=lambda: now[0]) as bars:
+        bars(orch)
+        assert "samples/s" not in out.getvalue()          # one look: no speed yet
+        now[0] += 20.0
+        done["busy"] = 450                                # 200 samples in 20 s
+        bars(orch)
+        busy = [line for line in out.getvalue().splitlines() if " busy: " in line][-1]
+        assert busy.endswith("45.0% of 1,000 samples, running on 2 node(s), loss 0.5, 10 samples/s, ETA 55s")
+        cut = [line for line in out.getvalue().splitlines() if " cut: " in line][-1]
+        assert cut.endswith("running on 2 node(s), 0 samples/s")     # not moving: no ETA
+        ok = [line for line in out.getvalue().splitlines() if " ok: " in line][-1]
+        assert ok.endswith("100.0% of 1,000 samples, done")             # done: neither
+
+
+def test_a_duration_reads_in_seconds_minutes_or_hours():
+    from parsl_bft.execution.live import _duration
+    assert [_duration(s) for s in (5, 65, 3 * 3600 + 7 * 60 + 30)] == ["5s", "1m05s", "3h07m"]
