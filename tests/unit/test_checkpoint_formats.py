@@ -4,14 +4,26 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
 import sys
+from concurrent.futures import Future
+from dataclasses import replace
 from pathlib import Path
 
 import h5py
 import pytest
 import torch
 
-from parsl_bft.train.checkpoint import CheckpointError, TrainingState, load_checkpoint, loading, reader, save_checkpoint
+from parsl_bft.train.checkpoint import (
+    CheckpointError,
+    CheckpointStore,
+    NewerFormatError,
+    TrainingState,
+    load_checkpoint,
+    loading,
+    reader,
+    save_checkpoint,
+)
 from parsl_bft.train.checkpoint.format import HEADER, pack_header, record_place
 
 from harness import assert_same
@@ -175,6 +187,118 @@ def test_a_record_that_verifies_but_does_not_hold_together_is_refused(tmp_path):
         with pytest.raises(CheckpointError, match="damaged metadata record") as e:
             load_checkpoint(path)
         assert expect[name] in str(e.value), name
+
+
+def as_newer_format(path: Path, version: int = 4) -> None:
+    """Make ``path`` what a later parsl-bft's file looks like to this one: the header's version and stamp (the
+    part every format keeps) say ``version``."""
+    data = bytearray(path.read_bytes())
+    userblock, length, _ = record_place(bytes(data[:HEADER]))
+    data[:HEADER] = pack_header(version, userblock, bytes(data[HEADER:HEADER + length]))
+    path.write_bytes(data)
+
+
+def test_a_newer_formats_checkpoint_is_refused_and_kept_not_passed_over(tmp_path):
+    """A checkpoint of a newer format is not damaged: load_checkpoint refuses it naming the format (so too a
+    newer file that is not even HDF5: the header decides); the store keeps it where it is, does not resume from
+    the older checkpoint behind it, keeps it when an older step is saved, and stages it as it is."""
+    store = CheckpointStore(tmp_path / "job")
+    store.save(legacy_state(), fsync=False)
+    newer = save_checkpoint(tmp_path / "job" / "ckpt-000000099.h5", replace(legacy_state(), step=99), fsync=False)
+    as_newer_format(newer)
+    with pytest.raises(NewerFormatError, match=r"written by a newer parsl-bft \(checkpoint format 4; this one reads "
+                       r"up to 3\): upgrade parsl-bft") as e:
+        load_checkpoint(newer)
+    assert e.value.version == 4 and str(newer) in str(e.value)
+    with pytest.raises(NewerFormatError):
+        store.latest(arrays=False)
+    store.save(replace(legacy_state(), step=50), fsync=False)
+    assert newer.exists() and not (tmp_path / "job" / "damaged").exists()
+    assert store.paths()[0] == newer
+    staged = store.stage_to(tmp_path / "other")
+    assert staged is not None and staged.read_bytes() == newer.read_bytes()
+
+    alien = tmp_path / "alien.h5"
+    alien.write_bytes(newer.read_bytes()[:HEADER] + b"not HDF5 at all" * 100)
+    with pytest.raises(NewerFormatError, match="format 4"):
+        load_checkpoint(alien)
+    with h5py.File(save_checkpoint(tmp_path / "edited.h5", legacy_state(), fsync=False), "r+") as f:
+        f.attrs["version"] = 4                   # the attribute alone, no such header: damage, not a newer file
+    with pytest.raises(CheckpointError) as e:
+        load_checkpoint(tmp_path / "edited.h5")
+    assert not isinstance(e.value, NewerFormatError) and "no valid header" in str(e.value)
+
+
+class InlineRunner:
+    """Each fragment run at once in this process on one rank (no Parsl, no rank processes)."""
+
+    gang = False
+
+    def __init__(self, name, site, store):
+        self.launched = 0
+
+    def launch(self, cfg, nodes):
+        from parsl_bft.execution.htex import FragmentHandle
+        from parsl_bft.train.fragment import train_rank
+        fut: Future = Future()
+        handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1)}
+        try:
+            fut.set_result(train_rank(replace(cfg, fsync=False, deterministic=False)))
+        except Exception as e:
+            fut.set_exception(e)
+        finally:
+            for s, h in handlers.items():
+                signal.signal(s, h)
+        return FragmentHandle([fut])
+
+    def placed(self, fragment, nodes):
+        return {}
+
+    def prime(self, nodes):
+        pass
+
+    def warm_up(self, *a):
+        pass
+
+
+def test_a_job_whose_checkpoint_is_a_newer_formats_fails_naming_it_and_keeps_its_files(tmp_path, monkeypatch):
+    """The orchestrator: the job's fragment cannot read its newest checkpoint (a newer parsl-bft wrote it): the
+    job fails at once - not a restart from step 0, not max_failures retries - with an error naming the format,
+    and the file stays where it was."""
+    from parsl_bft.execution import orchestrator as orch_mod
+    from parsl_bft.execution.pool import EmulatedPool
+    from parsl_bft.planner import Planner
+    from parsl_bft.train.fragment import FragmentConfig, train_rank
+    state = tmp_path / "state"
+    jobdir = state / "jobs" / "img"
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1)}
+    try:
+        train_rank(FragmentConfig(job="img", workload="images", checkpoint_dir=str(jobdir), global_batch=32,
+                                  fsync=False, deterministic=False, workload_args={"n": 256}, steps=2))
+    finally:
+        for s, h in handlers.items():
+            signal.signal(s, h)
+    newest = jobdir / "ckpt-000000002.h5"
+    as_newer_format(newest, 7)
+    before = newest.read_bytes()
+    monkeypatch.setattr(orch_mod, "SiteRunner", InlineRunner)
+    pool = EmulatedPool.pattern(nodes=1, period_s=100_000.0, cycles=1, notice_s=2.0)
+    orch = orch_mod.Orchestrator(state, pool, Planner(method="dp", objective="throughput", t_fwd=20.0),
+                                 warm_up=False, settle_s=0.0, poll_s=0.01)
+    try:
+        fut = orch.submit(orch_mod.TrainingJob("img", workload="images", samples=32 * 8, global_batch=32,
+                                               min_nodes=1, max_nodes=1, workload_args={"n": 256},
+                                               rate_guess=3000.0))
+        orch.run(timeout_s=120)
+        with pytest.raises(orch_mod.JobFailed, match=r"job img: its checkpoint cannot be read here: .*"
+                           r"ckpt-000000002.h5: written by a newer parsl-bft \(checkpoint format 7"):
+            fut.result(timeout=0)
+        assert len(orch.db.events("fragment-failed")) == 1 and not orch.db.events("fragment-done")
+        assert orch.db.job("img").status == "failed"
+    finally:
+        orch.close()
+    assert newest.read_bytes() == before and not (jobdir / "damaged").exists()
+    assert [p.name for p in CheckpointStore(jobdir).paths()] == [newest.name]
 
 
 if __name__ == "__main__":
