@@ -119,11 +119,12 @@ class Fragments:
         jd.clear_stop()
 
     def request_stop(self, name: str, why: str) -> None:
-        """Ask the job's running fragment to checkpoint and stop (once)."""
+        """Ask the job's running fragment to checkpoint and stop (once); but at shutdown, it may hand over its
+        newest periodic checkpoint when redoing the steps since costs less than a save (``saver.hand_over``)."""
         r = self.running.get(name)
         if r and not r.stop_requested:
             r.stop_requested = True
-            JobDir(self.job_dir(name)).request_stop()
+            JobDir(self.job_dir(name)).request_stop(hand_over=why != "shutdown")
             self.db.record(StopRequest(name, why))
 
     def abandon_waiting(self, name: str, all_or_none: bool) -> None:
