@@ -86,7 +86,8 @@ class Loading:
         if live is None and offset is not None and not numpy and math.prod(shape) * dt.itemsize >= _MAPPED_MIN \
                 and dt.kind in "biuf":
             device = _device_for(target, self.device if (name or "/").split("/")[1] in _ON_DEVICE else None)
-        p = _Pending(name, offset, shape, dt, dtn, numpy, stored, device, ds, live, live=live is not None, key=key)
+        p = _Pending(name, offset, shape, dt, dtn, numpy, stored, device, ds, array=live, live=live is not None,
+                     key=key)
         self.pending.append(p)
         if live is not None:
             p.result = target
