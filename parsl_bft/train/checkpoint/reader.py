@@ -303,7 +303,7 @@ def _read_indexed(r: _Reader, into: Mapping[str, torch.Tensor] | None) -> Traini
              for k in PARTS}
     if len(used) != len(rec.data):
         raise r.fail("damaged metadata record: a dataset belongs to no tree")
-    return _finish(r, rec.root, parts)
+    return _finish(r, {**rec.root, "metrics": r.text(r.f, "metrics")}, parts)     # (not in the record)
 
 
 def _node(r: _Reader, rec: record.Record, node: Any, used: set[int], into: Mapping[Any, torch.Tensor] | None = None

@@ -3,8 +3,9 @@ user block (see ``format``), so that a restore reads it in a few reads instead o
 
 The record (a JSON object)::
 
-    root     the root attributes' values: step, epoch, samples_done, data_position, created, and job, metrics,
-             extra as their JSON text (as the attributes hold them)
+    root     the root attributes' values: step, epoch, samples_done, data_position, created, and job, extra
+             as their JSON text (as the attributes hold them); not metrics, the history that grows with every
+             step: a restore reads that one attribute (the layout checksum covers it)
     parts    {"model": NODE or null, "optimizer": ..., "scheduler": ..., "rng": ...}
     data     one entry per dataset, in the order written: [name, numpy dtype, shape, torch dtype or null,
              numpy array (true/false), xxh3 of its bytes, file offset or null (no bytes)]

@@ -131,14 +131,17 @@ def _write(tmp: Path, state: TrainingState, fsync: bool) -> None:
     """The file at ``tmp``: the HDF5 layout, then (the layout's checksum known) the header and record into the
     user block and the arrays' bytes into their places."""
     root, enc = _encode(state)
-    w = _Writer(enc, enc.userblock(root))
+    # the metrics history only in its HDF5 attribute (it grows with every step: not twice in the file); a restore
+    # reads that one attribute, covered by the layout checksum
+    indexed = {k: v for k, v in root.items() if k != "metrics"}
+    w = _Writer(enc, enc.userblock(indexed))
     _write_layout(tmp, root, w)
     os.chmod(tmp, 0o600)
     fault("save:optimizer")                   # the layout is there, the data not yet: a torn file
     fd = os.open(tmp, os.O_RDWR)
     try:
         size = os.fstat(fd).st_size
-        record = enc.record(root, [w.userblock, size, layout_digest(fd, w.userblock, size, enc.ranges())])
+        record = enc.record(indexed, [w.userblock, size, layout_digest(fd, w.userblock, size, enc.ranges())])
         if HEADER + len(record) > w.userblock:
             raise AssertionError(f"checkpoint record of {len(record)} bytes outgrew its user block")
         os.pwrite(fd, pack_header(VERSION, w.userblock, record) + record, 0)
