@@ -14,9 +14,15 @@ training step.
 LAST line: {"params": P, "save_ratio": hdf5_save_s / torch_save_s, "load_ratio": hdf5 restore / torch restore,
 "read_ratio": load_checkpoint / torch.load, "stall_ratio": background pause / blocking save} for the large
 model, medians (fsync off for the save ratio: torch.save does not fsync; the fsynced HDF5 save is printed too).
+
+``--resnet50`` runs one section only: a ResNet-50's restore on the CPU (its 320 model tensors and 161 SGD momentum
+buffers: 481 datasets, the shape of benchmarks/gpu_models.py's), ``load_checkpoint(into=)`` + ``load_state_dict``
+against ``torch.load(map_location="cpu")`` + ``load_state_dict``, alternating in this process; and the part of
+the restore that is metadata (``load_checkpoint(arrays=False)``). Its last line: {"restore_ratio", ...}.
 """
 from __future__ import annotations
 
+import argparse
 import gc
 import itertools
 import json
@@ -198,7 +204,60 @@ def fragment_overhead(d: Path) -> dict:
             "step_s": step_s, "start_over_step": (r.restore_s + r.rendezvous_s) / step_s}
 
 
+def resnet50_restore(d: Path, rounds: int) -> dict:
+    """A ResNet-50 with its SGD momentum (as gpu_models builds it) restored from each format into the same live
+    model and optimizer, alternating; plus the metadata-only read."""
+    from gpu_models import build, step
+    cpu = torch.device("cpu")
+    run, model, opt = build("resnet50", cpu, channels_last=False, compile_model=False)
+    x, y = torch.randn(2, 3, 64, 64), torch.randint(0, 1000, (2,))
+    step("resnet50", run, opt, x, y, bf16=False)                 # the momentum buffers exist
+    h5, pt = d / "r50.h5", d / "r50.pt"
+    save_checkpoint(h5, TrainingState(model=model.state_dict(), optimizer=opt.state_dict()), fsync=False)
+    torch.save({"model": model.state_dict(), "optimizer": opt.state_dict()}, pt)
+
+    def hdf5() -> None:
+        got = load_checkpoint(h5, into=model.state_dict())
+        model.load_state_dict(got.model)
+        opt.load_state_dict(got.optimizer or {})
+
+    def torch_load() -> None:
+        got = torch.load(pt, map_location="cpu", weights_only=True)
+        model.load_state_dict(got["model"])
+        opt.load_state_dict(got["optimizer"])
+
+    global ROUNDS
+    ROUNDS, before = rounds, ROUNDS
+    try:
+        ts = interleaved({"hdf5_restore_s": hdf5, "torch_restore_s": torch_load,
+                          "metadata_s": lambda: load_checkpoint(h5, arrays=False)}, before=lambda _: gc.collect())
+    finally:
+        ROUNDS = before
+    r = {"datasets": len(model.state_dict()) + len(opt.state_dict()["state"]), "bytes": h5.stat().st_size,
+         **{k: statistics.median(v) for k, v in ts.items()}}
+    ratio(r, "restore_ratio", ts, "hdf5_restore_s", "torch_restore_s")
+    return r
+
+
+def main_resnet50(rounds: int) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        r = resnet50_restore(Path(tmp), rounds)
+    print(f"ResNet-50 + SGD momentum ({r['datasets']} tensors, {r['bytes'] / 1e6:.0f} MB), medians of {rounds} "
+          f"alternating rounds: load_checkpoint(into=) + load_state_dict {r['hdf5_restore_s']:.3f} s (of it "
+          f"metadata alone {r['metadata_s']:.3f} s), torch.load(map_location='cpu') + load_state_dict "
+          f"{r['torch_restore_s']:.3f} s; ratio {r['restore_ratio']:.2f} [{r['restore_ratio_range'][0]:.2f}-"
+          f"{r['restore_ratio_range'][1]:.2f}]")
+    print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in r.items()}))
+
+
 def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--resnet50", action="store_true", help="only the ResNet-50 restore on the CPU")
+    ap.add_argument("--rounds", type=int, default=ROUNDS)
+    args = ap.parse_args()
+    if args.resnet50:
+        main_resnet50(args.rounds)
+        return
     with tempfile.TemporaryDirectory() as tmp:
         d = Path(tmp)
         rows = [bench(256, 4, d), bench(4096, 6, d)]

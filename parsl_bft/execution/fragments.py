@@ -5,7 +5,8 @@ A fragment ends in one of four ways. It returns its result (``ENDED``; the user'
 ``FINISHED``: the job is done). Or it fails: when its nodes were reclaimed (it was killed, its gang's shares were
 given up or lost with their nodes, or its worker pool died with its node) that is ``RECLAIMED``, a normal event
 that costs the job only the work since its last save; otherwise ``FAILED``, which counts towards the job's
-crash-loop limit. Either way the job resumes from its newest good checkpoint. A fragment killed with its nodes
+crash-loop limit. Either way the job resumes from its newest good checkpoint - unless that is a newer parsl-bft's
+(``REFUSED``: the job fails at once, naming the format; nothing older is resumed from). A fragment killed with its nodes
 that had held them ``NO_REPORT_S`` without a single progress report of its own (its loop never reaches
 ``ctx.should_stop()``) is ``FAILED`` too: such a loop would otherwise be relaunched on every hole for ever.
 """
@@ -20,7 +21,7 @@ from typing import Any, Protocol
 
 from parsl.executors.high_throughput.errors import ManagerLost
 
-from ..train.checkpoint import CheckpointStore, TrainingState
+from ..train.checkpoint import CheckpointStore, NewerFormatError, TrainingState
 from ..train.config import FragmentConfig, FragmentResult, Precision, StopReason
 from ..train.leftovers import kill_share_processes, share_mark
 from ..train.protocol import JobDir
@@ -58,6 +59,7 @@ class Outcome(StrEnum):
     FINISHED = "finished"      # ... and the user's training function returned on its own: the job is done
     RECLAIMED = "reclaimed"    # it died because its nodes were reclaimed: not the job's own failure
     FAILED = "failed"          # it failed on its own
+    REFUSED = "refused"        # its job's newest checkpoint is a newer parsl-bft's: no retry can read it
 
 
 @dataclass
@@ -118,11 +120,12 @@ class Fragments:
         jd.clear_stop()
 
     def request_stop(self, name: str, why: str) -> None:
-        """Ask the job's running fragment to checkpoint and stop (once)."""
+        """Ask the job's running fragment to checkpoint and stop (once); but at shutdown, it may hand over its
+        newest periodic checkpoint when redoing the steps since costs less than a save (``saver.hand_over``)."""
         r = self.running.get(name)
         if r and not r.stop_requested:
             r.stop_requested = True
-            JobDir(self.job_dir(name)).request_stop()
+            JobDir(self.job_dir(name)).request_stop(hand_over=why != "shutdown")
             self.db.record(StopRequest(name, why))
 
     def abandon_waiting(self, name: str, all_or_none: bool) -> None:
@@ -181,7 +184,10 @@ def collect(r: Running, jd: JobDir, *, lost: bool, job_samples: int, now: float)
         res = r.handle.result()
     except Exception as e:   # a killed or failed fragment: resume from the last good checkpoint
         r.killed |= isinstance(e, ManagerLost)     # its node's worker pool died with the node
-        st, done, ckpt = where_it_stands(jd, job_samples)
+        try:
+            st, done, ckpt = where_it_stands(jd, job_samples)
+        except NewerFormatError as refused:
+            return Collected(Outcome.REFUSED, 0, None, error=str(refused), ended=now)
         error = first_error(jd, r.fragment) or str(e)
         silent = r.killed and never_reported(r, jd, now)
         if silent:

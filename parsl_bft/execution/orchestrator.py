@@ -449,11 +449,11 @@ class Orchestrator:
         self.db.record(failure_event(name, r, c, jd))
         self.policy.observe_training(held_s, lost_without_notice=not r.stop_requested)
         self.db.update(name, fragments=row.fragments + 1)
-        if c.outcome is Outcome.FAILED:    # in a row without progress: one that saved before it failed starts a new row
+        if c.outcome in (Outcome.FAILED, Outcome.REFUSED):  # in a row without progress: one that saved starts anew
             progressed = c.stands is not None and c.stands.step > r.resume_step      # (a rank killed from outside)
             self.failures[name] = 1 if progressed else self.failures.get(name, 0) + 1
-            if self.failures[name] >= self.max_failures or c.permanent:
-                self._give_up(ctl, name, c.error)
+            if self.failures[name] >= self.max_failures or c.permanent or c.outcome is Outcome.REFUSED:
+                self._give_up(ctl, name, c.error, refused=c.outcome is Outcome.REFUSED)   # (no retry would do)
                 return False
         return True
 
@@ -486,19 +486,20 @@ class Orchestrator:
             if not self.futures[name].done():
                 self.futures[name].set_result(ckpt)
 
-    def _give_up(self, ctl: Controller, name: str, err: str) -> None:
+    def _give_up(self, ctl: Controller, name: str, err: str, refused: bool = False) -> None:
         """A job whose fragments fail on their own (not by reclaims) max_failures times in a row, none saving a
-        newer checkpoint than it started from (a crash loop), stops; its checkpoints stay, the error reaches the
-        scientist through the future."""
+        newer checkpoint than it started from (a crash loop), or whose checkpoint a newer parsl-bft wrote
+        (``refused``), stops; its checkpoints stay, the error reaches the scientist through the future."""
         if name in ctl.active:
             ctl.job_finished(name, self.clock.monotonic())
         self.db.update(name, status="failed", size=0)
         self.db.record(events.Failed(name, err[-20_000:]))
         n = self.failures.get(name, 0)          # fewer than max_failures when its code cannot load
         if not self.futures[name].done():
-            self.futures[name].set_exception(JobFailed(
-                f"job {name}: {n} fragment{'s' * (n != 1)} failed in a row without progress; last: {err} "
-                f"(checkpoints kept in {self.job_dir(name)})"))
+            why = "its checkpoint cannot be read here" if refused else \
+                f"{n} fragment{'s' * (n != 1)} failed in a row without progress; last"
+            self.futures[name].set_exception(JobFailed(f"job {name}: {why}: {err} (checkpoints kept in "
+                                                       f"{self.job_dir(name)})"))
 
     def _reconcile(self, ctl: Controller) -> None:
         """Make the fragments match the plan: stop those whose size changed, start those that should run."""

@@ -9,7 +9,8 @@
       jobs/<job>/                     a job's checkpoints and protocol files at the single (or default) site,
                                       unless the site file names a checkpoint_dir: then
                                       <checkpoint_dir>/<run-id>/<job>/ (0700; another run never sees them)
-        ckpt-<step>.h5, damaged/      checkpoints (train.checkpoint) and the ones set aside as damaged
+        ckpt-<step>.h5, damaged/      checkpoints (train.checkpoint, format 3) and the ones set aside as damaged
+                                      (one a newer parsl-bft wrote stays in place: the job fails naming its format)
         GENERATION, FRAGMENT, STOP    the fence and the stop request (train.protocol.JobDir)
         progress.json, logs/          live progress, rank output (the newest 32 logs kept)
         metrics.csv                   one row per step: loss, ranks, ctx.report() and evaluate() (train.metrics)

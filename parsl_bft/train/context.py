@@ -175,11 +175,16 @@ class TrainContext:
                 saver.background.wait()
                 saver.periodic(ts)
         else:
-            self.checkpoint = saver.save(ts)
+            self.checkpoint = saver.save(ts, notice=self._may_hand_over())
         self.last_save_s = time.perf_counter() - t
         self.saves, self.save_s = self.saves + 1, self.save_s + self.last_save_s
         self.saved_step, self._saved_at = self.step, time.time()
         self._progress(self.metrics[-1]["loss"] if self.metrics else float("nan"))
+
+    def _may_hand_over(self) -> bool:
+        """Stopped by a request that lets the final save hand over the newest periodic checkpoint (a resize or a
+        reclaim: ``saver.hand_over`` decides whether it is cheaper)."""
+        return self.stopped_by is StopReason.SIGNAL and self._rs.jd.stop_hands_over()
 
     def _progress(self, loss: float) -> None:
         self._rs.saver.report(Progress(self.step, self.samples_done, loss, self.world_size, self.saved_step,
@@ -357,7 +362,8 @@ def run_loop(cfg: FragmentConfig, train: TrainFn | None = None) -> FragmentResul
     if rs.rank != 0:
         return None
     done = ctx.samples_done - ctx.start_samples
-    res = FragmentResult(ctx.job, rs.world, ctx.start_step, ctx.step, done, ctx.samples_done, train_s,
+    end_step, samples_done = rs.saver.handed_over or (ctx.step, ctx.samples_done)   # where the job stands now
+    res = FragmentResult(ctx.job, rs.world, ctx.start_step, end_step, done, samples_done, train_s,
                          ctx._restore_s, ctx._rendezvous_s, checkpoint_s, done / train_s if train_s > 0 else 0.0,
                          ctx.stopped_by or StopReason.FINISHED, loss, str(ctx.checkpoint or ""),
                          [str(e) for e in rs.store.skipped], ctx._train_started, ctx.saves,
@@ -381,13 +387,14 @@ def _user_loop(cfg: FragmentConfig, rs: RankSetup) -> tuple[TrainFn, TrainContex
 
 def _final_save(ctx: TrainContext) -> float:
     """A loop that handed over its state ended: rank 0 saves it (a periodic save of the same step is not
-    written twice) and reports it as its final progress; every rank meets the others once more. Returns the
-    seconds this took."""
+    written twice; after a resize's stop the newest periodic save may stand for it: ``saver.hand_over``) and
+    reports it as its final progress; every rank meets the others once more. Returns the seconds this took."""
     rs, t = ctx._rs, time.perf_counter()
     if rs.rank == 0 and ctx._snapshot is not None:
-        ctx.checkpoint = rs.saver.save(ctx._snapshot())
-        rs.jd.write_progress(Progress(ctx.step, ctx.samples_done, ctx._loss, ctx.world_size, ctx.step, time.time(),
-                                      time.time()))
+        ctx.checkpoint = rs.saver.save(ctx._snapshot(), notice=ctx._may_hand_over())
+        saved = (rs.saver.handed_over[0], rs.saver.durable[1]) if rs.saver.handed_over and rs.saver.durable \
+            else (ctx.step, time.time())
+        rs.jd.write_progress(Progress(ctx.step, ctx.samples_done, ctx._loss, ctx.world_size, *saved, time.time()))
         ctx._flush_metrics()
     close_rank(rs, ctx._net)
     return time.perf_counter() - t

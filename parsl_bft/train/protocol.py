@@ -3,7 +3,8 @@
 Both sides import this module and nothing else of each other. A job directory (on the shared file system of a
 site) holds, besides the checkpoints:
 
-``STOP``            the orchestrator's "checkpoint and stop" request (a reclaim notice, a rescale, shutdown)
+``STOP``            the orchestrator's "checkpoint and stop" request (a reclaim notice, a rescale, shutdown);
+                    "hand-over" in it (not at shutdown): the newest periodic checkpoint may stand for the final save
 ``GENERATION``      the orchestrator life that owns the job; a fragment of an older life must not save
 ``FRAGMENT``        the fragment that runs the job now; an older one (given up for lost) must not save
 ``progress.json``   rank 0's live progress: step, samples, the last periodic save (work at risk)
@@ -24,6 +25,8 @@ import time
 import traceback
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+HAND_OVER = "hand-over"      # the STOP file's text when the fragment may hand over its periodic checkpoint
 
 
 def hostname() -> str:
@@ -90,9 +93,18 @@ class JobDir:
         """The ``STOP`` file a running fragment watches."""
         return self.path / "STOP"
 
-    def request_stop(self) -> None:
-        """Ask the running fragment to checkpoint and stop."""
-        self.stop_file.touch()
+    def request_stop(self, hand_over: bool = False) -> None:
+        """Ask the running fragment to checkpoint and stop; ``hand_over``: it may hand over its newest periodic
+        checkpoint instead of a final save when that is cheaper (``saver.hand_over``: a resize or a reclaim, not
+        a shutdown, whose checkpoint is the newest state)."""
+        self.stop_file.write_text(HAND_OVER if hand_over else "")
+
+    def stop_hands_over(self) -> bool:
+        """Whether the stop request lets the fragment hand over its newest periodic checkpoint."""
+        try:
+            return self.stop_file.read_text()[:len(HAND_OVER) + 1] == HAND_OVER
+        except (OSError, UnicodeDecodeError):
+            return False
 
     def clear_stop(self) -> None:
         """Withdraw the stop request (before the next fragment starts)."""

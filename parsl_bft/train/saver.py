@@ -12,6 +12,13 @@ from .config import FragmentConfig, FragmentFailed
 from .protocol import JobDir, Progress
 
 
+def hand_over(since_s: float, save_s: float) -> bool:
+    """The rule for a stop on a notice: hand over the newest periodic checkpoint (the next fragment trains the steps
+    since it again) rather than write the state now, when those steps took less time (``since_s``: from the
+    moment that checkpoint's state was copied to now) than writing a checkpoint does (``save_s``: its write)."""
+    return since_s < save_s
+
+
 class Saver:
     """Rank 0's saves, fenced: a fragment of an older orchestrator life must not write. ``periodic`` saves are a
     memory copy written on a thread while training goes on (a failed one fails the next save); ``save`` (the
@@ -22,6 +29,9 @@ class Saver:
         self.background = BackgroundSave(self._write)
         self._started: tuple[int, float] | None = None   # (step, time) of the state the background writes
         self.durable: tuple[int, float] | None = None    # the same of the last save on disk
+        self.written: tuple[int, int] | None = None      # (step, samples_done) of the last state written ...
+        self.write_s = 0.0                               # ... and how long that write took
+        self.handed_over: tuple[int, int] | None = None  # the final save handed ``written`` over (see ``save``)
         self._lock = threading.Lock()                    # progress is written by the loop and by the writer
         self._progress: Progress | None = None
 
@@ -57,10 +67,16 @@ class Saver:
         self._started = (state.step, time.time())       # before the thread can finish and read it
         return self.background.start(state)
 
-    def save(self, state: TrainingState) -> Path:
-        """The final save: waits for a background write; the step it already wrote is not written again."""
+    def save(self, state: TrainingState, *, notice: bool = False) -> Path:
+        """The final save: waits for a background write; the step it already wrote is not written again. Stopped
+        by a notice (``notice``), the newest background checkpoint is handed over instead when ``hand_over`` says
+        so (``handed_over``: its step and samples, where the job now stands)."""
         last = self.background.wait()
         if last is not None and self.durable is not None and self.durable[0] == state.step:
+            return last
+        if notice and last is not None and self.durable is not None and self.written is not None \
+                and self.written[0] == self.durable[0] and hand_over(time.time() - self.durable[1], self.write_s):
+            self.handed_over = self.written
             return last
         return self._write(state)
 
@@ -72,9 +88,11 @@ class Saver:
         if bad is not None:
             raise FragmentFailed(f"job {self.cfg.job}: weight {bad} is not finite at step {state.step}: not saving "
                                  "(the last finite checkpoint stays)")
+        t = time.perf_counter()
         path = self.store.save(state, fsync=self.cfg.fsync)
         started = self._started
         with self._lock:
+            self.written, self.write_s = (state.step, state.samples_done), time.perf_counter() - t
             self.durable = started if started is not None and started[0] == state.step else (state.step, time.time())
             if self._progress is not None:
                 self._progress = replace(self._progress, saved_step=self.durable[0], saved_at=self.durable[1],

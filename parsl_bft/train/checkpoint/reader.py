@@ -1,59 +1,45 @@
 """Reading a checkpoint: every file is untrusted input (checkpoints are staged between sites), verified before
-any of it reaches the live model. A damaged file is reported by dataset name (CheckpointError)."""
+any of it reaches the live model. A damaged file is reported by dataset name (CheckpointError).
+
+Two ways to the tree: format 3's record (``_read_indexed``: a few reads, used when the header, the record and the
+checksum of the HDF5 part's metadata bytes all verify), else the HDF5 tree itself, attribute by attribute
+(``_read_state``: formats 1 and 2, and a format-3 file whose record does not verify - that way names the
+damage). Either way the datasets' memory and data go through ``loading.Loading``."""
 from __future__ import annotations
 
 import json
 import math
-import mmap
 import os
 import stat
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import h5py
-import numpy as np
 import torch
-import xxhash
 
+from . import record
 from .format import (
-    BY_NAME,
     FORMAT,
+    HEADER,
     NUMERIC_KINDS,
-    NUMPY_UNSUPPORTED,
     PARTS,
     ROOT_ATTRS,
     VERSION,
     CheckpointError,
     MetaChecksum,
+    NewerFormatError,
     TrainingState,
     as_count,
-    digest,
+    record_digest,
+    record_place,
+    stamped_version,
 )
-from .staging import DeviceStaging
-
-_PIECE = 1 << 18             # data is read and hashed in pieces this large: each hashed while still in the core's
-                             # L2 cache (half the hash's cost with 4 MiB pieces, measured)
-_MAPPED_MIN = 1 << 20        # datasets this large are loaded into a memory mapping of their own (see _empty)
-_ON_DEVICE = ("model", "optimizer")     # the parts ``device`` applies to (RNG states stay in host memory)
+from .loading import Loading, resolve
+from .loading import _read_into as _read_into  # the tests compare DeviceStaging's reads with it
 
 
-@dataclass
-class _Pending:
-    """One dataset's data, read once the whole file's metadata has verified."""
-
-    name: str
-    offset: int | None           # None: compact or empty, already read (``got``) through HDF5
-    array: np.ndarray | None     # None: read onto a device (``tensor``)
-    digest: Any                  # the stored checksum (whatever the attribute holds)
-    got: str | None = None
-    live: bool = False           # ``array`` is a live tensor's memory (``load_checkpoint(into=...)``)
-    key: Any = None              # its key in ``into``
-    tensor: torch.Tensor | None = None    # a fresh tensor on an accelerator, read through DeviceStaging
-
-
-class _Reader:
+class _Reader(Loading):
     """Reads one untrusted file (checkpoints are staged between sites: they are input). Hard links only; only
     numeric datasets stored contiguously (or compactly) inside the file itself - no external links, external raw
     storage, virtual layouts or filters; every declared size, and where the data ends, is bounded by the file's
@@ -65,40 +51,10 @@ class _Reader:
 
     def __init__(self, path: str, f: h5py.File, size: int, arrays: bool = True, fd: int | None = None,
                  device: torch.device | None = None) -> None:
-        self.path, self.f, self.size, self.arrays, self.fd = path, f, size, arrays, fd
-        self.device = device             # large model and optimizer tensors go there (None: CPU memory)
-        self.where: str | None = None
+        super().__init__(path, size, arrays, fd, device)
+        self.f = f
         self.read: list[str] = []
         self.meta = MetaChecksum()
-        self.pending: list[_Pending] = []
-        self.written: list[Any] = []   # keys of the live tensors written so far
-
-    def fail(self, problem: str) -> CheckpointError:
-        """The error for ``problem`` at the part being read (and the live tensors written so far)."""
-        return CheckpointError(self.path, problem, self.where, written=self.written)
-
-    def fill(self) -> None:
-        """Read and verify every registered dataset, live tensors last (``sorted`` is stable)."""
-        staging = None
-        for p in sorted(self.pending, key=lambda p: p.live):
-            self.where = p.name
-            if p.offset is not None:
-                if p.live:
-                    self.written.append(p.key)
-                assert self.fd is not None       # an offset is only taken where HDF5 gave its descriptor
-                if p.tensor is not None:
-                    staging = staging or DeviceStaging(_PIECE)
-                    p.got = staging.read(self.fd, p.offset, p.tensor)
-                else:
-                    assert p.array is not None
-                    p.got = _read_into(self.fd, p.offset, p.array)
-            if p.got is None:
-                raise self.fail("data past the end of the file")
-            if p.got != p.digest:
-                raise self.fail("checksum mismatch: the data is damaged")
-        if staging is not None:
-            staging.finish()
-        self.where = None
 
     def attr(self, obj: Any, name: str, default: Any = KeyError) -> Any:
         """An attribute of ``obj``, its size bounded first; ``default`` when absent (missing: an error)."""
@@ -191,88 +147,15 @@ class _Reader:
         offset = ds.id.get_offset() if declared and self.fd is not None else None
         if offset is not None and offset + declared > self.size:
             raise self.fail("data past the end of the file")
-        if not self.arrays:
-            return None
-        live = _live_view(target, ds.shape, dt, dtn) if offset is not None and numpy is None else None
-        device = _device_for(target, self.device if (ds.name or "/").split("/")[1] in _ON_DEVICE else None)
-        if live is None and offset is not None and numpy is None and device is not None \
-                and declared >= _MAPPED_MIN and dt.kind in "biuf":
-            t = torch.empty(ds.shape, dtype=BY_NAME.get(dtn) or torch.from_numpy(np.empty(0, dt)).dtype,
-                            device=device)
-            self.pending.append(_Pending(ds.name, offset, None, stored, tensor=t))
-            return t
-        a = _empty(ds.shape, dt) if live is None else live
-        got = None
-        if offset is None:                       # compact (HDF5 places it itself) or empty: small, read now
-            if a.size:
-                ds.read_direct(a)
-            got = digest(a)
-        self.pending.append(_Pending(ds.name, offset, a, stored, got, live is not None, key))
-        if live is not None:
-            return target
-        if numpy is not None:
-            return a
-        t = torch.from_numpy(a)
-        if dtn in BY_NAME:
-            t = t.view(BY_NAME[dtn])
-        return t
-
-
-def _live_view(target: Any, shape: tuple[int, ...], dt: np.dtype, dtn: str) -> np.ndarray | None:
-    """The memory of ``target`` as an array to read a dataset of this shape and type into, None when it cannot
-    take it as it is (another shape or dtype, not in CPU memory, not one dense block): that dataset is then
-    loaded into fresh memory, and ``load_state_dict`` copies it - or names the mismatch. Plain tensors only: a
-    subclass's memory need not be its values (a lazy module's uninitialised parameter has none and raises when
-    asked its shape: blamed on the file, that set a good checkpoint aside as damaged)."""
-    if type(target) not in (torch.Tensor, torch.nn.Parameter) or target.device.type != "cpu" \
-            or target.layout != torch.strided \
-            or not target.is_contiguous() or target.is_conj() or target.is_neg() \
-            or tuple(target.shape) != tuple(shape) or str(target.dtype).removeprefix("torch.") != dtn:
-        return None
-    t = target.detach()
-    a = t.view(NUMPY_UNSUPPORTED.get(t.dtype, t.dtype)).numpy()
-    return a if a.dtype == dt else None
-
-
-def _device_for(target: Any, device: torch.device | None) -> torch.device | None:
-    """Where a large tensor is read to: the accelerator its live counterpart is on, else ``device`` (None: CPU
-    memory, as before)."""
-    if isinstance(target, torch.Tensor) and target.device.type not in ("cpu", "meta"):
-        return target.device
-    return device if device is not None and device.type != "cpu" else None
-
-
-def _empty(shape: tuple[int, ...], dt: np.dtype) -> np.ndarray:
-    """Memory for a dataset. Large ones get a private anonymous mapping of their own, its pages mapped in one call
-    (MAP_POPULATE): faulting them in one by one as the read first touched them (a trap each, costly in a VM) made
-    loads 10-30 % slower. Not numpy's allocator: it asks for transparent huge pages for large arrays, and their
-    faults made loads slow and erratic - seconds instead of a fraction (measured again: 0.2-4.3 s for 1.2 GB)."""
-    n = math.prod(shape) * dt.itemsize
-    if n < _MAPPED_MIN:
-        return torch.empty(n, dtype=torch.uint8).numpy().view(dt).reshape(shape)
-    m = mmap.mmap(-1, n, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_POPULATE", 0))
-    return np.frombuffer(m, dtype=dt).reshape(shape)                     # the array keeps the mapping alive
-
-
-def _read_into(fd: int, offset: int, a: np.ndarray) -> str | None:
-    """Read ``a.nbytes`` bytes at ``offset`` into ``a``, hashing each piece while it is in cache: the xxh3 digest,
-    None when the file ends first."""
-    buf, h = a.reshape(-1).view(np.uint8).data, xxhash.xxh3_64()
-    for pos in range(0, len(buf), _PIECE):
-        piece = buf[pos:pos + _PIECE]
-        if os.preadv(fd, [piece], offset + pos) != len(piece):
-            return None
-        h.update(piece)
-    return h.hexdigest()
-
-
+        return self.register(ds.name, tuple(ds.shape), dt, dtn, numpy is not None, stored, offset, target, key, ds)
 
 
 def load_checkpoint(path: str | Path, *, arrays: bool = True, into: Mapping[str, torch.Tensor] | None = None,
                     device: str | torch.device | None = None) -> TrainingState:
     """Read and verify one checkpoint. Whatever is wrong with the file - not there, not a regular file, not
     HDF5, damaged anywhere (HDF5's own errors included), crafted to read other files or to exhaust memory, from a
-    newer format - raises CheckpointError naming the file and, when known, the dataset.
+    newer format - raises CheckpointError naming the file and, when known, the dataset; a file of a newer format
+    whose header verifies raises its subclass NewerFormatError (not damaged: the store keeps it).
 
     ``arrays=False`` reads where the job stands and nothing more: attributes, names, dtypes and shapes, checked
     against the metadata checksum; every tensor is None and its data is neither read nor verified (kilobytes
@@ -285,8 +168,8 @@ def load_checkpoint(path: str | Path, *, arrays: bool = True, into: Mapping[str,
     tensors are written last, once the metadata, the file's length and every other dataset have verified; only
     damage inside the model's own data is found after they were written: the error then says ``overwritten``
     (the tensors hold part of this file; ``written`` names them) and the model must be loaded from another
-    checkpoint or built again. A format-1 file (no metadata checksum) loads as without ``into``. A tensor of ``into`` on
-    an accelerator is never written: its dataset is read onto that device, into a fresh tensor.
+    checkpoint or built again. A format-1 file (no metadata checksum) loads as without ``into``. A tensor of
+    ``into`` on an accelerator is never written: its dataset is read onto that device, into a fresh tensor.
 
     ``device`` (an accelerator, e.g. a rank's ``cuda:0``): the model's and optimizer's tensors of 1 MiB or more
     are read onto it, as ``torch.load(map_location=)`` would place them, through pinned staging buffers (no
@@ -295,7 +178,8 @@ def load_checkpoint(path: str | Path, *, arrays: bool = True, into: Mapping[str,
     r = _open(p, arrays, torch.device(device) if device is not None else None)
     try:
         with r.f:
-            return _read_state(r, into)
+            st = _read_indexed(r, into)
+            return st if st is not None else _read_state(r, into)
     except CheckpointError:
         raise
     except Exception as e:  # RuntimeError (HDF5), MemoryError, RecursionError (deep JSON), ...
@@ -311,6 +195,7 @@ def _open(p: str, arrays: bool, device: torch.device | None = None) -> _Reader:
         raise CheckpointError(p, f"cannot read: {e.strerror or e}") from None
     if not stat.S_ISREG(st.st_mode):
         raise CheckpointError(p, "not a regular file")
+    _refuse_newer(p)
     try:
         f = h5py.File(p, "r")
     except Exception as e:  # h5py raises OSError, ValueError, RuntimeError ... on damaged files
@@ -320,14 +205,27 @@ def _open(p: str, arrays: bool, device: torch.device | None = None) -> _Reader:
     return _Reader(p, f, os.fstat(fd).st_size if fd is not None else st.st_size, arrays, fd, device)
 
 
+def _refuse_newer(p: str) -> None:
+    """NewerFormatError when ``p`` starts with a newer format's header: known by the header alone, before HDF5
+    is asked (a later format need not be HDF5 at all)."""
+    try:
+        with open(p, "rb") as fh:
+            version = stamped_version(fh.read(HEADER))
+    except OSError as e:
+        raise CheckpointError(p, f"cannot read: {e.strerror or e}") from None
+    if version is not None and version > VERSION:
+        raise NewerFormatError(p, version)
+
+
 def _read_state(r: _Reader, into: Mapping[str, torch.Tensor] | None) -> TrainingState:
     """The whole file, in the order the metadata checksum was computed; the data last (``fill``)."""
     p, f = r.path, r.f
     if r.attr(f, "format", None) != FORMAT:
         raise CheckpointError(p, "not a parsl-bft checkpoint")
     version = int(r.attr(f, "version", 0))
-    if version > VERSION:
-        raise CheckpointError(p, f"written by a newer parsl-bft (format version {version})")
+    if version > VERSION:           # a newer format's file has a header whose stamp verifies (_read_indexed)
+        raise CheckpointError(p, f"damaged: its version attribute says format {version} (a newer parsl-bft's) "
+                              "but it has no valid header of that format")
     root = {k: r.attr(f, k) for k in ROOT_ATTRS[2:]}
     parts = _read_parts(r, version, into)
     manifest = r.json(f, "manifest")
@@ -338,6 +236,11 @@ def _read_state(r: _Reader, into: Mapping[str, torch.Tensor] | None) -> Training
     missing = sorted(set(map(str, manifest)) - set(r.read))
     if missing:
         raise CheckpointError(p, "missing dataset", missing[0])
+    return _finish(r, root, parts)
+
+
+def _finish(r: Loading, root: dict[str, Any], parts: dict[str, Any]) -> TrainingState:
+    """The state of a tree read (its datasets registered): checked, its memory allocated, its data read."""
     state = TrainingState(model=parts["model"] or {}, optimizer=parts["optimizer"],
                           scheduler=parts["scheduler"], rng=parts["rng"], step=as_count(root["step"]),
                           epoch=as_count(root["epoch"]), samples_done=as_count(root["samples_done"]),
@@ -345,8 +248,11 @@ def _read_state(r: _Reader, into: Mapping[str, torch.Tensor] | None) -> Training
                           metrics=json.loads(root["metrics"]), extra=json.loads(root["extra"]))
     if not isinstance(state.model, dict) or not isinstance(state.job, dict) \
             or not isinstance(state.metrics, list) or not isinstance(state.extra, dict):
-        raise CheckpointError(p, "damaged structure: unexpected types")
+        raise CheckpointError(r.path, "damaged structure: unexpected types")
+    r.materialize()
     r.fill()
+    for key in PARTS:
+        setattr(state, key, resolve(getattr(state, key)))
     return state
 
 
@@ -367,3 +273,67 @@ def _read_parts(r: _Reader, version: int, into: Mapping[str, torch.Tensor] | Non
             parts[key] = r.tree(g, into if key == "model" and version >= 2 else None)
     r.where = None
     return parts
+
+
+def _read_indexed(r: _Reader, into: Mapping[str, torch.Tensor] | None) -> TrainingState | None:
+    """A format-3 file read through its record; None when it cannot be (no header, or the record or the HDF5
+    part's metadata does not verify: read the long way). A newer format's header: NewerFormatError."""
+    if r.fd is None:
+        return None
+    header = os.pread(r.fd, HEADER, 0)
+    version = stamped_version(header)
+    if version is not None and version > VERSION:
+        raise NewerFormatError(r.path, version)
+    if version != VERSION:
+        return None
+    userblock, length, stored = record_place(header)
+    if not HEADER + length <= userblock <= r.size:
+        return None
+    raw = os.pread(r.fd, length, HEADER)
+    if record_digest(header, raw) != stored:
+        return None
+    try:
+        rec = record.parse(raw, r.size, userblock)
+    except (ValueError, TypeError, RecursionError) as e:    # it verified: written so, not damaged on the way
+        raise r.fail(f"damaged metadata record: {e}") from None
+    if rec.size != r.size or record.layout_digest(r.fd, userblock, r.size, rec.ranges()) != rec.layout:
+        return None                                          # the HDF5 part changed since it was written
+    used: set[int] = set()
+    parts = {k: None if rec.parts[k] is None else _node(r, rec, rec.parts[k], used, into if k == "model" else None)
+             for k in PARTS}
+    if len(used) != len(rec.data):
+        raise r.fail("damaged metadata record: a dataset belongs to no tree")
+    return _finish(r, {**rec.root, "metrics": r.text(r.f, "metrics")}, parts)     # (not in the record)
+
+
+def _node(r: _Reader, rec: record.Record, node: Any, used: set[int], into: Mapping[Any, torch.Tensor] | None = None
+          ) -> Any:
+    """A record node as the tree it stands for, its datasets registered (``into``: the live tensors by key)."""
+    if not isinstance(node, list) or len(node) != 2 or not isinstance(node[1], list):
+        raise r.fail("damaged metadata record: a damaged node")
+    kind, items = node
+    if kind == "dict":
+        out: dict[Any, Any] = {}
+        for t, k, v in items:
+            k = int(k) if t == "int" else k
+            out[k] = _leaf(r, rec, v, used, into.get(k) if into is not None else None, k)
+        return out
+    if kind in ("list", "tuple"):
+        seq = [_leaf(r, rec, v, used) for v in items]
+        return seq if kind == "list" else tuple(seq)
+    raise r.fail(f"damaged metadata record: unknown node kind {kind!r}")
+
+
+def _leaf(r: _Reader, rec: record.Record, v: Any, used: set[int], target: Any = None, key: Any = None) -> Any:
+    """One item of a node: a JSON value, a dataset (registered) or a node."""
+    if isinstance(v, list) and len(v) == 2 and v[0] == "json":
+        return v[1]
+    if isinstance(v, list) and len(v) == 2 and v[0] == "array":
+        i = v[1]
+        if not isinstance(i, int) or not 0 <= i < len(rec.data) or i in used:
+            raise r.fail("damaged metadata record: a dataset index out of range or used twice")
+        used.add(i)
+        e = rec.data[i]
+        r.where = e.name
+        return r.register(e.name, e.shape, e.dtype, e.torch_dtype, e.numpy, e.digest, e.offset, target, key)
+    return _node(r, rec, v, used)

@@ -1,5 +1,5 @@
 """A directory of one job's checkpoints: retention, damaged files set aside, staging to another site, the
-newest that verifies."""
+newest that verifies; a file of a newer format is kept and refused (NewerFormatError), never passed over."""
 from __future__ import annotations
 
 import os
@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from .files import HOST, STALE_FOREIGN_S, temporary
-from .format import CheckpointError, TrainingState
+from .format import CheckpointError, NewerFormatError, TrainingState
 from .reader import load_checkpoint
 from .writer import save_checkpoint
 
@@ -25,7 +25,11 @@ class CheckpointStore:
 
     Damaged checkpoints met on the way (by ``latest()``, ``stage_to()`` or pruning) are moved aside into
     ``damaged/`` - kept for a post-mortem, never counted among the ``keep`` - so pruning can never delete the
-    newest checkpoint that verifies, nor the one just written."""
+    newest checkpoint that verifies, nor the one just written.
+
+    A checkpoint written by a newer parsl-bft (``NewerFormatError``) is not damaged: it stays where it is, is
+    never pruned in favour of older ones, and ``latest()`` raises rather than resume from an older checkpoint
+    (or from scratch) behind it."""
 
     def __init__(self, directory: str | Path, keep: int = 3) -> None:
         if keep < 1:
@@ -79,6 +83,8 @@ class CheckpointStore:
             if p.name > path.name:
                 try:
                     load_checkpoint(p)
+                except NewerFormatError:
+                    continue                      # kept, not counted: a newer parsl-bft reads it
                 except CheckpointError as e:
                     self._set_aside(p, e)
                     continue
@@ -102,13 +108,16 @@ class CheckpointStore:
         can restore it: CheckpointError (not None, which would train the half-overwritten model from scratch);
         so too when the one that verifies lacks a tensor a damaged one overwrote (load_state_dict would leave it
         as it is without a word where a key may be missing, e.g. BatchNorm's num_batches_tracked): that file is
-        kept, and restores into a model built again."""
+        kept, and restores into a model built again. A newer format's file met before one that verifies:
+        NewerFormatError (it is kept)."""
         self.skipped = []
         self.latest_path = None
         written: set[Any] = set()
         for p in self.paths():
             try:
                 st = load_checkpoint(p, arrays=arrays, into=into, device=device)
+            except NewerFormatError:
+                raise
             except CheckpointError as e:
                 written.update(e.written)
                 self._set_aside(p, e)
@@ -127,10 +136,13 @@ class CheckpointStore:
 
     def stage_to(self, directory: str | Path) -> Path | None:
         """Copy the newest checkpoint that verifies into another directory (another site's file system),
-        atomically; returns its path there, None when there is nothing to copy. How a job moves between sites."""
+        atomically; returns its path there, None when there is nothing to copy. How a job moves between sites.
+        A newer format's file met first is copied as it is: the other site refuses it just the same."""
         for p in self.paths():
             try:
                 load_checkpoint(p)
+            except NewerFormatError:
+                pass
             except CheckpointError as e:
                 self._set_aside(p, e)
                 continue
