@@ -154,10 +154,12 @@ class SiteRuntime:
 
             cls, kw = SlurmPilotProvider, dict(partition=site.partition, qos=site.preemptable_qos,
                                                account=site.account, gpus_per_node=site.node.gpus, **common)
+            kw.update({k: getattr(site, k) for k in ("constraint", "mem", "reservation") if getattr(site, k)})
         else:
             from .pbs import PBSPilotProvider
 
             select = f"1:ncpus={site.node.cores}" + (f":ngpus={site.node.gpus}" if site.node.gpus else "")
+            select += f":mem={site.mem.lower()}b" if site.mem else ""          # 64G -> PBS's 64gb
             cls, kw = PBSPilotProvider, dict(queue=site.queue, account=site.account,
                                              select=select, **common)
         # recorded so `sites show` can print it while the pilot providers have no code repr of their own

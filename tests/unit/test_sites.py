@@ -38,7 +38,8 @@ checkpoint_dir: /tmp/ck
     ("scheduler: lsf", "scheduler", "'local', 'slurm' or 'pbs'"),
     ("partition: null", "(site)", "needs 'partition'"),
     ("node: {cores: 0}", "node.cores", "greater than or equal to 1"),
-    ("node: {cores: 4, tpus: 2}", "node.tpus", "unknown field; allowed here: cores, gpus, ranks_per_node"),
+    ("node: {cores: 4, tpus: 2}", "node.tpus", "unknown field; did you mean 'gpus'? allowed here: cores, gpus, "
+                                               "ranks_per_node"),
     ("pilot_walltime: {min_minutes: 10, max_minutes: 5}", "pilot_walltime", "max_minutes 5 < min_minutes 10"),
     ("worker_init: 'export GLOBUS_COMPUTE_CLIENT_SECRET=abc'", "worker_init", "looks like a secret"),
     ("globus_compute_endpoint: not-a-uuid", "globus_compute_endpoint", "UUID"),
@@ -187,6 +188,10 @@ CONSUMED = {
     "queue": lambda r: r.prov.queue == r.site.queue,
     "account": lambda r: r.prov.account == r.site.account,
     "preemptable_qos": lambda r: r.prov.qos == r.site.preemptable_qos,
+    "constraint": lambda r: f"--constraint={r.site.constraint}" in r.prov.job_options(5),
+    "mem": lambda r: (f"--mem={r.site.mem}" in r.prov.job_options(5) if r.site.scheduler == "slurm"
+                      else f":mem={r.site.mem.lower()}b" in r.prov.select),
+    "reservation": lambda r: f"--reservation={r.site.reservation}" in r.prov.job_options(5),
     "node.cores": lambda r: {"local": r.ex.max_workers_per_node == r.site.node.cores,
                              "pbs": f"ncpus={r.site.node.cores}" in getattr(r.prov, "select", ""),
                              # Slurm pilots take whole nodes (--exclusive): cores only describes the node there

@@ -29,6 +29,9 @@ class SlurmPilotProvider(PilotProvider, RepresentationMixin):
         The QOS of the pilots (a preemptable one, where the site has it).
     account : str or None
         The allocation the pilots are charged to (``--account``); None: the user's default.
+    constraint, mem, reservation : str or None
+        ``--constraint`` (node features), ``--mem`` (per node, with its unit) and ``--reservation`` of every
+        pilot; None: not asked.
     commands : SlurmCommands or None
         The command seam (tests pass one that answers from recorded output); None: the real Slurm commands.
 
@@ -59,12 +62,14 @@ class SlurmPilotProvider(PilotProvider, RepresentationMixin):
                  commands: SlurmCommands | None = None, walltime_min_min: int = 1, walltime_max_min: int = 30,
                  notice_s: int = 60, max_pending_s: float = 30.0, worker_init: str = "",
                  script_dir: str = "bft-pilots", nodes_per_block: int = 1, poll_s: int = 5,
-                 scheduler_options: list[str] | None = None, max_jobs: int | None = None, gpus_per_node: int = 0):
+                 scheduler_options: list[str] | None = None, max_jobs: int | None = None, gpus_per_node: int = 0,
+                 constraint: str | None = None, mem: str | None = None, reservation: str | None = None):
         super().__init__("slurm_pilot", walltime_min_min=walltime_min_min, walltime_max_min=walltime_max_min,
                          notice_s=notice_s, max_pending_s=max_pending_s, worker_init=worker_init,
                          script_dir=script_dir, nodes_per_block=nodes_per_block, poll_s=poll_s,
                          scheduler_options=scheduler_options, max_jobs=max_jobs)
         self.partition, self.qos, self.account, self.gpus_per_node = partition, qos, account, gpus_per_node
+        self.constraint, self.mem, self.reservation = constraint, mem, reservation
         self.commands = commands
         self.cmd: SlurmCommands = commands or SlurmCommands()
         self._reservations: tuple[float, list[ReservationRecord]] | None = None
@@ -115,14 +120,16 @@ class SlurmPilotProvider(PilotProvider, RepresentationMixin):
         return command if nodes == 1 else f"srun --nodes={nodes} --ntasks={nodes} --ntasks-per-node=1 {command}"
 
     def job_options(self, minutes: int) -> list[str]:
-        """What a pilot asks Slurm for, ``minutes`` long: partition, nodes, time, QOS, account, GPUs and the
-        site's options. The pilot's script and the ``--test-only`` probe both use it, so the probe tests the job
-        that is submitted."""
+        """What a pilot asks Slurm for, ``minutes`` long: partition, nodes, time, QOS, account, constraint, memory,
+        reservation, GPUs and the site's options. The pilot's script and the ``--test-only`` probe both use it, so
+        the probe tests the job that is submitted."""
         opts = [f"--partition={self.partition}", f"--nodes={self.pilot_nodes}", f"--time={minutes}",
                 f"--time-min={minutes}", "--exclusive"]
         opts += [f"--nodelist={','.join(map(node_name, self.pilot_target))}"] if self.pilot_target else []
         opts += [f"--qos={self.qos}"] if self.qos else []
         opts += [f"--account={self.account}"] if self.account else []
+        opts += [f"--{k}={v}" for k, v in (("constraint", self.constraint), ("mem", self.mem),
+                                           ("reservation", self.reservation)) if v]
         asks_gpus = any(re.match(r"(--gpus|--gres|-G\b)", o) for o in self.scheduler_options)   # the site asks
         opts += [f"--gpus-per-node={self.gpus_per_node}"] if self.gpus_per_node and not asks_gpus else []
         return opts + self.scheduler_options
