@@ -186,6 +186,12 @@ class PilotProvider(ClusterProvider):
         """Ask the scheduler for the network's groups; None where it does not know them."""
         return None
 
+    def preflight(self) -> str:
+        """Ask the scheduler, before any pilot, whether it would take this site's pilots at all (a partition or
+        queue it does not have, a job it refuses); a ``SiteError`` naming the site field and the scheduler's words
+        if not, else one line of what it said."""
+        return "no check for this scheduler"
+
     def topology(self) -> Topology | None:
         """The network's groups as the scheduler knows them, asked once (they change only when the admins
         reconfigure the machine); None where unknown or when the query fails (logged: the pilots then go

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..sites import DEFAULT_SITE, Site, load_site
+from .pilot import PilotProvider
 from .run import RunSettings, current_settings
 from .signals import sigterm_unwinds
 from .site_runtime import SiteRuntime, check_sites, checkpoint_dir, make_planner, make_pool, site_topology
@@ -95,11 +96,15 @@ def training_session(state_dir: str | Path, site: SiteArg | Sequence[SiteArg] = 
     orchestrator_kw["state_lock"] = lock = lock_state_dir(Path(state_dir))   # refused before any pilot is started
     try:
         check_checkpoint_dirs(Path(state_dir), runtimes)
+        ensure_venv_on_path()          # pilots inherit PATH: their worker pools start from this environment
+        configs = [rt.config() for rt in runtimes]
+        for rt, c in zip(runtimes, configs):    # a partition or queue the scheduler lacks or refuses stops the
+            provider = getattr(c.executors[0], "provider", None)    # run now, not after minutes of "waiting"
+            if isinstance(provider, PilotProvider):
+                rt.check_scheduler(provider)
     except BaseException:
         lock.close()
         raise
-    ensure_venv_on_path()          # pilots inherit PATH: their worker pools start from this environment
-    configs = [rt.config() for rt in runtimes]
     first = configs[0]
     with _dataflow([c.executors[0] for c in configs], retries=first.retries, strategy=first.strategy,
                    initialize_logging=first.initialize_logging,

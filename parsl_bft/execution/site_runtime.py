@@ -16,6 +16,7 @@ file's ``topology:`` section there, rather than using the first site's and ignor
 from __future__ import annotations
 
 import re
+import subprocess
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -24,6 +25,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from ..sites import Emulation, Site, SiteError
 from ..topology import Topology, topology_from_dict
+from .commands import SchedulerError
 from .config import config_source, constructed, interchange_dies_with_us, local_config
 from .pilot import PilotProvider
 
@@ -165,6 +167,21 @@ class SiteRuntime:
         # recorded so `sites show` can print it while the pilot providers have no code repr of their own
         provider: PilotProvider = constructed(cls(**kw), **kw)
         return provider
+
+    def check_scheduler(self, provider: PilotProvider | None = None) -> str:
+        """Ask the site's scheduler whether it would take the site's pilots (``PilotProvider.preflight``: a
+        partition or queue it lacks, a test submission it refuses), before any pilot or executor starts: a
+        ``SiteError`` naming the site, the field and the scheduler's words, else one line of what it said. The
+        embedded default has nothing to ask."""
+        if self.site.scheduler == "local":
+            return "nothing to ask: the embedded default runs on this machine"
+        refuse_remote(self.site)
+        try:
+            return (provider or self.pilot_provider()).preflight()
+        except SiteError as e:
+            raise SiteError(f"site '{self.site.name}': {e}") from None
+        except (SchedulerError, OSError, subprocess.SubprocessError) as e:
+            raise SiteError(f"site '{self.site.name}': its scheduler cannot be asked from here: {e}") from None
 
     def pilot_executor(self, label: str, provider: PilotProvider) -> HighThroughputExecutor:
         """An (unstarted) executor of the site's pilots: the site's own, or a lane of one network group that

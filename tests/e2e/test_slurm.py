@@ -206,12 +206,17 @@ def test_bad_provider_config():
 # --- a real Slurm -------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def slurm():
+    """The local Slurm of tools/local-slurm.sh, at $SLURM_LOCAL_BASE (default /tmp/local-slurm) on
+    $SLURM_LOCAL_PORT (default 16817): two clusters on one machine (two worktrees' tests) need a base and ports
+    each."""
     if os.geteuid() != 0:
         pytest.fail("the slurm tests need root to install and start a local Slurm (CI runs as root)")
-    env = {**os.environ, "SLURM_LOCAL_FRESH": "1", "SLURM_LOCAL_AUTH": "none"}
+    base = os.environ.get("SLURM_LOCAL_BASE", "/tmp/local-slurm")
+    env = {**os.environ, "SLURM_LOCAL_FRESH": "1", "SLURM_LOCAL_AUTH": "none", "SLURM_LOCAL_BASE": base,
+           "SLURM_LOCAL_PORT": os.environ.get("SLURM_LOCAL_PORT", "16817")}
     r = subprocess.run([str(ROOT / "tools" / "local-slurm.sh"), "restart"], env=env, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-2000:]
-    os.environ["SLURM_CONF"] = "/tmp/local-slurm/etc/slurm.conf"
+    os.environ["SLURM_CONF"] = f"{base}/etc/slurm.conf"
     yield SlurmCommands()
     subprocess.run(["scancel", "--user", "root"], capture_output=True)
 
@@ -379,11 +384,11 @@ def test_chaos_on_real_slurm_pilots(slurm, tmp_path):
 
 REFUSED_SITE = """name: refused
 scheduler: slurm
-partition: backfill
+partition: {partition}
 node: {{cores: 4}}
 interchange_address: 127.0.0.1
 worker_init: "export SLURM_CONF={conf}"
-scheduler_options: ["--mem=99999999"]      # more than any node has: sbatch refuses the pilot
+scheduler_options: ["{option}"]      # --mem=99999999: more than any node has, sbatch refuses the pilot
 holes: {{poll_seconds: 2}}
 """
 REFUSED_WORKFLOW = """from parsl_bft.execution import TrainingJob, training_session
@@ -395,32 +400,37 @@ with training_session("state") as trainer:
 
 @pytest.mark.slurm
 @pytest.mark.timeout(300)
-def test_a_site_the_scheduler_refuses_stops_the_run_with_its_words(slurm, tmp_path):
-    """sbatch refuses every pilot (an option no node satisfies, as a wrong account would be): the run stops at
-    once with exit 2 and the scheduler's own words, after 3 submissions, and `status` says why."""
-    (tmp_path / "site.yaml").write_text(REFUSED_SITE.format(conf=os.environ["SLURM_CONF"]))
+@pytest.mark.parametrize("partition, option, words", [
+    ("nosuch", "--comment=x", "site 'refused': partition 'nosuch' matches no node (sinfo -p nosuch lists none)"),
+    ("backfill", "--mem=99999999", "site 'refused': sbatch --test-only refuses a pilot: allocation failure: "
+                                   "Requested node configuration is not available"),
+])
+def test_a_site_the_scheduler_refuses_stops_the_run_with_its_words(slurm, tmp_path, partition, option, words):
+    """A partition with no node (sinfo lists none, exit 0) or a pilot sbatch refuses (an option no node
+    satisfies, as a wrong account would be): the run stops at start-up, in well under 30 s, with exit 2 and the
+    scheduler's own words, before any pilot is submitted; `sites check` says the same (exit 1), and passes the
+    shipped site of this cluster."""
+    (tmp_path / "site.yaml").write_text(REFUSED_SITE.format(conf=os.environ["SLURM_CONF"], partition=partition,
+                                                            option=option))
     (tmp_path / "w.py").write_text(REFUSED_WORKFLOW)
+    before = {j.job_id for j in slurm.queue()}
+    t0 = time.monotonic()
     r = subprocess.run([sys.executable, "-m", "parsl_bft.cli", "run", "w.py", "--site", "site.yaml"], cwd=tmp_path,
                        capture_output=True, text=True, timeout=280)
+    took = time.monotonic() - t0
     assert r.returncode == 2, r.stderr[-3000:]
     last = r.stderr.strip().splitlines()[-1]
-    assert last.startswith("parsl-bft run: error: executor bft_refused: the scheduler refused 3 pilots in a row: "
-                           "sbatch: error: Memory specification can not be satisfied"), r.stderr[-3000:]
-    scripts = list(tmp_path.glob("state/runinfo/*/submit_scripts/*.sh"))
-    assert len(scripts) == 3
-    # `sites show --pilot-script` is what was submitted: the same directives, but for what only the run knows: the
-    # hole's length and node (--time, --nodelist), the block's name and the run directory
-    shown = subprocess.run([sys.executable, "-m", "parsl_bft.cli", "sites", "show", "--pilot-script", "site.yaml"],
-                           cwd=tmp_path, capture_output=True, text=True, timeout=120).stdout
-
-    def directives(text):
-        return [line for line in text.splitlines() if line.startswith("#SBATCH")
-                and not line.startswith(("#SBATCH --time", "#SBATCH --output", "#SBATCH --job-name",
-                                         "#SBATCH --nodelist"))]
-    assert directives(shown) == directives(scripts[0].read_text()) and "--mem=99999999" in shown
-    status = subprocess.run([sys.executable, "-m", "parsl_bft.cli", "status", "state"], cwd=tmp_path,
-                            capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "300"})
-    assert "the run stopped on an error" in status.stdout and "Memory specification" in status.stdout
+    assert last.startswith(f"parsl-bft run: error: {words}"), r.stderr[-3000:]
+    assert took < 30 and {j.job_id for j in slurm.queue()} == before      # nothing submitted
+    assert not list(tmp_path.glob("state/runinfo/*/submit_scripts/*.sh"))
+    check = subprocess.run([sys.executable, "-m", "parsl_bft.cli", "sites", "check", "site.yaml"], cwd=tmp_path,
+                           capture_output=True, text=True, timeout=120)
+    assert check.returncode == 1 and words in check.stderr, check.stderr
+    good = ROOT / "site_configs" / "local-slurm.yaml"
+    check = subprocess.run([sys.executable, "-m", "parsl_bft.cli", "sites", "check", str(good)], cwd=tmp_path,
+                           capture_output=True, text=True, timeout=120)
+    assert check.returncode == 0 and "partition 'backfill': 8 nodes" in check.stdout, check.stdout + check.stderr
+    assert "sbatch --test-only would start at" in check.stdout and {j.job_id for j in slurm.queue()} == before
 
 
 def _pilot_under_a_rank(state):

@@ -7,6 +7,7 @@ import typeguard
 from parsl.jobs.states import JobState
 from parsl.utils import RepresentationMixin
 
+from ...sites import SiteError
 from ...topology import Topology
 from ..pilot import PilotProvider, QueueJob, Snapshot, node_name
 from .commands import PBSCommands, PBSJob
@@ -62,6 +63,20 @@ class PBSPilotProvider(PilotProvider, RepresentationMixin):
         """Final states from the server's job history (qstat -x)."""
         finals = [_queue_job(j) for j in self.cmd.history(job_ids)]
         return {q.job_id: (q.state, q.reason) for q in finals if q.job_id in job_ids}
+
+    def preflight(self) -> str:
+        """The queue exists and takes jobs (``qstat -Q``): an unknown or disabled queue stops the run before it
+        starts (PBS has no test-only submission; a refused pilot is caught by three refusals in a row)."""
+        rc, attrs, said = self.cmd.queue_info(self.queue)
+        if rc != 0:
+            raise SiteError(f"queue '{self.queue}' is unknown to PBS (qstat -Q {self.queue}: "
+                            f"{said[:300] or f'exit {rc}'}): check the site file's 'queue' (qstat -Q lists the "
+                            "queues)")
+        off = [k for k in ("enabled", "started") if str(attrs.get(k, "True")).lower() in ("false", "0")]
+        if off:
+            raise SiteError(f"queue '{self.queue}' takes no jobs now ({' and '.join(k + ' = False' for k in off)}): "
+                            "name another queue in the site file's 'queue', or ask the admins")
+        return f"queue '{self.queue}': known to PBS, enabled and started"
 
     def job_limit(self) -> int | None:
         """The per-user cap of the queue and the server."""

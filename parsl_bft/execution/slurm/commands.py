@@ -188,6 +188,13 @@ class SlurmCommands(SchedulerCommands):
         _, out, err = self.runner(["sbatch", "--test-only", *args, "--wrap", "true"])
         return parse_test_only(out + err)
 
+    def try_job(self, args: list[str]) -> tuple[int, str]:
+        """``sbatch --test-only`` of a job of ``args``: (exit status, what sbatch said). Nothing is submitted; a
+        non-zero status is the scheduler refusing the job (invalid partition, account, QOS, an unsatisfiable
+        request), in its own words."""
+        rc, out, err = self.runner(["sbatch", "--test-only", *args, "--wrap", "true"])
+        return rc, " ".join((err + " " + out).split())
+
     def cancel(self, job_ids: list[str]) -> None:
         """scancel these jobs (ids Slurm no longer knows are no error)."""
         if job_ids:

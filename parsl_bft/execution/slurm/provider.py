@@ -5,15 +5,17 @@ import getpass
 import math
 import re
 import shlex
+import time
 from typing import ClassVar
 
 import typeguard
 from parsl.jobs.states import JobState
 from parsl.utils import RepresentationMixin
 
+from ...sites import SiteError
 from ...topology import Topology
 from ..pilot import PilotProvider, Snapshot, node_name
-from .commands import ReservationRecord, SlurmCommands
+from .commands import ReservationRecord, SlurmCommands, parse_test_only
 
 
 class SlurmPilotProvider(PilotProvider, RepresentationMixin):
@@ -106,6 +108,25 @@ class SlurmPilotProvider(PilotProvider, RepresentationMixin):
             late = start is not None and start > (self.clock() if now is None else now) + 60
             self._test_only = (taken, minutes, self.pilot_nodes, late)
         return self.walltime_min_min if self._test_only[3] else minutes
+
+    def preflight(self) -> str:
+        """The partition has nodes (``sinfo -p`` of an unknown partition lists none and exits 0), and ``sbatch
+        --test-only`` takes a pilot of the longest walltime: what a real submission would be refused for
+        (invalid partition, account or QOS, an unsatisfiable request) stops the run before it starts."""
+        nodes = self.cmd.nodes(self.partition)
+        if not nodes:
+            raise SiteError(f"partition '{self.partition}' matches no node (sinfo -p {self.partition} lists none): "
+                            "check the site file's 'partition' (sinfo -s lists the partitions)")
+        rc, said = self.cmd.try_job([a for o in self.job_options(self.walltime_max_min) for a in shlex.split(o)])
+        if rc != 0:
+            raise SiteError(f"sbatch --test-only refuses a pilot: {said[:300] or f'exit {rc}'} (check the site "
+                            "file's partition, account, preemptable_qos, constraint, mem, reservation and "
+                            "scheduler_options; `parsl-bft sites show --pilot-script` prints the pilot's script)")
+        start, where = parse_test_only(said)
+        idle = sum(n.usable for n in nodes)
+        when = f"would start at {time.strftime('%H:%M:%S', time.localtime(start))} on {where}" if start else \
+            "takes a pilot"
+        return f"partition '{self.partition}': {len(nodes)} nodes, {idle} idle now; sbatch --test-only {when}"
 
     def job_limit(self) -> int | None:
         """The user's association cap (sacctmgr)."""
