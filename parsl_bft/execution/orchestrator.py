@@ -360,6 +360,8 @@ class Orchestrator:
         try:
             while self.running and self.clock.monotonic() < deadline:
                 self._collect(ctl)
+                if self.fragments.unreachable({n: s.executor for n, s in self.sites.items()}):
+                    break       # their interchange is gone: no result can come (the next run resumes them)
                 self.clock.sleep(self.poll_s)
         finally:
             for name in list(self.running):        # did not stop in time: nothing may outlive us here

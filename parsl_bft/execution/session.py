@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..sites import DEFAULT_SITE, Site, load_site
+from .htex import release_dead_interchanges
 from .pilot import PilotProvider
 from .run import RunSettings, current_settings
 from .signals import sigterm_unwinds
@@ -119,9 +120,11 @@ def training_session(state_dir: str | Path, site: SiteArg | Sequence[SiteArg] = 
                     yield orch.start(progress=progress)  # futures resolve on their own; run() waits for the jobs
             finally:
                 try:
+                    release_dead_interchanges(dfk)   # a command to one would block the stop for ever
                     orch.stop()     # running fragments checkpoint, pilots are given back
                 finally:
                     orch.close()    # the state directory's lock goes with the session
+                    release_dead_interchanges(dfk)   # and Parsl's cleanup (its status poller), next
 
 
 def _orchestrator(state_dir: str | Path, runtimes: list[SiteRuntime], dfk: DataFlowKernel,
