@@ -113,6 +113,10 @@ class HoleDiscovery(_Strict):
     notice_seconds: int = Field(default=60, ge=0, description="the reclaim notice: the scheduler signals a "
                                 "pilot this long before its walltime ends (Slurm --signal), and its fragment "
                                 "checkpoints")
+    grace_seconds: int | None = Field(default=None, ge=1, description="Slurm: seconds a pilot's worker gets to "
+                                      "save after the scheduler's SIGTERM (preemption, scancel) before the pilot "
+                                      "kills it; unset: the partition's GraceTime (scontrol show partition), "
+                                      "else 3")
     max_pilots: int = Field(default=64, ge=1, description="nodes held at most")
     max_jobs: int | None = Field(default=None, ge=1, description="the facility's cap on your queued jobs, where "
                                  "the scheduler does not say (sacctmgr / qstat -Q); holes then share pilots")
@@ -331,6 +335,9 @@ class Site(_Strict):
             if self.scheduler == "pbs" and "preemptable_qos" in unused:
                 raise ValueError("scheduler 'pbs' has no QOS: name the preemptable queue as 'queue' (and delete "
                                  "preemptable_qos)")
+            if self.scheduler == "pbs" and self.holes.grace_seconds is not None:
+                raise ValueError("scheduler 'pbs' does not use holes.grace_seconds (PBS's own kill_delay governs "
+                                 "after its SIGTERM): delete it")
             if self.scheduler == "pbs" and "reservation" in unused:
                 raise ValueError("on PBS a reservation is a queue (R123 ...): name it as 'queue' (and delete "
                                  "reservation)")

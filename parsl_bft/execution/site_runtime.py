@@ -157,6 +157,7 @@ class SiteRuntime:
             cls, kw = SlurmPilotProvider, dict(partition=site.partition, qos=site.preemptable_qos,
                                                account=site.account, gpus_per_node=site.node.gpus, **common)
             kw.update({k: getattr(site, k) for k in ("constraint", "mem", "reservation") if getattr(site, k)})
+            kw.update({"grace_s": h.grace_seconds} if h.grace_seconds else {})
         else:
             from .pbs import PBSPilotProvider
 

@@ -433,6 +433,34 @@ def test_a_site_the_scheduler_refuses_stops_the_run_with_its_words(slurm, tmp_pa
     assert "sbatch --test-only would start at" in check.stdout and {j.job_id for j in slurm.queue()} == before
 
 
+@pytest.mark.slurm
+@pytest.mark.timeout(300)
+def test_real_pilots_take_the_grace_time_are_not_requeued_and_end_completed_when_given_back(slurm, tmp_path):
+    """On the local Slurm (backfill: GraceTime 10): a pilot is not requeueable; sent SIGTERM by Slurm (what
+    preemption starts with), its worker gets the partition's GraceTime to save (a 6 s save: the old trap killed
+    it at 3 s) and the pilot then ends by itself; a pilot the pool gives back ends COMPLETED, not CANCELLED.
+    (A real preemption on this Slurm 22.05 ends the job at once whatever GraceTime says: PreemptTime = EndTime.)"""
+    prov = SlurmPilotProvider("backfill", commands=slurm, script_dir=str(tmp_path), walltime_max_min=10)
+    worker = (f"bash -c 'cd {tmp_path}; trap \"sleep 6; touch saved-$SLURM_JOB_ID; exit 0\" TERM; "
+              "touch started-$SLURM_JOB_ID; while :; do sleep 0.1; done'")
+    first = prov.submit(worker, 1, "pilot")
+    wait_for(lambda: (tmp_path / f"started-{first}").exists(), 120, what="the first pilot's worker")
+    job = subprocess.run(["scontrol", "show", "job", first], capture_output=True, text=True).stdout
+    assert "Requeue=0" in job, job
+    t_term = time.monotonic()
+    subprocess.run(["scancel", "--full", "--signal=TERM", first], check=True)   # to every process of the job
+    wait_for(lambda: state_of(slurm, first) not in ("RUNNING", "PENDING", "COMPLETING", None), 60,
+             what="the terminated pilot's end")
+    assert (tmp_path / f"saved-{first}").exists() and time.monotonic() - t_term >= 6
+    assert prov.noticed(first)
+    second = prov.submit(worker, 1, "pilot")
+    wait_for(lambda: (tmp_path / f"started-{second}").exists(), 120, what="the second pilot's worker")
+    prov.snapshot(max_age_s=0)
+    prov.cancel([second])                          # the pool gives it back
+    wait_for(lambda: state_of(slurm, second) == "COMPLETED", 60, what="the released pilot's COMPLETED")
+    assert (tmp_path / f"saved-{second}").exists()
+
+
 def _pilot_under_a_rank(state):
     """A pilot whose node runs a training rank (the rank pid files name their node) and that has no notice:
     neither signalled (its mark: the USR1 notice, --signal=B:USR1@20, comes up to 60 s early on this Slurm) nor
@@ -669,9 +697,10 @@ class CannedCluster:
             self.jobs[str(self.next_id)] = {"state": "RUNNING", "node": ",".join(free[:n]),
                                             "nodes": free[:n], "start": self.clock(), "script": script}
             return 0, f"Submitted batch job {self.next_id}\n", ""
-        if argv[0] == "scancel":
-            for j in argv[1:]:
-                self.jobs.get(j, {})["state"] = "CANCELLED"
+        if argv[0] == "scancel":       # --batch --signal=USR2: the pilot's script ends itself with exit 0
+            released = "--signal=USR2" in argv
+            for j in (a for a in argv[1:] if not a.startswith("-")):
+                self.jobs.get(j, {})["state"] = "COMPLETED" if released else "CANCELLED"
         return 0, "", ""
 
 
@@ -749,12 +778,15 @@ def test_a_restarted_orchestrator_cancels_the_pilots_its_dead_predecessor_left(t
     before = len([c for _, c in cluster.log if c == "scancel"])
     clock["t"] += 60.0
     pool_of_run("001")                                           # the restarted orchestrator's pool
+    # the queued one is cancelled, the running one given back (it ends itself: COMPLETED)
     assert {j: cluster.jobs[j]["state"] for j in ours} == {ours[0]: "CANCELLED", ours[1]: "COMPLETED",
-                                                           ours[2]: "CANCELLED"}
+                                                           ours[2]: "COMPLETED"}
     assert cluster.jobs["99"]["state"] == "RUNNING"
     assert (tmp_path / "runinfo" / "000" / "submit_scripts" / "pilots-canned.done").exists()
+    after = len([c for _, c in cluster.log if c == "scancel"])
+    assert after == before + 2                                   # one scancel each way
     pool_of_run("002")                                           # once: the ledger is done
-    assert len([c for _, c in cluster.log if c == "scancel"]) == before + 1
+    assert len([c for _, c in cluster.log if c == "scancel"]) == after
 
 
 def capped_pool(tmp_path, job_limit: int):

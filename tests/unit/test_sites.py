@@ -212,6 +212,7 @@ CONSUMED = {
     "holes.max_pending_seconds": lambda r: r.prov.max_pending_s == r.site.holes.max_pending_seconds,
     "holes.notice_seconds": lambda r: r.prov.notice_s == r.pool.notice_s == r.site.holes.notice_seconds,
     "holes.max_pilots": lambda r: r.pool.max_nodes == r.site.holes.max_pilots,
+    "holes.grace_seconds": lambda r: r.prov.grace() == r.site.holes.grace_seconds,
     "objective.name": lambda r: r.planner.objective.name == r.site.objective.name,
     "objective.t_fwd_seconds": lambda r: r.planner.t_fwd == r.site.objective.t_fwd_seconds,
     "emulation.trace": lambda r: r.site.emulation.trace == "demo" and r.pool.duration > 0,

@@ -93,7 +93,7 @@ class PBSPilotProvider(PilotProvider, RepresentationMixin):
             (node,) = self.pilot_target
             select += f":host={node_name(node)}"
         opts = [f"-N {job_name}", f"-q {self.queue}", f"-l select={select}",
-                f"-l walltime={minutes // 60:02d}:{minutes % 60:02d}:00", "-j oe",
+                f"-l walltime={minutes // 60:02d}:{minutes % 60:02d}:00", "-j oe", "-r n",   # never rerun
                 f"-o {self.directive_path(f'{self.script_dir}/')}"]
         opts += [f"-A {self.account}"] if self.account else []
         lines = ["#!/bin/bash", *[f"#PBS {o}" for o in opts + self.scheduler_options], self.worker_init,
