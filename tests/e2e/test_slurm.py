@@ -461,6 +461,31 @@ def test_real_pilots_take_the_grace_time_are_not_requeued_and_end_completed_when
     assert (tmp_path / f"saved-{second}").exists()
 
 
+@pytest.mark.slurm
+@pytest.mark.timeout(300)
+def test_local_slurm_start_on_a_cluster_left_running_with_other_settings(slurm):
+    """`tools/local-slurm.sh start` on a running cluster started with other settings (here 4 leaf switches
+    instead of 2) restarts its daemons with the new ones: it used to rewrite the files and leave the daemons on
+    the old config (another AUTH: every command refused, start failed)."""
+    env = {**os.environ, "SLURM_LOCAL_AUTH": "none"}
+
+    def start(**knobs):
+        r = subprocess.run([str(ROOT / "tools" / "local-slurm.sh"), "start"], env={**env, **knobs},
+                           capture_output=True, text=True, timeout=240)
+        assert r.returncode == 0, r.stderr[-2000:]
+        return r.stderr
+    try:
+        said = start(SLURM_LOCAL_SWITCHES="4")
+        assert "the running cluster has other settings: restarting" in said
+        topo = subprocess.run(["scontrol", "show", "topology"], capture_output=True, text=True).stdout
+        assert "SwitchName=s3" in topo, topo
+    finally:
+        said = start()                            # as the fixture left it, for the tests after this one
+    topo = subprocess.run(["scontrol", "show", "topology"], capture_output=True, text=True).stdout
+    assert "SwitchName=s1" in topo and "SwitchName=s3" not in topo, topo
+    assert "restarting" not in start()            # the same settings: nothing restarted
+
+
 def _pilot_under_a_rank(state):
     """A pilot whose node runs a training rank (the rank pid files name their node) and that has no notice:
     neither signalled (its mark: the USR1 notice, --signal=B:USR1@20, comes up to 60 s early on this Slurm) nor
