@@ -189,7 +189,8 @@ class Site(_Strict):
                             "512M): Slurm --mem, PBS mem in the select chunk; unset: the scheduler's default")
     reservation: str | None = Field(default=None, description="Slurm only: an advance reservation pilots run in "
                                     "(--reservation); on PBS a reservation is a queue: name it as queue")
-    node: NodeShape = Field(description="what one node has")
+    node: NodeShape | None = Field(default=None, description="what one node has; required but on a Globus "
+                                   "Compute site (a laptop's: the facility's own site file says it)")
     pilot_walltime: PilotWalltime = Field(default_factory=PilotWalltime, description="pilot lengths")
     worker_init: str = Field(default="", description="shell lines a pilot runs before its worker pool starts "
                              "(module load, conda activate ...)")
@@ -325,6 +326,8 @@ class Site(_Strict):
                                  "site file (remote.site) or the endpoint's config says that; delete "
                                  f"{'it' if len(unused) == 1 else 'them'}")
         else:
+            if self.node is None:
+                raise ValueError(f"scheduler '{self.scheduler}' needs 'node' (what one node has: cores, gpus)")
             if self.scheduler == "slurm" and not self.partition:
                 raise ValueError("scheduler 'slurm' needs 'partition'")
             if self.scheduler == "pbs" and not self.queue:

@@ -124,7 +124,7 @@ class SiteRuntime:
         topology = (None if site.topology is None
                     else topology_from_dict(site.topology, source=f"site {site.name}: topology"))
         ckpt = Path(site.checkpoint_dir).resolve() if site.checkpoint_dir else None
-        return cls(site, executor_label(site), topology, ckpt, site.node.ranks_per_node or 1)
+        return cls(site, executor_label(site), topology, ckpt, (site.node.ranks_per_node or 1) if site.node else 1)
 
     # --- Parsl ------------------------------------------------------------------------------------------------
     def config(self, *, endpoint: EndpointFactory = _sdk_executor) -> Config:
@@ -139,6 +139,7 @@ class SiteRuntime:
             gce = GlobusComputeExecutor(executor=endpoint(str(site.globus_compute_endpoint)), label=self.label)
             return Config(executors=[gce], retries=0)
         if site.scheduler == "local":
+            assert site.node is not None           # the schema: every site but a Globus Compute one has a node
             return local_config(workers=site.node.cores, label=self.label)
         return Config(executors=[self.pilot_executor(self.label, self.pilot_provider())], retries=0,
                       strategy="none")
@@ -146,6 +147,7 @@ class SiteRuntime:
     def pilot_provider(self) -> PilotProvider:
         """The Slurm or PBS pilot provider of the site's holes."""
         site, w, h = self.site, self.site.pilot_walltime, self.site.holes
+        assert site.node is not None               # the schema: every site but a Globus Compute one has a node
         common: dict[str, Any] = dict(
             walltime_min_min=w.min_minutes, walltime_max_min=w.max_minutes, notice_s=h.notice_seconds,
             max_pending_s=h.max_pending_seconds, worker_init=site.worker_init, poll_s=max(1, round(h.poll_seconds)),

@@ -111,6 +111,18 @@ def test_the_new_fields_belong_to_their_schedulers(tmp_path, base, extra, words)
         _load(tmp_path, base + extra + "\n")
 
 
+def test_a_laptop_site_needs_no_node_shape_a_facility_site_does(tmp_path):
+    """A Globus Compute (laptop) site describes no nodes: the facility's own site file does."""
+    laptop = _load(tmp_path, "name: gc\nscheduler: local\nglobus_compute_endpoint: local\n")
+    assert laptop.node is None
+    from parsl_bft.execution.site_runtime import SiteRuntime
+    assert SiteRuntime.of(laptop).ranks_per_node == 1
+    for base in ("name: l\nscheduler: local\n", "name: s\nscheduler: slurm\npartition: p\n"):
+        with pytest.raises(SiteError, match=r"field '\(site\)': scheduler '(local|slurm)' needs 'node' \(what one "
+                                            r"node has"):
+            _load(tmp_path, base)
+
+
 @pytest.mark.parametrize("extra, words", [
     ("partiton: debug2", "field 'partiton': unknown field; did you mean 'partition'? allowed here: name,"),
     ("node: {cores: 4, gpu: 4}", "field 'node.gpu': unknown field; did you mean 'gpus'?"),
