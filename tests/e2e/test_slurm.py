@@ -461,6 +461,49 @@ def test_real_pilots_take_the_grace_time_are_not_requeued_and_end_completed_when
     assert (tmp_path / f"saved-{second}").exists()
 
 
+LONG_WORKFLOW = """from parsl_bft.execution import TrainingJob, training_session
+with training_session("state") as trainer:
+    trainer.submit(TrainingJob("a", workload="images", samples=32 * 200_000, global_batch=32))
+    trainer.run(timeout_s=900)
+"""
+
+
+@pytest.mark.slurm
+@pytest.mark.timeout(600)
+def test_one_sigterm_to_the_group_ends_a_run_with_pilots_within_the_notice(slurm, tmp_path):
+    """`kill -TERM -- -PGID` once to `parsl-bft run` training on pilots: it ends within the notice + 10 s with a
+    checkpoint newer than the signal, every pilot ends (given back while running: COMPLETED, not CANCELLED) and
+    nothing of the run is left. It used to sit in Parsl's cleanup for minutes: the interchange, in the same
+    group, died first."""
+    from harness import assert_nothing_left, live_ranks
+    state = tmp_path / "state"
+    (tmp_path / "site.yaml").write_text(SITE.format(conf=os.environ["SLURM_CONF"], state=state))
+    (tmp_path / "w.py").write_text(LONG_WORKFLOW)
+    p = subprocess.Popen([sys.executable, "-m", "parsl_bft.cli", "run", "--quiet", "w.py", "--site", "site.yaml"],
+                         cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         start_new_session=True)
+    try:
+        wait_for(lambda: live_ranks(state) and any(JobDir(d).progress() for d in state.glob("checkpoints/*/*")),
+                 300, what="training on pilots")
+        t_signal = time.time()
+        os.killpg(p.pid, signal.SIGTERM)
+        wait_for(lambda: p.poll() is not None, 20 + 10, 0.1, what="the run's end after one SIGTERM to its group")
+        err = p.stderr.read()
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+    assert p.returncode == 130 and "Traceback" not in err, err[-3000:]
+    assert max(f.stat().st_mtime for f in state.glob("checkpoints/*/a/ckpt-*.h5")) > t_signal
+    pilots = sorted({j for f in state.glob("runinfo/*/submit_scripts/pilots-*") for j in f.read_text().split()})
+    assert pilots
+    wait_for(lambda: not [j for j in pilots if state_of(slurm, j) in ("RUNNING", "PENDING", "COMPLETING")], 60,
+             what="every pilot's end")
+    ends = {j: state_of(slurm, j) for j in pilots}
+    assert "COMPLETED" in ends.values() and set(ends.values()) <= {"COMPLETED", "CANCELLED", "TIMEOUT"}, ends
+    assert_nothing_left(state, 60)
+
+
 @pytest.mark.slurm
 @pytest.mark.timeout(300)
 def test_local_slurm_start_on_a_cluster_left_running_with_other_settings(slurm):
