@@ -27,6 +27,7 @@ from .signals import sigterm_unwinds
 from .site_runtime import SiteRuntime, check_sites, checkpoint_dir, make_planner, make_pool, site_topology
 
 if TYPE_CHECKING:
+    from parsl.config import Config
     from parsl.dataflow.dflow import DataFlowKernel
     from parsl.executors.base import ParslExecutor
 
@@ -99,10 +100,7 @@ def training_session(state_dir: str | Path, site: SiteArg | Sequence[SiteArg] = 
         check_checkpoint_dirs(Path(state_dir), runtimes)
         ensure_venv_on_path()          # pilots inherit PATH: their worker pools start from this environment
         configs = [rt.config() for rt in runtimes]
-        for rt, c in zip(runtimes, configs):    # a partition or queue the scheduler lacks or refuses stops the
-            provider = getattr(c.executors[0], "provider", None)    # run now, not after minutes of "waiting"
-            if isinstance(provider, PilotProvider):
-                rt.check_scheduler(provider)
+        check_schedulers(runtimes, configs)
     except BaseException:
         lock.close()
         raise
@@ -145,6 +143,16 @@ def _orchestrator(state_dir: str | Path, runtimes: list[SiteRuntime], dfk: DataF
 
     multi = MultiPool({rt.site.name: rt.site_pool(p) for rt, p in zip(runtimes, pools)})
     return Orchestrator(state_dir, multi, MultiSitePlanner(runtimes[0].planner()), **kw)
+
+
+def check_schedulers(runtimes: list[SiteRuntime], configs: list[Config]) -> None:
+    """Each pilot site's scheduler asked, before any executor or pilot starts, whether it would take the site's
+    pilots (``SiteRuntime.check_scheduler``): a partition or queue it lacks or a job it refuses stops the run now,
+    not after minutes of "waiting"."""
+    for rt, c in zip(runtimes, configs):
+        provider = getattr(c.executors[0], "provider", None)
+        if isinstance(provider, PilotProvider):
+            rt.check_scheduler(provider)
 
 
 def check_checkpoint_dirs(state_dir: Path, runtimes: list[SiteRuntime]) -> None:
