@@ -234,7 +234,8 @@ def _event_count(text: str) -> int | None:
 
 
 def cmd_sites(args: argparse.Namespace) -> int:
-    """Validate site files, print the Parsl Config one builds (show), or the field reference (schema)."""
+    """Validate site files (check: and ask their schedulers), print the Parsl Config one builds (show), or the
+    field reference (schema)."""
     from .sites import SiteError, load_site
 
     if args.action == "schema":       # every field (docs/reference/site-file.md renders the same)
@@ -253,6 +254,9 @@ def cmd_sites(args: argparse.Namespace) -> int:
             note = f" ({len(site.unverified)} unverified: {', '.join(site.unverified)})" if site.unverified else ""
             kind = (f"remote site (Globus Compute endpoint {site.globus_compute_endpoint})"
                     if site.globus_compute_endpoint else f"{site.scheduler} site")
+            if args.action == "check":      # live: the scheduler is asked (nothing is submitted)
+                from .execution.site_runtime import SiteRuntime
+                note = ": " + SiteRuntime.of(site).check_scheduler()
             print(f"{f}: ok, {kind} '{site.name}'{note}")
         except SiteError as e:
             print(f"parsl-bft sites: error: {_one_line(e)}", file=sys.stderr)
@@ -336,8 +340,8 @@ def _add_runtime_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser
     st.set_defaults(func=cmd_status)
     add_parsers(sub)                    # submit, logs, cancel, fetch: runs through Globus Compute
 
-    si = sub.add_parser("sites", help="validate site files, show the Parsl Config one builds or its pilot script, "
-                        "or print the reference of every field (schema)")
+    si = sub.add_parser("sites", help="validate site files (check: and ask their scheduler), show the Parsl Config "
+                        "one builds or its pilot script, or print the reference of every field (schema)")
     actions = si.add_subparsers(dest="action", required=True)
     actions.add_parser("validate", help="check site files (exit 1 if one is invalid)").add_argument(
         "files", nargs="+", metavar="FILE", help="site files (YAML)")
@@ -345,6 +349,10 @@ def _add_runtime_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser
     show.add_argument("files", nargs=1, metavar="FILE", help="a site file (YAML)")
     show.add_argument("--pilot-script", action="store_true", help="print the batch script of the next pilot "
                       "instead (a dry run: nothing is submitted)")
+    actions.add_parser("check", help="ask each site's scheduler whether it would take the site's pilots: the "
+                       "partition has nodes and sbatch --test-only accepts a pilot (PBS: qstat -Q knows the queue); "
+                       "nothing is submitted; exit 1 if one would not").add_argument(
+        "files", nargs="+", metavar="FILE", help="site files (YAML)")
     actions.add_parser("schema", help="the reference of every site-file field (Markdown)")
     si.set_defaults(func=cmd_sites)
 

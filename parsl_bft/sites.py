@@ -10,6 +10,7 @@ Secrets never belong in a site file: Globus Compute credentials come from the en
 """
 from __future__ import annotations
 
+import difflib
 import re
 from collections.abc import Iterator
 from importlib.resources import files
@@ -17,9 +18,10 @@ from pathlib import Path
 from typing import Any, Literal
 from uuid import UUID
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from .errors import InputError, ParslBftError
+from .site_options import managed_options
 
 # the embedded default (this machine, an emulated idle pool): ships inside the package
 DEFAULT_SITE = Path(str(files("parsl_bft") / "data" / "sites" / "local.yaml"))
@@ -36,6 +38,8 @@ _SECRETS = [re.compile(p, re.I) for p in (
     r"\bsshpass\b", r"\bmysql\b[^|;&\n]*\s-p\S", r"\|\s*(sudo\s+)?kinit\b")]
 _TOKEN = re.compile(r"^[A-Za-z0-9._:@+,=/%-]+\Z")          # a scheduler token: partition, account, queue, QOS ...
 _SITE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")   # names a folder (sites/<name>/jobs) and a label
+_CONSTRAINT = re.compile(r"^[A-Za-z0-9_.:&|*\[\]()!,=-]+\Z")   # Slurm's feature expressions: gpu&hbm80g, [a|b]
+_MEM = re.compile(r"^(\d+)\s*([KMGT])B?\Z", re.I)
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")           # newline and tab are allowed in worker_init only
 
 
@@ -109,6 +113,10 @@ class HoleDiscovery(_Strict):
     notice_seconds: int = Field(default=60, ge=0, description="the reclaim notice: the scheduler signals a "
                                 "pilot this long before its walltime ends (Slurm --signal), and its fragment "
                                 "checkpoints")
+    grace_seconds: int | None = Field(default=None, ge=1, description="Slurm: seconds a pilot's worker gets to "
+                                      "save after the scheduler's SIGTERM (preemption, scancel) before the pilot "
+                                      "kills it; unset: the partition's GraceTime (scontrol show partition), "
+                                      "else 3")
     max_pilots: int = Field(default=64, ge=1, description="nodes held at most")
     max_jobs: int | None = Field(default=None, ge=1, description="the facility's cap on your queued jobs, where "
                                  "the scheduler does not say (sacctmgr / qstat -Q); holes then share pilots")
@@ -135,9 +143,10 @@ class Emulation(_Strict):
     notice_seconds: float = Field(default=2.0, ge=0, description="reclaim notice before an emulated node leaves")
 
 
-_PILOTS_ONLY = {"partition", "queue", "account", "preemptable_qos", "pilot_walltime", "worker_init",
-                "scheduler_options", "interchange_address", "holes"}
-_UNUSED_BY = {"local": _PILOTS_ONLY, "slurm": {"queue"}, "pbs": {"partition", "preemptable_qos"}}
+_PILOTS_ONLY = {"partition", "queue", "account", "preemptable_qos", "constraint", "mem", "reservation",
+                "pilot_walltime", "worker_init", "scheduler_options", "interchange_address", "holes"}
+_UNUSED_BY = {"local": _PILOTS_ONLY, "slurm": {"queue"},
+              "pbs": {"partition", "preemptable_qos", "constraint", "reservation"}}
 # what the site file AT THE FACILITY (remote.site) or the endpoint's own config says for a run submitted through
 # Globus Compute: from the laptop these would mean nothing
 _FACILITY_ONLY = _PILOTS_ONLY | {"checkpoint_dir", "emulation", "topology", "objective"}
@@ -174,11 +183,21 @@ class Site(_Strict):
     preemptable_qos: str | None = Field(default=None, description="Slurm only: a QOS with PreemptMode, so the "
                                         "facility may take pilots back at once (on PBS, name the preemptable "
                                         "queue as queue)")
-    node: NodeShape = Field(description="what one node has")
+    constraint: str | None = Field(default=None, description="Slurm only: the node features pilots need "
+                                   "(--constraint: gpu, gpu&hbm80g, [a|b])")
+    mem: str | None = Field(default=None, description="memory a pilot asks for on each node, with its unit (64G, "
+                            "512M): Slurm --mem, PBS mem in the select chunk; unset: the scheduler's default")
+    reservation: str | None = Field(default=None, description="Slurm only: an advance reservation pilots run in "
+                                    "(--reservation); on PBS a reservation is a queue: name it as queue")
+    node: NodeShape | None = Field(default=None, description="what one node has; required but on a Globus "
+                                   "Compute site (a laptop's: the facility's own site file says it)")
     pilot_walltime: PilotWalltime = Field(default_factory=PilotWalltime, description="pilot lengths")
     worker_init: str = Field(default="", description="shell lines a pilot runs before its worker pool starts "
                              "(module load, conda activate ...)")
-    scheduler_options: list[str] = Field(default_factory=list, description="extra #SBATCH / #PBS options")
+    scheduler_options: list[str] = Field(default_factory=list, description="extra #SBATCH / #PBS options, one "
+                                         "each, without the prefix; options parsl-bft writes itself (nodes, "
+                                         "time, partition, QOS, queue, signal, job name, output, select, "
+                                         "walltime ...) are refused, naming the field to use instead")
     interchange_address: str | None = Field(default=None, description="the address compute nodes reach this "
                                             "host on; unset: workers probe every address (slow to connect)")
     checkpoint_dir: str | None = Field(default=None, description="where jobs' checkpoints go: "
@@ -226,7 +245,7 @@ class Site(_Strict):
                                  "characters")
         return v
 
-    @field_validator("partition", "queue", "account", "preemptable_qos", "interchange_address")
+    @field_validator("partition", "queue", "account", "preemptable_qos", "reservation", "interchange_address")
     @classmethod
     def _token(cls, v: str | None) -> str | None:
         """Pasted into #SBATCH / #PBS lines: one token, no whitespace or shell characters."""
@@ -243,12 +262,38 @@ class Site(_Strict):
                              "a folder)")
         return v
 
+    @field_validator("constraint")
+    @classmethod
+    def _constraint(cls, v: str | None) -> str | None:
+        if v is not None and not _CONSTRAINT.match(v):
+            raise ValueError("a Slurm feature expression: letters, digits and _ . : & | * [ ] ( ) ! , = - (no "
+                             "spaces)")
+        return v
+
+    @field_validator("mem", mode="before")
+    @classmethod
+    def _mem(cls, v: Any) -> Any:
+        v = str(v) if isinstance(v, int) else v          # mem: 64 -> "a size with its unit", not "a string"
+        if not isinstance(v, str):
+            return v
+        m = _MEM.match(v)
+        if m is None or int(m.group(1)) == 0:
+            raise ValueError(f"a size with its unit K, M, G or T (64G, 512M), got {v[:40]!r}")
+        return f"{m.group(1)}{m.group(2).upper()}"
+
     @field_validator("scheduler_options")
     @classmethod
-    def _options(cls, v: list[str]) -> list[str]:
+    def _options(cls, v: list[str], info: ValidationInfo) -> list[str]:
         for i, o in enumerate(v):
             if not o.strip() or "\n" in o or "\r" in o or "\t" in o:
                 raise ValueError(f"item [{i}] must be one non-empty line (one #SBATCH / #PBS option)")
+        # the fields declared above this one are in info.data: scheduler, account, constraint, mem, reservation
+        fields = {k for k in ("account", "constraint", "mem", "reservation") if info.data.get(k)}
+        managed = managed_options(str(info.data.get("scheduler", "")), v, fields)
+        if managed:
+            raise ValueError("parsl-bft writes these itself (sbatch and qsub take the last of a repeated "
+                             "option, so yours would win): " + "; ".join(managed) + "; delete "
+                             + ("it" if len(managed) == 1 else "them"))
         return v
 
     @field_validator("checkpoint_dir")
@@ -281,6 +326,8 @@ class Site(_Strict):
                                  "site file (remote.site) or the endpoint's config says that; delete "
                                  f"{'it' if len(unused) == 1 else 'them'}")
         else:
+            if self.node is None:
+                raise ValueError(f"scheduler '{self.scheduler}' needs 'node' (what one node has: cores, gpus)")
             if self.scheduler == "slurm" and not self.partition:
                 raise ValueError("scheduler 'slurm' needs 'partition'")
             if self.scheduler == "pbs" and not self.queue:
@@ -291,6 +338,12 @@ class Site(_Strict):
             if self.scheduler == "pbs" and "preemptable_qos" in unused:
                 raise ValueError("scheduler 'pbs' has no QOS: name the preemptable queue as 'queue' (and delete "
                                  "preemptable_qos)")
+            if self.scheduler == "pbs" and self.holes.grace_seconds is not None:
+                raise ValueError("scheduler 'pbs' does not use holes.grace_seconds (PBS's own kill_delay governs "
+                                 "after its SIGTERM): delete it")
+            if self.scheduler == "pbs" and "reservation" in unused:
+                raise ValueError("on PBS a reservation is a queue (R123 ...): name it as 'queue' (and delete "
+                                 "reservation)")
             if unused:
                 raise ValueError(f"scheduler '{self.scheduler}' does not use {', '.join(unused)}: delete "
                                  f"{'it' if len(unused) == 1 else 'them'}")
@@ -307,7 +360,8 @@ class SiteError(ParslBftError):
 
 
 _REMOVED = {"launcher": "pilots are one node each and start their worker pool themselves",
-            "node.memory_gb": "nothing used it (pilots take whole nodes: --exclusive)"}
+            "node.memory_gb": "nothing used it (pilots take whole nodes: --exclusive); to ask for memory, use "
+                              "the top-level 'mem' (64G)"}
 
 
 def _present(doc: Any, dotted: str) -> bool:
@@ -342,7 +396,10 @@ def load_site(path: str | Path) -> Site:
             loc = ".".join(str(x) for x in err["loc"]) or "(site)"
             msg = err["msg"].removeprefix("Value error, ")
             if err["type"] == "extra_forbidden":
-                msg = f"unknown field; allowed here: {', '.join(_allowed(err['loc']))}"
+                allowed = _allowed(err["loc"])
+                near = difflib.get_close_matches(str(err["loc"][-1]), allowed, n=1, cutoff=0.6)
+                hint = f"did you mean '{near[0]}'? " if near else ""
+                msg = f"unknown field; {hint}allowed here: {', '.join(allowed)}"
             msgs.append(f"{p}: field '{loc}': {msg}")
         raise SiteError("\n".join(msgs)) from None
 

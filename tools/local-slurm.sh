@@ -3,6 +3,7 @@
 # local-slurm.sh - a real, single-host, multi-node Slurm cluster for CI (Debian 12 / bookworm, Slurm 22.05.8).
 #
 #   ./local-slurm.sh start     install (if needed) + write config + start munged, slurmctld, N slurmd; wait for nodes
+#                        (daemons running with other settings - another AUTH, NODES, SWITCHES ... - are restarted)
 #   ./local-slurm.sh stop      stop the daemons this script started (by PID from pid files); running jobs'
 #                        slurmstepd survive and are re-adopted by 'start'/'restart'
 #   ./local-slurm.sh status    show daemons + sinfo
@@ -279,8 +280,19 @@ status() {
   sinfo || true
 }
 
+start_or_restart() {  # a cluster left running with other settings (a test's AUTH, NODES, SWITCHES, PART_OPTS ...)
+  local old=""        # would keep its daemons' old config while sinfo/sbatch read the new one: restart them
+  [ -f "$CONF" ] && old=$(cat "$CONF" "$ETC/topology.conf" "$ETC/slurmdbd.conf" 2>/dev/null || true)
+  write_conf
+  if alive "$STATE/slurmctld.pid" && [ "$old" != "$(cat "$CONF" "$ETC/topology.conf" "$ETC/slurmdbd.conf" 2>/dev/null || true)" ]; then
+    log "the running cluster has other settings: restarting its daemons with these (jobs kept unless SLURM_LOCAL_FRESH=1)"
+    stop_all
+  fi
+  start_munge; start_dbd; start_slurm
+}
+
 case "${1:-start}" in
-  start)   install_pkgs; write_conf; start_munge; start_dbd; start_slurm ;;
+  start)   install_pkgs; start_or_restart ;;
   stop)    stop_all ;;
   restart) stop_all; install_pkgs; write_conf; start_munge; start_dbd; start_slurm ;;
   status)  status ;;

@@ -13,7 +13,7 @@ that had held them ``NO_REPORT_S`` without a single progress report of its own (
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -26,7 +26,7 @@ from ..train.config import FragmentConfig, FragmentResult, Precision, StopReason
 from ..train.leftovers import kill_share_processes, share_mark
 from ..train.protocol import JobDir
 from .events import Abandon, FragmentDone, FragmentFailedEvent, StopRequest
-from .htex import FragmentHandle, FragmentLost
+from .htex import FragmentHandle, FragmentLost, interchange_gone
 from .jobstore import JobStore
 from .training_job import TrainingJob
 
@@ -138,6 +138,14 @@ class Fragments:
         if n:
             r.killed = True        # not the job's own failure
             self.db.record(Abandon(name, r.fragment, n))
+
+    def unreachable(self, labels: Mapping[str, str]) -> bool:
+        """Whether no running fragment can end the ordinary way any more: every one's executor (``labels``: site
+        -> executor label) has lost its interchange, so no result of theirs will arrive, and no rank of theirs
+        still runs on this host (those asked to stop have saved and left; ranks on pilots end with their pilot)."""
+        return bool(self.running) and all(
+            interchange_gone(labels[r.site]) and not JobDir(self.job_dir(n)).live_ranks(r.fragment)
+            for n, r in self.running.items())
 
     def kill(self, name: str) -> None:
         """The node is gone: whatever did not stop in the notice period dies now (ranks on other hosts end

@@ -2,19 +2,92 @@
 the rendezvous store, and warming local workers up. The orchestrator talks to sites only through this."""
 from __future__ import annotations
 
+import os
 import shutil
 import socket
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..train.config import FragmentConfig, FragmentFailed, FragmentResult
 from .pool import SitePool
 
 if TYPE_CHECKING:
     from ..train.launcher import RendezvousStore
+
+
+def interchange_gone(label: str) -> bool:
+    """Whether the loaded DataFlowKernel's executor ``label`` had an interchange that has exited (it runs under
+    ``die_with_parent``, which exits with it): that executor can deliver no result and answer no command."""
+    import parsl
+    from parsl.errors import NoDataFlowKernelError
+
+    try:
+        return _exited(parsl.dfk().executors.get(label))
+    except NoDataFlowKernelError:
+        return False
+
+
+def release_dead_interchanges(dfk: Any) -> list[str]:
+    """Executors of ``dfk`` whose interchange has exited cannot answer their command channel, and a command to it
+    blocks for ever (a ZMQ REQ socket's send waits for a peer): Parsl's job status poller stays stuck there and
+    the DataFlowKernel's cleanup joins that poller - a run that was told to stop hung until SIGKILL. A stand-in
+    peer (``_StandIn``) answers in the interchange's place, with nothing connected, so a blocked command returns;
+    the executor is marked bad, so the cleanup does not scale its blocks in through that channel. Its tasks'
+    futures are left alone: the orchestrator decides about its fragments (``Fragments.unreachable``), whose
+    ranks may still be saving. Returns those executors' labels."""
+    gone = []
+    for label, ex in dfk.executors.items():
+        client = getattr(ex, "command_client", None)
+        if client is None or not _exited(ex) or getattr(ex, "_bft_stand_in", None) is not None:
+            continue
+        gone.append(label)
+        # Parsl's own flag (set_bad_state_and_fail_all would also fail every task: ranks still saving would be
+        # collected as failed and killed)
+        bad = getattr(ex, "_executor_bad_state", None)
+        if bad is not None:
+            ex._executor_exception = RuntimeError(f"executor {label}: its interchange has exited")
+            bad.set()
+        host = "127.0.0.1" if client.ip_address in ("*", "0.0.0.0", "::") else client.ip_address  # bound on all
+        ex._bft_stand_in = _StandIn(f"tcp://{host}:{client.port}", getattr(ex, "cert_dir", None))
+    return gone
+
+
+class _StandIn(threading.Thread):
+    """A REP peer on a dead interchange's command channel: every command gets the answer of an interchange with
+    no worker connected (its own socket, on its own thread: ZMQ sockets are not shared between threads)."""
+
+    ANSWERS: ClassVar[dict[str, Any]] = {"CONNECTED_BLOCKS": [], "MANAGERS": [], "MANAGERS_PACKAGES": {}, "WORKERS": 0,
+                               "OUTSTANDING_C": 0}
+
+    def __init__(self, url: str, cert_dir: str | None) -> None:
+        super().__init__(name="bft-interchange-stand-in", daemon=True)
+        self.url, self.cert_dir = url, cert_dir
+        self.start()
+
+    def run(self) -> None:
+        import zmq
+        import zmq.auth
+
+        ctx = zmq.Context()
+        sock = ctx.socket(zmq.REP)
+        sock.setsockopt(zmq.LINGER, 0)
+        if self.cert_dir:                 # the channel is CurveZMQ: answer as the interchange's server key
+            public, secret = zmq.auth.load_certificate(os.path.join(self.cert_dir, "server.key_secret"))
+            sock.curve_publickey, sock.curve_secretkey, sock.curve_server = public, secret, True
+        sock.connect(self.url)
+        while True:                       # until the process ends (a daemon thread)
+            command = sock.recv_pyobj()
+            sock.send_pyobj(self.ANSWERS.get(command) if isinstance(command, str) else None)
+
+
+def _exited(ex: Any) -> bool:
+    """An (HTEX) executor whose interchange was started and has exited."""
+    proc = getattr(ex, "interchange_proc", None)
+    return proc is not None and proc.poll() is not None
 
 
 class FragmentAbandoned(RuntimeError):

@@ -359,9 +359,9 @@ class Orchestrator:
         for name in list(self.running):
             self.fragments.request_stop(name, "shutdown")
             self.fragments.abandon_waiting(name, all_or_none=True)      # nothing to save: no waiting for a worker
-        deadline = self.clock.monotonic() + 60
-        try:
-            while self.running and self.clock.monotonic() < deadline:
+        deadline, labels = self.clock.monotonic() + 60, {n: s.executor for n, s in self.sites.items()}
+        try:        # fragments whose interchange is gone send no result: not waited for (the next run resumes them)
+            while self.running and self.clock.monotonic() < deadline and not self.fragments.unreachable(labels):
                 self._collect(ctl)
                 self.clock.sleep(self.poll_s)
         finally:

@@ -186,6 +186,12 @@ class PilotProvider(ClusterProvider):
         """Ask the scheduler for the network's groups; None where it does not know them."""
         return None
 
+    def preflight(self) -> str:
+        """Ask the scheduler, before any pilot, whether it would take this site's pilots at all (a partition or
+        queue it does not have, a job it refuses); a ``SiteError`` naming the site field and the scheduler's words
+        if not, else one line of what it said."""
+        return "no check for this scheduler"
+
     def topology(self) -> Topology | None:
         """The network's groups as the scheduler knows them, asked once (they change only when the admins
         reconfigure the machine); None where unknown or when the query fails (logged: the pilots then go
@@ -289,17 +295,22 @@ class PilotProvider(ClusterProvider):
             raise ValueError(f"cannot use {path!r} in a batch script (quotes or control characters)")
         return path if re.fullmatch(r"[\w./@%+,:=-]+", path) else f'"{path}"'
 
-    def notice_trap(self, job_id_var: str) -> list[str]:
+    def notice_trap(self, job_id_var: str, grace_s: int = 3) -> list[str]:
         """Shell lines: run the worker in its own process group; the notice signal (USR1) only marks the pilot
         (the orchestrator sees the mark and has the fragment checkpoint; the worker keeps serving until then);
-        TERM - the scheduler ending the job - is passed on, so ranks still save what they can, and 3 s later
-        the whole group is killed: nothing may outlive its pilot (on sites without cgroups a process that left
-        the job's process tree would). Running into the end of a hole is a pilot's normal end."""
+        TERM - the scheduler ending the job - is passed on, so ranks still save what they can, and once the group
+        has ended, or ``grace_s`` seconds later (the scheduler's grace: Slurm's GraceTime), the whole group is
+        killed: nothing may outlive its pilot (on sites without cgroups a process that left the job's process tree
+        would). USR2 is the pool giving the pilot back: the group is ended the same way and the script exits 0,
+        so the scheduler's accounting says COMPLETED, not CANCELLED. Running into the end of a hole is a pilot's
+        normal end."""
         mark = '"$BFT_MARK"'                       # the path is quoted once, here (spaces, quotes, $ in it)
+        end = (f"kill -TERM -- -$CHILD 2>/dev/null; for _ in $(seq {int(grace_s)}); do kill -0 -- -$CHILD "
+               "2>/dev/null || break; sleep 1; done; kill -KILL -- -$CHILD 2>/dev/null")
         return [f"BFT_MARK={shlex.quote(str(self.script_dir))}/\"${job_id_var}\".noticed",
                 f"trap 'touch {mark}' USR1",
-                f"trap 'touch {mark}; kill -TERM -- -$CHILD 2>/dev/null; sleep 3; kill -KILL -- -$CHILD 2>/dev/null'"
-                " TERM",
+                f"trap 'touch {mark}; {end}' TERM",
+                f"trap '{end}; exit 0' USR2",
                 "CHILD=$!", "wait $CHILD; rc=$?",
                 "while kill -0 $CHILD 2>/dev/null; do wait $CHILD; rc=$?; done",
                 f"[ -e {mark} ] && exit 0", "exit $rc"]

@@ -20,11 +20,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..sites import DEFAULT_SITE, Site, load_site
+from .htex import release_dead_interchanges
+from .pilot import PilotProvider
 from .run import RunSettings, current_settings
 from .signals import sigterm_unwinds, stop_reason
 from .site_runtime import SiteRuntime, check_sites, checkpoint_dir, make_planner, make_pool, site_topology
 
 if TYPE_CHECKING:
+    from parsl.config import Config
     from parsl.dataflow.dflow import DataFlowKernel
     from parsl.executors.base import ParslExecutor
 
@@ -95,11 +98,12 @@ def training_session(state_dir: str | Path, site: SiteArg | Sequence[SiteArg] = 
     orchestrator_kw["state_lock"] = lock = lock_state_dir(Path(state_dir))   # refused before any pilot is started
     try:
         check_checkpoint_dirs(Path(state_dir), runtimes)
+        ensure_venv_on_path()          # pilots inherit PATH: their worker pools start from this environment
+        configs = [rt.config() for rt in runtimes]
+        check_schedulers(runtimes, configs)
     except BaseException:
         lock.close()
         raise
-    ensure_venv_on_path()          # pilots inherit PATH: their worker pools start from this environment
-    configs = [rt.config() for rt in runtimes]
     first = configs[0]
     with _dataflow([c.executors[0] for c in configs], retries=first.retries, strategy=first.strategy,
                    initialize_logging=first.initialize_logging,
@@ -118,9 +122,11 @@ def training_session(state_dir: str | Path, site: SiteArg | Sequence[SiteArg] = 
                 raise
             finally:
                 try:
+                    release_dead_interchanges(dfk)   # a command to one would block the stop for ever
                     orch.stop(why)  # running fragments checkpoint, pilots are given back
                 finally:
                     orch.close()    # the state directory's lock goes with the session
+                    release_dead_interchanges(dfk)   # and Parsl's cleanup (its status poller), next
 
 
 def _orchestrator(state_dir: str | Path, runtimes: list[SiteRuntime], dfk: DataFlowKernel,
@@ -141,6 +147,16 @@ def _orchestrator(state_dir: str | Path, runtimes: list[SiteRuntime], dfk: DataF
 
     multi = MultiPool({rt.site.name: rt.site_pool(p) for rt, p in zip(runtimes, pools)})
     return Orchestrator(state_dir, multi, MultiSitePlanner(runtimes[0].planner()), **kw)
+
+
+def check_schedulers(runtimes: list[SiteRuntime], configs: list[Config]) -> None:
+    """Each pilot site's scheduler asked, before any executor or pilot starts, whether it would take the site's
+    pilots (``SiteRuntime.check_scheduler``): a partition or queue it lacks or a job it refuses stops the run now,
+    not after minutes of "waiting"."""
+    for rt, c in zip(runtimes, configs):
+        provider = getattr(c.executors[0], "provider", None)
+        if isinstance(provider, PilotProvider):
+            rt.check_scheduler(provider)
 
 
 def check_checkpoint_dirs(state_dir: Path, runtimes: list[SiteRuntime]) -> None:

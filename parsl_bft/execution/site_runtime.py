@@ -16,6 +16,7 @@ file's ``topology:`` section there, rather than using the first site's and ignor
 from __future__ import annotations
 
 import re
+import subprocess
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -24,6 +25,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from ..sites import Emulation, Site, SiteError
 from ..topology import Topology, topology_from_dict
+from .commands import SchedulerError
 from .config import config_source, constructed, interchange_dies_with_us, local_config
 from .pilot import PilotProvider
 
@@ -122,7 +124,7 @@ class SiteRuntime:
         topology = (None if site.topology is None
                     else topology_from_dict(site.topology, source=f"site {site.name}: topology"))
         ckpt = Path(site.checkpoint_dir).resolve() if site.checkpoint_dir else None
-        return cls(site, executor_label(site), topology, ckpt, site.node.ranks_per_node or 1)
+        return cls(site, executor_label(site), topology, ckpt, (site.node.ranks_per_node or 1) if site.node else 1)
 
     # --- Parsl ------------------------------------------------------------------------------------------------
     def config(self, *, endpoint: EndpointFactory = _sdk_executor) -> Config:
@@ -137,6 +139,7 @@ class SiteRuntime:
             gce = GlobusComputeExecutor(executor=endpoint(str(site.globus_compute_endpoint)), label=self.label)
             return Config(executors=[gce], retries=0)
         if site.scheduler == "local":
+            assert site.node is not None           # the schema: every site but a Globus Compute one has a node
             return local_config(workers=site.node.cores, label=self.label)
         return Config(executors=[self.pilot_executor(self.label, self.pilot_provider())], retries=0,
                       strategy="none")
@@ -144,6 +147,7 @@ class SiteRuntime:
     def pilot_provider(self) -> PilotProvider:
         """The Slurm or PBS pilot provider of the site's holes."""
         site, w, h = self.site, self.site.pilot_walltime, self.site.holes
+        assert site.node is not None               # the schema: every site but a Globus Compute one has a node
         common: dict[str, Any] = dict(
             walltime_min_min=w.min_minutes, walltime_max_min=w.max_minutes, notice_s=h.notice_seconds,
             max_pending_s=h.max_pending_seconds, worker_init=site.worker_init, poll_s=max(1, round(h.poll_seconds)),
@@ -154,15 +158,33 @@ class SiteRuntime:
 
             cls, kw = SlurmPilotProvider, dict(partition=site.partition, qos=site.preemptable_qos,
                                                account=site.account, gpus_per_node=site.node.gpus, **common)
+            kw.update({k: getattr(site, k) for k in ("constraint", "mem", "reservation") if getattr(site, k)})
+            kw.update({"grace_s": h.grace_seconds} if h.grace_seconds else {})
         else:
             from .pbs import PBSPilotProvider
 
             select = f"1:ncpus={site.node.cores}" + (f":ngpus={site.node.gpus}" if site.node.gpus else "")
+            select += f":mem={site.mem.lower()}b" if site.mem else ""          # 64G -> PBS's 64gb
             cls, kw = PBSPilotProvider, dict(queue=site.queue, account=site.account,
                                              select=select, **common)
         # recorded so `sites show` can print it while the pilot providers have no code repr of their own
         provider: PilotProvider = constructed(cls(**kw), **kw)
         return provider
+
+    def check_scheduler(self, provider: PilotProvider | None = None) -> str:
+        """Ask the site's scheduler whether it would take the site's pilots (``PilotProvider.preflight``: a
+        partition or queue it lacks, a test submission it refuses), before any pilot or executor starts: a
+        ``SiteError`` naming the site, the field and the scheduler's words, else one line of what it said. The
+        embedded default has nothing to ask."""
+        if self.site.scheduler == "local":
+            return "nothing to ask: the embedded default runs on this machine"
+        refuse_remote(self.site)
+        try:
+            return (provider or self.pilot_provider()).preflight()
+        except SiteError as e:
+            raise SiteError(f"site '{self.site.name}': {e}") from None
+        except (SchedulerError, OSError, subprocess.SubprocessError) as e:
+            raise SiteError(f"site '{self.site.name}': its scheduler cannot be asked from here: {e}") from None
 
     def pilot_executor(self, label: str, provider: PilotProvider) -> HighThroughputExecutor:
         """An (unstarted) executor of the site's pilots: the site's own, or a lane of one network group that

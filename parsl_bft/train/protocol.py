@@ -162,10 +162,11 @@ class JobDir:
                                  "pids": {str(p): proc_start_time(p) for p in pids}}))
         return f
 
-    def kill_ranks(self, fragment: str | None = None) -> int:
-        """SIGKILL the recorded rank processes on this host (of one fragment, or all) that are still the
-        processes recorded; returns how many were killed. Ranks on other hosts end with their pilot."""
-        killed = 0
+    def live_ranks(self, fragment: str | None = None, forget: bool = False) -> list[int]:
+        """The recorded rank processes on this host (of one fragment, or all) that still run and are still the
+        processes recorded (a pid may be reused); ``forget``: delete the records read. Ranks on other hosts are
+        not seen here."""
+        out = []
         for f in self.path.glob(f".ranks-{hostname()}-{fragment or '*'}-*.pid"):
             try:
                 rec = json.loads(f.read_text())
@@ -173,16 +174,22 @@ class JobDir:
                 continue
             pids = rec.get("pids") if isinstance(rec, dict) else None
             for pid, start in (pids.items() if isinstance(pids, dict) else ()):   # another shape: not ours
-                if not str(pid).isdigit() or not isinstance(start, str):
-                    continue
-                if proc_start_time(int(pid)) == start:
-                    try:
-                        os.kill(int(pid), signal.SIGKILL)
-                        killed += 1
-                    except ProcessLookupError:
-                        pass
-            if fragment is None:
+                if str(pid).isdigit() and isinstance(start, str) and proc_start_time(int(pid)) == start:
+                    out.append(int(pid))
+            if forget:
                 f.unlink(missing_ok=True)
+        return out
+
+    def kill_ranks(self, fragment: str | None = None) -> int:
+        """SIGKILL the recorded rank processes on this host (of one fragment, or all) that are still the
+        processes recorded; returns how many were killed. Ranks on other hosts end with their pilot."""
+        killed = 0
+        for pid in self.live_ranks(fragment, forget=fragment is None):
+            try:
+                os.kill(pid, signal.SIGKILL)
+                killed += 1
+            except ProcessLookupError:
+                pass
         return killed
 
     # --- failures ------------------------------------------------------------------------------------

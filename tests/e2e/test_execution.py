@@ -327,6 +327,49 @@ def test_one_signal_to_parsl_bft_run_checkpoints_and_leaves_nothing_behind(tmp_p
     assert_nothing_left(state, 60)
 
 
+def _interchanges(pid: int) -> list[int]:
+    """The interchanges of orchestrator ``pid``: the children of its die_with_parent watchers."""
+    rows = [line.split(None, 2) for line in subprocess.run(["ps", "-eo", "pid,ppid,args"], capture_output=True,
+                                                           text=True).stdout.splitlines()[1:]]
+    watchers = {r[0] for r in rows if r[1] == str(pid) and "die_with_parent" in r[2]}
+    return [int(r[0]) for r in rows if r[1] in watchers]
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("first", ["nothing", "the interchange dies"])
+def test_one_sigterm_to_the_process_group_ends_the_run_within_the_notice(tmp_path, first):
+    """`kill -TERM -- -PGID` (what `timeout`, systemd and a batch system send) once to `parsl-bft run` on the
+    embedded default, mid-training - also after its interchange died: the run ends within the notice time (plus
+    a margin for a loaded machine) with the fragments' checkpoints saved, and nothing of it is left. It used to
+    hang until SIGKILL: the interchange, in the same group, died first and Parsl's cleanup waited on it."""
+    from parsl_bft.sites import DEFAULT_SITE, load_site
+    notice = (load_site(DEFAULT_SITE).emulation.notice_seconds if load_site(DEFAULT_SITE).emulation else 2.0)
+    workflow = HERE.parent / "workflows" / "image_classifier.py"
+    p = subprocess.Popen([sys.executable, "-m", "parsl_bft.cli", "run", "--quiet", str(workflow)], cwd=tmp_path,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    state = tmp_path / "bft-state" / "image_classifier"
+    try:
+        wait_for(lambda: live_ranks(state) and any(JobDir(d).progress() for d in state.glob("jobs/*")), timeout=300,
+                 what="training")
+        if first != "nothing":
+            (ic,) = _interchanges(p.pid)
+            os.kill(ic, signal.SIGKILL)
+            wait_for(lambda: not _interchanges(p.pid), 30, 0.05, what="the interchange's end")
+        t_signal = time.time()
+        os.killpg(p.pid, signal.SIGTERM)
+        wait_for(lambda: p.poll() is not None, notice + 20, 0.1, what="the run's end after one SIGTERM")
+        err = p.stderr.read()
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+    assert p.returncode == 130 and "Traceback" not in err, err[-3000:]
+    newest = max(f.stat().st_mtime for f in state.glob("jobs/*/ckpt-*.h5"))
+    assert newest > t_signal                                   # the shutdown checkpoint
+    assert JobStore(state / "state.sqlite").events("stop")[-1][2]["why"] in ("SIGTERM", "stopped")
+    assert_nothing_left(state, 60)
+
+
 @pytest.mark.timeout(900)
 def test_a_run_killed_outright_leaves_nothing_behind_and_resumes(tmp_path):
     """`kill -9` of `parsl-bft run` alone (no signal to anything else) on the embedded default: its interchange

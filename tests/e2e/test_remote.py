@@ -457,7 +457,8 @@ def test_a_run_submitted_to_the_local_slurm_trains_on_a_pilot(slurm, tmp_path, e
     from parsl_bft.execution.jobstore import JobStore
     from parsl_bft.remote import remote_session
 
-    laptop = sites(tmp_path, facility_site=SLURM_FACILITY)
+    laptop = sites(tmp_path, facility_site=SLURM_FACILITY.replace("/tmp/local-slurm/etc/slurm.conf",
+                                                                  os.environ["SLURM_CONF"]))   # the fixture's
     code, out, _ = cli(capsys, "submit", WORKFLOW, "--site", laptop, STEPS, tmp_path / "hold")
     run_id = out.strip()
     with remote_session(laptop, poll_s=0.5) as remote:

@@ -38,7 +38,8 @@ checkpoint_dir: /tmp/ck
     ("scheduler: lsf", "scheduler", "'local', 'slurm' or 'pbs'"),
     ("partition: null", "(site)", "needs 'partition'"),
     ("node: {cores: 0}", "node.cores", "greater than or equal to 1"),
-    ("node: {cores: 4, tpus: 2}", "node.tpus", "unknown field; allowed here: cores, gpus, ranks_per_node"),
+    ("node: {cores: 4, tpus: 2}", "node.tpus", "unknown field; did you mean 'gpus'? allowed here: cores, gpus, "
+                                               "ranks_per_node"),
     ("pilot_walltime: {min_minutes: 10, max_minutes: 5}", "pilot_walltime", "max_minutes 5 < min_minutes 10"),
     ("worker_init: 'export GLOBUS_COMPUTE_CLIENT_SECRET=abc'", "worker_init", "looks like a secret"),
     ("globus_compute_endpoint: not-a-uuid", "globus_compute_endpoint", "UUID"),
@@ -64,14 +65,14 @@ def test_cli_validate_exit_codes(tmp_path):
     bad.write_text("name: x\nscheduler: slurm\n")
     r = subprocess.run([sys.executable, "-m", "parsl_bft.cli", "sites", "validate", str(SITES[0]), str(bad)],
                        capture_output=True, text=True)
-    assert r.returncode == 1 and "ok" in r.stdout and "field 'node': Field required" in r.stderr
+    assert r.returncode == 1 and "ok" in r.stdout and "field '(site)': scheduler 'slurm' needs 'node'" in r.stderr
     r = subprocess.run([sys.executable, "-m", "parsl_bft.cli", "sites", "show", str(ROOT / "site_configs" /
                                                                                    "local-slurm.yaml")],
                        capture_output=True, text=True)
     assert r.returncode == 0 and "provider=SlurmPilotProvider(" in r.stdout and "partition='backfill'" in r.stdout
 
 
-GC_SITE = "name: x\nscheduler: slurm\nnode: {cores: 4}\nglobus_compute_endpoint: 2a7e6a1c-3e3b-4b8a-9a66-0a3b0c5d9f11\n"
+GC_SITE = "name: x\nscheduler: slurm\nglobus_compute_endpoint: 2a7e6a1c-3e3b-4b8a-9a66-0a3b0c5d9f11\n"   # no node:
 
 
 def test_globus_compute_site_builds_the_executor_code(tmp_path):
@@ -187,6 +188,10 @@ CONSUMED = {
     "queue": lambda r: r.prov.queue == r.site.queue,
     "account": lambda r: r.prov.account == r.site.account,
     "preemptable_qos": lambda r: r.prov.qos == r.site.preemptable_qos,
+    "constraint": lambda r: f"--constraint={r.site.constraint}" in r.prov.job_options(5),
+    "mem": lambda r: (f"--mem={r.site.mem}" in r.prov.job_options(5) if r.site.scheduler == "slurm"
+                      else f":mem={r.site.mem.lower()}b" in r.prov.select),
+    "reservation": lambda r: f"--reservation={r.site.reservation}" in r.prov.job_options(5),
     "node.cores": lambda r: {"local": r.ex.max_workers_per_node == r.site.node.cores,
                              "pbs": f"ncpus={r.site.node.cores}" in getattr(r.prov, "select", ""),
                              # Slurm pilots take whole nodes (--exclusive): cores only describes the node there
@@ -207,6 +212,7 @@ CONSUMED = {
     "holes.max_pending_seconds": lambda r: r.prov.max_pending_s == r.site.holes.max_pending_seconds,
     "holes.notice_seconds": lambda r: r.prov.notice_s == r.pool.notice_s == r.site.holes.notice_seconds,
     "holes.max_pilots": lambda r: r.pool.max_nodes == r.site.holes.max_pilots,
+    "holes.grace_seconds": lambda r: r.prov.grace() == r.site.holes.grace_seconds,
     "objective.name": lambda r: r.planner.objective.name == r.site.objective.name,
     "objective.t_fwd_seconds": lambda r: r.planner.t_fwd == r.site.objective.t_fwd_seconds,
     "emulation.trace": lambda r: r.site.emulation.trace == "demo" and r.pool.duration > 0,
@@ -336,7 +342,7 @@ def test_the_site_file_reference_documents_every_field():
     from parsl_bft.site_schema import reference, undocumented
     assert undocumented() == []
     doc = reference()
-    assert "| `holes.poll_seconds` | float | `5.0` |" in doc and "| `node` | NodeShape | required |" in doc
+    assert "| `holes.poll_seconds` | float | `5.0` |" in doc and "| `node` | NodeShape or null | `null` |" in doc
 
 
 def test_validate_says_an_endpoint_site_is_remote(tmp_path, capsys):

@@ -192,6 +192,18 @@ class PBSCommands(SchedulerCommands):
         if job_ids:
             self._run(["qdel", "-W", "force", *job_ids], ok_codes=(0, 1, 15, 35, 153))
 
+    def queue_info(self, queue: str) -> tuple[int, dict[str, Any], str]:
+        """``qstat -Q -f -F json QUEUE``: (exit status, the queue's attributes, what qstat said on error); an
+        unknown queue is a non-zero status ("Unknown queue")."""
+        rc, out, err = self.runner(["qstat", "-Q", "-f", "-F", "json", queue])
+        if rc != 0:
+            return rc, {}, " ".join((err or out).split())
+        try:
+            attrs = (json.loads(out).get("Queue") or {}).get(queue, {})
+        except (ValueError, AttributeError):
+            attrs = {}
+        return rc, attrs if isinstance(attrs, dict) else {}, ""
+
     def job_limit(self, queue: str) -> int | None:
         """The per-user cap on queued jobs (``max_queued`` / ``max_run`` ``[u:PBS_GENERIC=N]``) of the queue and
         the server, smallest wins; None where none is set or qstat -Q fails."""

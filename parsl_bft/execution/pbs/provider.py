@@ -7,6 +7,7 @@ import typeguard
 from parsl.jobs.states import JobState
 from parsl.utils import RepresentationMixin
 
+from ...sites import SiteError
 from ...topology import Topology
 from ..pilot import PilotProvider, QueueJob, Snapshot, node_name
 from .commands import PBSCommands, PBSJob
@@ -63,6 +64,20 @@ class PBSPilotProvider(PilotProvider, RepresentationMixin):
         finals = [_queue_job(j) for j in self.cmd.history(job_ids)]
         return {q.job_id: (q.state, q.reason) for q in finals if q.job_id in job_ids}
 
+    def preflight(self) -> str:
+        """The queue exists and takes jobs (``qstat -Q``): an unknown or disabled queue stops the run before it
+        starts (PBS has no test-only submission; a refused pilot is caught by three refusals in a row)."""
+        rc, attrs, said = self.cmd.queue_info(self.queue)
+        if rc != 0:
+            raise SiteError(f"queue '{self.queue}' is unknown to PBS (qstat -Q {self.queue}: "
+                            f"{said[:300] or f'exit {rc}'}): check the site file's 'queue' (qstat -Q lists the "
+                            "queues)")
+        off = [k for k in ("enabled", "started") if str(attrs.get(k, "True")).lower() in ("false", "0")]
+        if off:
+            raise SiteError(f"queue '{self.queue}' takes no jobs now ({' and '.join(k + ' = False' for k in off)}): "
+                            "name another queue in the site file's 'queue', or ask the admins")
+        return f"queue '{self.queue}': known to PBS, enabled and started"
+
     def job_limit(self) -> int | None:
         """The per-user cap of the queue and the server."""
         return self.cmd.job_limit(self.queue)
@@ -78,7 +93,7 @@ class PBSPilotProvider(PilotProvider, RepresentationMixin):
             (node,) = self.pilot_target
             select += f":host={node_name(node)}"
         opts = [f"-N {job_name}", f"-q {self.queue}", f"-l select={select}",
-                f"-l walltime={minutes // 60:02d}:{minutes % 60:02d}:00", "-j oe",
+                f"-l walltime={minutes // 60:02d}:{minutes % 60:02d}:00", "-j oe", "-r n",   # never rerun
                 f"-o {self.directive_path(f'{self.script_dir}/')}"]
         opts += [f"-A {self.account}"] if self.account else []
         lines = ["#!/bin/bash", *[f"#PBS {o}" for o in opts + self.scheduler_options], self.worker_init,

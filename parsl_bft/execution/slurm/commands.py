@@ -188,6 +188,26 @@ class SlurmCommands(SchedulerCommands):
         _, out, err = self.runner(["sbatch", "--test-only", *args, "--wrap", "true"])
         return parse_test_only(out + err)
 
+    def try_job(self, args: list[str]) -> tuple[int, str]:
+        """``sbatch --test-only`` of a job of ``args``: (exit status, what sbatch said). Nothing is submitted; a
+        non-zero status is the scheduler refusing the job (invalid partition, account, QOS, an unsatisfiable
+        request), in its own words."""
+        rc, out, err = self.runner(["sbatch", "--test-only", *args, "--wrap", "true"])
+        return rc, " ".join((err + " " + out).split())
+
+    def grace_time(self, partition: str) -> int | None:
+        """The partition's GraceTime in seconds (``scontrol show partition -o``): how long a preempted job has
+        between SIGTERM and SIGKILL; None where scontrol does not say."""
+        rc, out, _ = self.runner(["scontrol", "show", "partition", "-o", partition])
+        m = re.search(r"\bGraceTime=(\d+)", out) if rc == 0 else None
+        return int(m.group(1)) if m else None
+
+    def release(self, job_ids: list[str]) -> None:
+        """Ask running pilots to end themselves: USR2 to their batch scripts (``scancel --batch --signal``), whose
+        trap stops the worker and exits 0 (ids Slurm no longer knows are no error)."""
+        if job_ids:
+            self._run(["scancel", "--batch", "--signal=USR2", *job_ids], ok_codes=(0, 1))
+
     def cancel(self, job_ids: list[str]) -> None:
         """scancel these jobs (ids Slurm no longer knows are no error)."""
         if job_ids:

@@ -5,15 +5,20 @@ import getpass
 import math
 import re
 import shlex
+import subprocess
+import time
+from collections.abc import Sequence
 from typing import ClassVar
 
 import typeguard
 from parsl.jobs.states import JobState
 from parsl.utils import RepresentationMixin
 
+from ...sites import SiteError
 from ...topology import Topology
+from ..commands import SchedulerError
 from ..pilot import PilotProvider, Snapshot, node_name
-from .commands import ReservationRecord, SlurmCommands
+from .commands import ReservationRecord, SlurmCommands, parse_test_only
 
 
 class SlurmPilotProvider(PilotProvider, RepresentationMixin):
@@ -29,6 +34,12 @@ class SlurmPilotProvider(PilotProvider, RepresentationMixin):
         The QOS of the pilots (a preemptable one, where the site has it).
     account : str or None
         The allocation the pilots are charged to (``--account``); None: the user's default.
+    constraint, mem, reservation : str or None
+        ``--constraint`` (node features), ``--mem`` (per node, with its unit) and ``--reservation`` of every
+        pilot; None: not asked.
+    grace_s : int or None
+        Seconds a pilot's worker gets to save after the scheduler's SIGTERM before the pilot kills it; None: the
+        partition's GraceTime (``scontrol show partition``, asked once), else 3.
     commands : SlurmCommands or None
         The command seam (tests pass one that answers from recorded output); None: the real Slurm commands.
 
@@ -59,12 +70,16 @@ class SlurmPilotProvider(PilotProvider, RepresentationMixin):
                  commands: SlurmCommands | None = None, walltime_min_min: int = 1, walltime_max_min: int = 30,
                  notice_s: int = 60, max_pending_s: float = 30.0, worker_init: str = "",
                  script_dir: str = "bft-pilots", nodes_per_block: int = 1, poll_s: int = 5,
-                 scheduler_options: list[str] | None = None, max_jobs: int | None = None, gpus_per_node: int = 0):
+                 scheduler_options: list[str] | None = None, max_jobs: int | None = None, gpus_per_node: int = 0,
+                 constraint: str | None = None, mem: str | None = None, reservation: str | None = None,
+                 grace_s: int | None = None):
         super().__init__("slurm_pilot", walltime_min_min=walltime_min_min, walltime_max_min=walltime_max_min,
                          notice_s=notice_s, max_pending_s=max_pending_s, worker_init=worker_init,
                          script_dir=script_dir, nodes_per_block=nodes_per_block, poll_s=poll_s,
                          scheduler_options=scheduler_options, max_jobs=max_jobs)
         self.partition, self.qos, self.account, self.gpus_per_node = partition, qos, account, gpus_per_node
+        self.constraint, self.mem, self.reservation, self.grace_s = constraint, mem, reservation, grace_s
+        self._grace: int | None = None
         self.commands = commands
         self.cmd: SlurmCommands = commands or SlurmCommands()
         self._reservations: tuple[float, list[ReservationRecord]] | None = None
@@ -102,6 +117,25 @@ class SlurmPilotProvider(PilotProvider, RepresentationMixin):
             self._test_only = (taken, minutes, self.pilot_nodes, late)
         return self.walltime_min_min if self._test_only[3] else minutes
 
+    def preflight(self) -> str:
+        """The partition has nodes (``sinfo -p`` of an unknown partition lists none and exits 0), and ``sbatch
+        --test-only`` takes a pilot of the longest walltime: what a real submission would be refused for
+        (invalid partition, account or QOS, an unsatisfiable request) stops the run before it starts."""
+        nodes = self.cmd.nodes(self.partition)
+        if not nodes:
+            raise SiteError(f"partition '{self.partition}' matches no node (sinfo -p {self.partition} lists none): "
+                            "check the site file's 'partition' (sinfo -s lists the partitions)")
+        rc, said = self.cmd.try_job([a for o in self.job_options(self.walltime_max_min) for a in shlex.split(o)])
+        if rc != 0:
+            raise SiteError(f"sbatch --test-only refuses a pilot: {said[:300] or f'exit {rc}'} (check the site "
+                            "file's partition, account, preemptable_qos, constraint, mem, reservation and "
+                            "scheduler_options; `parsl-bft sites show --pilot-script` prints the pilot's script)")
+        start, where = parse_test_only(said)
+        idle = sum(n.usable for n in nodes)
+        when = f"would start at {time.strftime('%H:%M:%S', time.localtime(start))} on {where}" if start else \
+            "takes a pilot"
+        return f"partition '{self.partition}': {len(nodes)} nodes, {idle} idle now; sbatch --test-only {when}"
+
     def job_limit(self) -> int | None:
         """The user's association cap (sacctmgr)."""
         return self.cmd.job_limit(getpass.getuser())
@@ -115,22 +149,51 @@ class SlurmPilotProvider(PilotProvider, RepresentationMixin):
         return command if nodes == 1 else f"srun --nodes={nodes} --ntasks={nodes} --ntasks-per-node=1 {command}"
 
     def job_options(self, minutes: int) -> list[str]:
-        """What a pilot asks Slurm for, ``minutes`` long: partition, nodes, time, QOS, account, GPUs and the
-        site's options. The pilot's script and the ``--test-only`` probe both use it, so the probe tests the job
-        that is submitted."""
+        """What a pilot asks Slurm for, ``minutes`` long: partition, nodes, time, QOS, account, constraint, memory,
+        reservation, GPUs and the site's options. The pilot's script and the ``--test-only`` probe both use it, so
+        the probe tests the job that is submitted."""
         opts = [f"--partition={self.partition}", f"--nodes={self.pilot_nodes}", f"--time={minutes}",
                 f"--time-min={minutes}", "--exclusive"]
         opts += [f"--nodelist={','.join(map(node_name, self.pilot_target))}"] if self.pilot_target else []
         opts += [f"--qos={self.qos}"] if self.qos else []
         opts += [f"--account={self.account}"] if self.account else []
+        opts += [f"--{k}={v}" for k, v in (("constraint", self.constraint), ("mem", self.mem),
+                                           ("reservation", self.reservation)) if v]
         asks_gpus = any(re.match(r"(--gpus|--gres|-G\b)", o) for o in self.scheduler_options)   # the site asks
         opts += [f"--gpus-per-node={self.gpus_per_node}"] if self.gpus_per_node and not asks_gpus else []
         return opts + self.scheduler_options
 
+    def grace(self) -> int:
+        """Seconds the pilot's TERM trap waits for the worker to save before killing it: ``grace_s``, else the
+        partition's GraceTime (asked once; Slurm's own wait between SIGTERM and SIGKILL of a preempted job), else
+        3 (GraceTime 0, or scontrol cannot be asked)."""
+        if self._grace is None:
+            found = self.grace_s
+            if found is None:
+                try:
+                    found = self.cmd.grace_time(self.partition)
+                except (SchedulerError, OSError, subprocess.SubprocessError):
+                    found = None
+            self._grace = found or 3
+        return self._grace
+
+    def cancel(self, job_ids: Sequence[object]) -> list[bool]:
+        """Give pilots back: running ones are asked to end themselves (``SlurmCommands.release``: their script
+        stops the worker and exits 0, so accounting says COMPLETED, not CANCELLED; the trap bounds that by
+        ``grace()``), queued ones are cancelled. Either way they count as withdrawn from now on."""
+        ids = [str(j) for j in job_ids]
+        running = set(self.where(ids))
+        self.cmd.release(sorted(running))
+        self.cmd.cancel([j for j in ids if j not in running])
+        self.withdrawn.update(ids)
+        return [True] * len(ids)
+
     def script(self, command: str, job_name: str, minutes: int) -> str:
-        """The sbatch script of the next pilot (aimed with --nodelist when ``pilot_target`` is set)."""
+        """The sbatch script of the next pilot (aimed with --nodelist when ``pilot_target`` is set): never
+        requeued (a requeued pilot would start again for nobody, its fragment's ranks gone)."""
         opts = [f"--job-name={job_name}", *self.job_options(minutes), f"--signal=B:USR1@{self.notice_s}",
-                f"--output={self.directive_path(f'{self.script_dir}/%j.out')}"]
+                "--no-requeue", f"--output={self.directive_path(f'{self.script_dir}/%j.out')}"]
         lines = ["#!/bin/bash", *[f"#SBATCH {o}" for o in opts], self.worker_init,
-                 f"setsid {self.on_each_node(command, self.pilot_nodes)} &", *self.notice_trap("SLURM_JOB_ID")]
+                 f"setsid {self.on_each_node(command, self.pilot_nodes)} &",
+                 *self.notice_trap("SLURM_JOB_ID", self.grace())]
         return "\n".join(line for line in lines if line) + "\n"
