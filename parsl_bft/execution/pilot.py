@@ -296,8 +296,8 @@ class PilotProvider(ClusterProvider):
         return path if re.fullmatch(r"[\w./@%+,:=-]+", path) else f'"{path}"'
 
     def notice_trap(self, job_id_var: str, grace_s: int = 3) -> list[str]:
-        """Shell lines: run the worker in its own process group; the notice signal (USR1) only marks the pilot
-        (the orchestrator sees the mark and has the fragment checkpoint; the worker keeps serving until then);
+        """Shell lines: run the worker in its own process group; the walltime notice (USR1) only marks the pilot
+        (a mark of its own: the orchestrator has the fragment checkpoint; the worker keeps serving until then);
         TERM - the scheduler ending the job - is passed on, so ranks still save what they can, and once the group
         has ended, or ``grace_s`` seconds later (the scheduler's grace: Slurm's GraceTime), the whole group is
         killed: nothing may outlive its pilot (on sites without cgroups a process that left the job's process tree
@@ -305,10 +305,11 @@ class PilotProvider(ClusterProvider):
         so the scheduler's accounting says COMPLETED, not CANCELLED. Running into the end of a hole is a pilot's
         normal end."""
         mark = '"$BFT_MARK"'                       # the path is quoted once, here (spaces, quotes, $ in it)
-        end = (f"kill -TERM -- -$CHILD 2>/dev/null; for _ in $(seq {int(grace_s)}); do kill -0 -- -$CHILD "
-               "2>/dev/null || break; sleep 1; done; kill -KILL -- -$CHILD 2>/dev/null")
+        # looked at 5 times a second: a facility job waiting for the node starts as soon as the group is gone
+        end = (f"kill -TERM -- -$CHILD 2>/dev/null; for _ in $(seq {5 * int(grace_s)}); do kill -0 -- -$CHILD "
+               "2>/dev/null || break; sleep 0.2; done; kill -KILL -- -$CHILD 2>/dev/null")
         return [f"BFT_MARK={shlex.quote(str(self.script_dir))}/\"${job_id_var}\".noticed",
-                f"trap 'touch {mark}' USR1",
+                f"trap 'touch {mark[:-1]}.walltime\"' USR1",
                 f"trap 'touch {mark}; {end}' TERM",
                 f"trap '{end}; exit 0' USR2",
                 "CHILD=$!", "wait $CHILD; rc=$?",
@@ -335,8 +336,13 @@ class PilotProvider(ClusterProvider):
         return out
 
     def noticed(self, job_id: str) -> bool:
-        """Has the scheduler sent this pilot its notice (or begun ending it)?"""
+        """Has the scheduler begun ending this pilot (SIGTERM: preempted, cancelled)?"""
         return (self._dir / f"{job_id}.noticed").exists()
+
+    def walltime_signalled(self, job_id: str) -> bool:
+        """Has the scheduler sent this pilot its walltime notice (``--signal``)? Slurm sends it up to 60 s
+        early, so it is only worth reading for a pilot whose walltime end is not known."""
+        return (self._dir / f"{job_id}.noticed.walltime").exists()
 
     def _refusal(self, e: SchedulerError) -> None:
         """Count a submission the scheduler refused; ``REFUSALS_IN_A_ROW`` with the same words make the provider

@@ -334,6 +334,10 @@ class PilotPool:
             return NoticeReason.SIGNAL
         if end is not None and now >= end - self.notice_s:
             return NoticeReason.WALLTIME
+        # the scheduler's own walltime signal only where the end is unknown: Slurm sends it up to 60 s early,
+        # which would end a 1-minute pilot's use of its node as it joins
+        if end is None and self.provider.walltime_signalled(jid):
+            return NoticeReason.WALLTIME
         return None
 
     def _notices(self, noticed: list[tuple[str, NoticeReason]], w: float) -> list[PoolEvent]:

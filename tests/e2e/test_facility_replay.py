@@ -32,7 +32,7 @@ def test_the_facility_replay_smoke_run(tmp_path):
     modes = {m["mode"]: m for m in (json.loads(line) for line in r.stdout.splitlines() if line.startswith("{"))}
     assert set(modes) == {"preempt", "no-preempt"}, r.stdout[-2000:]
     for m in modes.values():
-        assert KEYS <= set(m), KEYS - set(m)
+        assert set(m) >= KEYS, KEYS - set(m)
         assert m["facility_jobs"] > 5 and m["facility_unmatched"] == 0, m
         assert m["pilots"] >= 1 and m["held_node_s"] > 0 and m["fragments"] >= 1, m     # pilots soaked holes
         assert m["samples"] > 0 and 0 < m["e_used_vs_dedicated"] <= 1.0, m            # ... and trained in them

@@ -612,6 +612,7 @@ class FakePilots:
         self.blocks_to_job_id, self.managers, self.cancelled, self.held = {}, set(), [], []
         self.provider, self.busy, self.surveys, self.slots = self, False, 0, None
         self.sizes, self.multi_node, self.pilot_nodes, self.busy_cancel = {}, False, 1, False
+        self.walltime_marks = set()
 
     def hold(self, executor, block):
         self.held.append(block)
@@ -645,6 +646,9 @@ class FakePilots:
 
     def noticed(self, jid):
         return jid in self.marks
+
+    def walltime_signalled(self, jid):
+        return jid in self.walltime_marks
 
     def cancel(self, ids):
         if self.busy_cancel:
@@ -708,6 +712,30 @@ def test_pilot_pool_joins_notices_claims_and_replaces_pilots():
     assert step() == [] and queued[0] in fake.cancelled
     pool.stop()
     assert set(fake.cancelled) >= {"101", "102"}
+
+
+def test_the_schedulers_early_walltime_signal_does_not_end_a_pilot_whose_end_is_known():
+    """Slurm sends --signal=B:USR1@notice up to 60 s early: on a 1-minute pilot that is as it joins. The pool
+    gives a pilot its walltime notice from the walltime it knows; the scheduler's signal counts only for a
+    pilot whose end it does not know."""
+    clock = {"t": 1000.0}
+    fake = FakePilots()
+    pool = PilotPool(fake, max_nodes=2, probe_s=1.0, poll_s=0.0, clock=lambda: clock["t"], hold=fake.hold)
+    pool.start()
+
+    def step(dt=1.0):
+        clock["t"] += dt
+        return [(e.kind, e.nodes) for e in pool.poll()]
+    fake.holes_n = 2
+    step()
+    fake.running["100"] = ("n7", clock["t"] + 60)        # a 1-minute pilot, its walltime signal already in
+    fake.running["101"] = ("n8", None)                    # a pilot whose end the scheduler does not say
+    fake.managers.update({"0", "1"})
+    fake.walltime_marks.update({"100", "101"})
+    assert step() == [("join", ("n7", "n8"))]
+    assert step() == [("notice", ("n8",))]               # its signal is all it has
+    assert step(30) == [] and pool.states()["100"] == PilotState.RUNNING
+    assert step(10) == [("notice", ("n7",))]              # notice_s (20 s) before the walltime it knows
 
 
 def test_reservations_end_holes_and_test_only_confirms_pilot_walltime(tmp_path):
