@@ -39,16 +39,16 @@ def test_the_pilot_script_is_never_requeued_and_waits_the_partitions_grace(tmp_p
     prov, calls = _provider(tmp_path, {"scontrol show partition": (0, PARTITION, "")})
     script = prov.script("worker", "parsl.bft", 10)
     assert "#SBATCH --no-requeue" in script.splitlines()
-    assert "for _ in $(seq 10); do kill -0 -- -$CHILD" in script and "sleep 3;" not in script
+    assert "for _ in $(seq 50); do kill -0 -- -$CHILD" in script and "sleep 3;" not in script   # 10 s, 5 looks a second
     prov.script("worker", "parsl.bft", 10)
     assert sum(c[:2] == ["scontrol", "show"] for c in calls) == 1          # asked once
     site_says, calls = _provider(tmp_path, {"scontrol show partition": (0, PARTITION, "")}, grace_s=25)
-    assert "$(seq 25)" in site_says.script("worker", "parsl.bft", 10) and calls == []   # the site's word
+    assert "$(seq 125)" in site_says.script("worker", "parsl.bft", 10) and calls == []   # the site's word
     unknown, _ = _provider(tmp_path, {"scontrol show partition": (1, "", "slurm_load_partitions: error")})
-    assert "$(seq 3)" in unknown.script("worker", "parsl.bft", 10)
+    assert "$(seq 15)" in unknown.script("worker", "parsl.bft", 10)
     zero, _ = _provider(tmp_path, {"scontrol show partition": (0, PARTITION.replace("GraceTime=10", "GraceTime=0"),
                                                                "")})
-    assert "$(seq 3)" in zero.script("worker", "parsl.bft", 10)
+    assert "$(seq 15)" in zero.script("worker", "parsl.bft", 10)
     pbs = PBSPilotProvider("workq", script_dir=str(tmp_path)).script("worker", "parsl.bft", 10)
     assert "#PBS -r n" in pbs.splitlines()
 
