@@ -32,6 +32,7 @@ from typing import Any
 
 from ..errors import ParslBftError
 from ..execution.statedir import check_private, private_dir
+from ..safe_python import python_command
 
 END_STATES = ("finished", "failed", "cancelled", "lost")    # the run's session is over (run_status)
 CHUNK = 4 << 20                  # checkpoint bytes per call: base64-encoded still well under the 10 MB task limit
@@ -163,7 +164,7 @@ def _spawn(d: Path) -> None:
             # the runner forks and this child exits at once: the session is nobody's child here, so it
             # outlives the endpoint worker and leaves no zombie behind in it
             try:
-                code = subprocess.run([sys.executable, "-m", "parsl_bft.remote.runner", str(d), str(fd)],
+                code = subprocess.run(python_command("-m", "parsl_bft.remote.runner", str(d), str(fd)),
                                       stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                       pass_fds=(fd,), start_new_session=True, timeout=120).returncode
             except subprocess.TimeoutExpired:

@@ -35,6 +35,7 @@ from typing import Any
 from torch._C._distributed_c10d import Store, TCPStore  # typed here; torch.distributed re-exports
 
 from ..parent_death import signal_on_parent_death
+from ..safe_python import python_command, safe_path_env
 from .config import FragmentConfig, FragmentFailed, FragmentResult
 from .fragment import main
 from .leftovers import SHARE_ENV, kill_share_processes, share_mark
@@ -122,8 +123,10 @@ class RendezvousStore:
         self.listening = str(ip)
         alive, self._alive = os.pipe()
         try:
-            self._proc = subprocess.Popen([sys.executable, "-c", _SERVE, str(sock.fileno()), self.host,
-                                           str(self.port), str(memory)], stdin=alive, stdout=subprocess.DEVNULL,
+            # -P: _SERVE imports parsl_bft and torch, never from the folder this process happens to be in
+            self._proc = subprocess.Popen(python_command("-c", _SERVE, str(sock.fileno()), self.host,
+                                                         str(self.port), str(memory)),
+                                          stdin=alive, stdout=subprocess.DEVNULL,
                                           pass_fds=(sock.fileno(),), start_new_session=True)   # no Ctrl-C
         finally:
             os.close(alive)
@@ -328,7 +331,10 @@ def _rank_context() -> ForkServerContext:
                 if k in ("sys_path", "sys_argv", "init_main_from_name", "init_main_from_path")}
         os.environ[MAIN_ENV] = json.dumps(main)         # the forkserver inherits this environment as it starts
         try:
-            forkserver.ensure_running()
+            # it starts as `python -c ...` in this process's folder and imports parsl_bft (and 3.11 ignores the
+            # sys.path it is handed): a safe path, so a package planted in the folder is never imported
+            with safe_path_env():
+                forkserver.ensure_running()
         finally:
             os.environ.pop(MAIN_ENV, None)
         _CTX = ctx
