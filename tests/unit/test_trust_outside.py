@@ -1,0 +1,107 @@
+"""Files parsl-bft writes or reads for the user outside a state directory follow its rules: ``fetch --out`` and
+the scheduler-log parse cache are the user's own and writable by nobody else, no link another user planted is
+followed, files are made exclusively with mode 0600."""
+import hashlib
+import os
+import shutil
+import stat
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from parsl_bft.remote.client import RemoteError, RemoteRun
+
+NOBODY = 65534
+CKPT = b"the checkpoint's bytes" * 100
+
+
+def need_root() -> None:
+    if os.getuid() != 0:
+        pytest.skip("needs root to act as another user (os.chown); CI runs as root: run it there")
+
+
+class _Endpoint:
+    """The facility's answers to a fetch: a digest, then chunks."""
+
+    def call(self, op, run_id, state, job, *rest):
+        if op == "digest":
+            return {"size": len(CKPT), "sha256": hashlib.sha256(CKPT).hexdigest()}
+        assert op == "chunk"
+        return CKPT[rest[0]:rest[0] + 1000]
+
+
+STATUS = {"jobs": [{"job": "a", "state": "bft-state", "status": "done", "samples_done": 1, "fragments": 1,
+                    "checkpoint": "/x/a.h5"}]}
+
+
+def fetch(dest: Path) -> dict:
+    return RemoteRun(_Endpoint(), "r1").fetch(dest, status=STATUS)
+
+
+def test_fetch_follows_no_link_planted_in_its_folder(tmp_path):
+    """A link at <out>/<job>.h5.part made fetch overwrite the file it pointed to with the checkpoint."""
+    victim = tmp_path / "victim"
+    victim.write_text("root only")
+    out = tmp_path / "out"
+    out.mkdir(mode=0o700)
+    for name in ("a.h5.part", "a.h5"):
+        (out / name).symlink_to(victim)
+    got = fetch(out)
+    assert victim.read_text() == "root only"
+    st = os.lstat(got["a"])
+    assert stat.S_ISREG(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o600 and got["a"].read_bytes() == CKPT
+    assert sorted(p.name for p in out.iterdir()) == ["a.h5", "a.h5.part"]     # no temporary file left
+
+
+def test_fetch_refuses_an_out_folder_others_can_write(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    out.chmod(0o777)
+    with pytest.raises(RemoteError, match=r"--out .*out is writable by others \(mode 777\): give a folder"):
+        fetch(out)
+    assert list(out.iterdir()) == []
+    out.chmod(0o777 | stat.S_ISVTX)          # as /tmp: nobody can replace another user's files there
+    assert fetch(out)["a"].read_bytes() == CKPT
+
+
+def test_fetch_refuses_an_out_folder_of_another_user(tmp_path):
+    need_root()
+    out = tmp_path / "out"
+    out.mkdir(mode=0o700)
+    os.chown(out, NOBODY, NOBODY)
+    with pytest.raises(RemoteError, match=r"--out .*out belongs to another user \(uid 65534\)"):
+        fetch(out)
+    assert list(out.iterdir()) == []
+    mine = tmp_path / "mine"
+    mine.mkdir(mode=0o700)
+    link = tmp_path / "r1"                   # the default --out, planted as a link by the other user
+    link.symlink_to(mine)
+    os.lchown(link, NOBODY, NOBODY)
+    with pytest.raises(RemoteError, match=r"--out .*r1 is a symbolic link another user made"):
+        fetch(link)
+    assert list(mine.iterdir()) == []
+
+
+def test_fetch_cannot_replace_another_users_file_in_a_sticky_folder():
+    """In /tmp the other user's <job>.h5 stays theirs: one line, not a PermissionError traceback."""
+    need_root()
+    out = Path(tempfile.mkdtemp(prefix="bft-sticky-"))       # under /tmp: a plain user can reach it
+    try:
+        out.chmod(0o777 | stat.S_ISVTX)
+        (out / "a.h5").write_text("theirs")
+        os.chown(out / "a.h5", NOBODY, NOBODY)
+        pid = os.fork()
+        if pid == 0:                          # as a plain user (root may replace anything)
+            code = 1
+            try:
+                os.setuid(NOBODY - 1)
+                fetch(out)
+            except RemoteError as e:
+                code = 0 if "cannot write a.h5 in the --out folder: Operation not permitted" in str(e) else 2
+            finally:
+                os._exit(code)
+        assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
+        assert (out / "a.h5").read_text() == "theirs"
+    finally:
+        shutil.rmtree(out)
