@@ -3,9 +3,12 @@ the scheduler-log parse cache are the user's own and writable by nobody else, no
 followed, files are made exclusively with mode 0600."""
 import hashlib
 import os
+import pickle
+import re
 import shutil
 import stat
 import tempfile
+import warnings
 from pathlib import Path
 
 import pytest
@@ -105,3 +108,78 @@ def test_fetch_cannot_replace_another_users_file_in_a_sticky_folder():
         assert (out / "a.h5").read_text() == "theirs"
     finally:
         shutil.rmtree(out)
+
+
+# --- the scheduler-log parse cache ---------------------------------------------------------------------------
+class _Planted:
+    """What another user's pickle does when it is read: leaves a mark (a command would run the same way)."""
+
+    def __init__(self, mark: Path) -> None:
+        self.mark = str(mark)
+
+    def __reduce__(self):
+        return (Path.touch, (Path(self.mark),))
+
+
+def _plant(tmp_path, monkeypatch, folder_mode=0o700, file_mode=0o600, file_owner=None):
+    """A cache folder holding, under the very name the log's entry will have, another user's pickle."""
+    from parsl_bft.idle.cache import cache_key
+    folder, log, mark = tmp_path / "cache", tmp_path / "x.swf", tmp_path / "ran"
+    log.write_text("1 0 0 100 4 -1 -1 4 100 -1 1 1 1 1 1 -1 -1 -1\n")
+    folder.mkdir()
+    entry = folder / f"{cache_key(log, {'v': 1})}.pickle"
+    entry.write_bytes(pickle.dumps((_Planted(mark), [])))
+    entry.chmod(file_mode)
+    if file_owner is not None:
+        os.chown(entry, file_owner, file_owner)
+    folder.chmod(folder_mode)
+    monkeypatch.setenv("PARSL_BFT_CACHE", str(folder))
+    return log, mark
+
+
+def _load(log):
+    from parsl_bft.idle.cache import cached
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        value = cached(log, {"v": 1}, lambda: "parsed")
+    return value, [str(w.message) for w in said]
+
+
+@pytest.mark.parametrize("folder_mode, file_mode, why", [
+    (0o777, 0o600, r"cache's .*cache is writable by others \(mode 777\): not used"),
+    (0o1777, 0o600, r"cache's .*cache is writable by others \(mode 1777\): not used"),
+    (0o700, 0o666, r"cache's .*\.pickle is writable by others \(mode 666\): not used"),
+])
+def test_the_parse_cache_never_reads_a_pickle_others_could_write(tmp_path, monkeypatch, folder_mode, file_mode,
+                                                                 why):
+    log, mark = _plant(tmp_path, monkeypatch, folder_mode, file_mode)
+    value, said = _load(log)
+    assert value == "parsed" and not mark.exists()
+    assert len(said) == 1 and re.search(why, said[0]), said
+
+
+def test_the_parse_cache_never_reads_another_users_pickle(tmp_path, monkeypatch):
+    need_root()
+    log, mark = _plant(tmp_path, monkeypatch, file_owner=NOBODY)
+    value, said = _load(log)
+    assert value == "parsed" and not mark.exists()
+    assert len(said) == 1 and "belongs to another user (uid 65534)" in said[0], said
+    os.chown(tmp_path / "cache", NOBODY, NOBODY)           # their folder, too
+    assert _load(log) == ("parsed", [f"the parse cache's {tmp_path / 'cache'} belongs to another user (uid 65534): "
+                                     "not used (the log is parsed again); set PARSL_BFT_CACHE to a folder of your "
+                                     "own that only you can write"])
+    assert not mark.exists()
+
+
+def test_the_parse_cache_keeps_and_reads_its_own_entries(tmp_path, monkeypatch):
+    """A private cache still works: the second load is read back; its files are 0600."""
+    from parsl_bft.idle.cache import cached
+    monkeypatch.setenv("PARSL_BFT_CACHE", str(tmp_path / "cache"))
+    log = tmp_path / "x.swf"
+    log.write_text("1\n")
+    built = []
+    assert cached(log, {}, lambda: built.append(1) or "v") == "v"
+    assert cached(log, {}, lambda: built.append(1) or "v") == "v" and built == [1]
+    (entry,) = (tmp_path / "cache").iterdir()
+    assert stat.S_IMODE(entry.stat().st_mode) == 0o600
+    assert stat.S_IMODE((tmp_path / "cache").stat().st_mode) == 0o700
