@@ -6,6 +6,7 @@
       orchestrator.lock               who holds it: "pid P on HOST, since T"
       state.sqlite                    jobs, the event log, measured curves, where each job last ran (JobStore)
       run-id                          this run's name outside the state directory: <workflow>-<12 hex digits>
+      run-id.home                     the directory the run id was made for (a copy of it is refused)
       jobs/<job>/                     a job's checkpoints and protocol files at the single (or default) site,
                                       unless the site file names a checkpoint_dir: then
                                       <checkpoint_dir>/<run-id>/<job>/ (0700; another run never sees them)
@@ -39,6 +40,7 @@ from .errors import StateError, StateLocked
 DATABASE = "state.sqlite"
 LOCK = "orchestrator.lock"
 RUN_ID = "run-id"
+RUN_HOME = "run-id.home"
 _RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,79}\Z")
 
 
@@ -123,6 +125,53 @@ def read_run_id(path: Path, stem: str) -> str:
         return text
 
 
+def check_not_a_copy(root: Path, run_id: str) -> None:
+    """A copied state directory keeps the run id, which names the original's folder in a site's checkpoint_dir:
+    the copy's orchestrator would fence and kill the original's fragments there (they failed as stale). The
+    directory the id was made for is kept in ``run-id.home``; a directory whose record names another directory
+    that still exists and still holds this run id is a copy, refused before anything there is touched. A moved
+    directory (nothing left at the recorded path) takes the record over."""
+    home = root / RUN_HOME
+    here = str(root.resolve())
+    try:
+        fd = os.open(home, os.O_RDONLY | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        recorded = None
+    except OSError as e:
+        if e.errno != errno.ELOOP:
+            raise
+        raise StateError(f"{home} is a symbolic link: remove it (it may point into someone else's files)") from None
+    else:
+        with os.fdopen(fd) as f:
+            recorded = f.read(8192).strip()
+    if recorded == here:
+        return
+    if recorded and _holds_run_id(Path(recorded), run_id) and not _same_dir(Path(recorded), root):
+        raise StateError(f"state directory {root} is a copy of {recorded}: its run id ({run_id}) names that "
+                         "directory's checkpoints in the site's checkpoint_dir. Start the copy afresh "
+                         "(parsl-bft run --new-run), or remove it")
+    tmp = root / f".{RUN_HOME}.{secrets.token_hex(4)}"
+    with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600), "w") as f:
+        f.write(here + "\n")
+    os.replace(tmp, home)
+
+
+def _holds_run_id(d: Path, run_id: str) -> bool:
+    try:
+        fd = os.open(d / RUN_ID, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return False
+    with os.fdopen(fd) as f:
+        return f.read(200).strip() == run_id
+
+
+def _same_dir(a: Path, b: Path) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
 class StateDir:
     """The paths of one state directory (see the module's tree); ``create`` makes it (0700) if missing."""
 
@@ -147,7 +196,9 @@ class StateDir:
         at its first use and kept here, so a restart finds its own job directories, while a new run
         (``--new-run`` sets the old state aside) or another workflow's state directory gets folders of its own."""
         if self._run_id is None:
-            self._run_id = read_run_id(self.root / RUN_ID, self.root.resolve().name)
+            run_id = read_run_id(self.root / RUN_ID, self.root.resolve().name)
+            check_not_a_copy(self.root, run_id)
+            self._run_id = run_id
         return self._run_id
 
     def jobs_root(self, site: str, checkpoint_dir: Path | None) -> Path:

@@ -57,6 +57,28 @@ def test_job_folders_in_a_checkpoint_dir_belong_to_one_run(tmp_path):
     assert StateDir(tmp_path / "x").jobs_root("", None) == tmp_path / "x" / "jobs"      # no checkpoint_dir: as ever
 
 
+def test_a_copied_state_directory_never_shares_the_originals_checkpoint_folder(tmp_path):
+    """A copy kept the run id, so both used one folder in the checkpoint_dir: starting the copy fenced the
+    original's fragments there (its job failed as stale). A copy is refused before it touches anything; the
+    original goes on; a directory moved away from its old place (none left there) keeps its id and folder."""
+    import shutil
+    ckpt = tmp_path / "ckpt"
+    root = StateDir(tmp_path / "a").jobs_root("s", ckpt)
+    (root / "img").mkdir()
+    shutil.copytree(tmp_path / "a", tmp_path / "copy")
+    with pytest.raises(StateError, match=r"state directory .*copy is a copy of .*/a: its run id \(a-[0-9a-f]{12}\) "
+                                         r"names that directory's checkpoints.*--new-run"):
+        StateDir(tmp_path / "copy").jobs_root("s", ckpt)
+    assert sorted(p.name for p in root.iterdir()) == ["img"]
+    assert StateDir(tmp_path / "a").jobs_root("s", ckpt) == root               # the original: as before
+    shutil.copytree(tmp_path / "a", tmp_path / "other-fs")                    # a move across file systems
+    shutil.rmtree(tmp_path / "a")
+    assert StateDir(tmp_path / "other-fs").jobs_root("s", ckpt) == root
+    (tmp_path / "other-fs").rename(tmp_path / "renamed")                      # a move on one file system
+    assert StateDir(tmp_path / "renamed").jobs_root("s", ckpt) == root
+    assert (tmp_path / "renamed" / "run-id.home").read_text() == f"{tmp_path / 'renamed'}\n"
+
+
 def test_a_checkpoint_dir_must_be_private(tmp_path):
     ckpt = tmp_path / "open"
     ckpt.mkdir()
