@@ -278,6 +278,8 @@ class Orchestrator:
         while ctl.active or ctl.waiting or (stay and not self._stopping.is_set()):
             if self._stopping.is_set():
                 return "stopped"
+            if self._store is not None:         # dead, it would stall the run (fragments that never start)
+                self._store.check_alive()
             changed |= self._take_arrivals(ctl)
             for site in self.sites.values():             # no pilots for nodes no job could use
                 site.pool.demand = ctl.demand

@@ -34,6 +34,7 @@ from typing import Any
 
 from torch._C._distributed_c10d import Store, TCPStore  # typed here; torch.distributed re-exports
 
+from ..errors import ParslBftError
 from ..parent_death import signal_on_parent_death
 from ..safe_python import python_command, safe_path_env
 from .config import FragmentConfig, FragmentFailed, FragmentResult
@@ -104,6 +105,11 @@ def _listen(host: str) -> socket.socket:
     return sock
 
 
+class RendezvousLost(ParslBftError):
+    """The run's rendezvous store ended: ranks can no longer meet, so the run stops (saying so) instead of
+    launching fragments that cannot start."""
+
+
 class RendezvousStore:
     """A run's rendezvous store: a torch TCPStore served by a small process of its own (``_SERVE``), so that a
     client storing huge keys is cut off there - its address space is capped (``memory`` bytes past its start) -
@@ -164,6 +170,15 @@ class RendezvousStore:
     def alive(self) -> bool:
         """Whether the store's process still runs."""
         return self._proc.poll() is None
+
+    def check_alive(self) -> None:
+        """``RendezvousLost`` if the store's process has ended (killed, out of its memory cap): no fragment could
+        start any more, and the run would stall at the same progress with no error."""
+        code = self._proc.poll()
+        if code is not None:
+            how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit status {code}"
+            raise RendezvousLost(f"the run's rendezvous store (process {self._proc.pid}) ended ({how}): no fragment "
+                                 "can start; the run stops (run it again: jobs resume from their newest checkpoints)")
 
     def close(self) -> None:
         """End the store's process."""
