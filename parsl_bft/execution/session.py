@@ -82,7 +82,9 @@ def training_session(state_dir: str | Path, site: SiteArg | Sequence[SiteArg] = 
     when the run asks for them, as `parsl-bft run` does)."""
     from .config import ensure_venv_on_path
     from .orchestrator import lock_state_dir
+    from .statedir import check_plain_path
 
+    check_plain_path(Path(state_dir))      # before anything is made or started there
     settings = current_settings()
     sites = _sites(site, settings)
     check_sites(sites)     # before building a Config: a Globus Compute site's would log in for nothing

@@ -29,6 +29,7 @@ import fcntl
 import os
 import re
 import secrets
+import shlex
 import socket
 import stat
 import time
@@ -71,6 +72,18 @@ def private_dir(d: Path, what: str) -> Path:
         raise StateError(f"{what} {d}: cannot use it as a directory: {e.strerror}") from None
     check_private(d, what)
     return d
+
+
+def check_plain_path(d: Path, what: str = "state directory") -> None:
+    """A state directory's path reaches shell command lines that Parsl builds without quoting (the worker pool's
+    ``--logdir``, pilot scripts under ``runinfo/``): a space there split the command (the run stalled for
+    ever), a ``$(...)`` was executed. Refused at start, naming the characters, unless the path needs no quoting."""
+    full = str(d.resolve())
+    if shlex.quote(full) != full:
+        bad = "".join(sorted({c for c in full if shlex.quote(c) != c}))
+        raise StateError(f"{what} {full!r}: its path holds {bad!r}, which Parsl's worker and pilot "
+                         "commands would pass to a shell unquoted; use a path of letters, digits and . _ - / "
+                         "+ @ % = : , only")
 
 
 def lock_state_dir(d: Path) -> IO[str]:

@@ -253,3 +253,15 @@ def test_every_other_answer_is_checked(op, args, reply, expected):
     site = Site(name="gc", scheduler="local", node={"cores": 1}, globus_compute_endpoint="local")
     with pytest.raises(RemoteError, match=expected):
         RemoteSession(site, Answering(reply)).call(op, "r1", *args)
+
+
+@pytest.mark.parametrize("name", ["my state", "$(touch pwned)", "a;b", "it's", "`id`"])
+def test_a_state_directory_path_that_a_shell_would_split_or_run_is_refused_at_start(tmp_path, monkeypatch, name):
+    """Parsl puts the state directory's runinfo path into the worker pool's command unquoted: a space stalled
+    the run for ever, a $(...) ran. Refused before anything is made or started, naming the characters."""
+    from parsl_bft.execution.session import training_session
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(StateError, match=r"its path holds .* which Parsl's worker and pilot commands would pass "
+                                         r"to a shell unquoted"), training_session(tmp_path / name):
+        pass
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
