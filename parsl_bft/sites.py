@@ -11,6 +11,7 @@ Secrets never belong in a site file: Globus Compute credentials come from the en
 from __future__ import annotations
 
 import re
+import shlex
 from collections.abc import Iterator
 from importlib.resources import files
 from pathlib import Path
@@ -249,6 +250,11 @@ class Site(_Strict):
         for i, o in enumerate(v):
             if not o.strip() or "\n" in o or "\r" in o or "\t" in o:
                 raise ValueError(f"item [{i}] must be one non-empty line (one #SBATCH / #PBS option)")
+            try:                # sbatch and qsub split an option line as a shell does: a lone quote broke every pilot
+                shlex.split(o)
+            except ValueError as e:
+                raise ValueError(f"item [{i}] {o[:80]!r}: {str(e).lower()} (sbatch / qsub would refuse every "
+                                 "pilot)") from None
         return v
 
     @field_validator("checkpoint_dir")
