@@ -190,26 +190,27 @@ def cmd_status(args: argparse.Namespace) -> int:
     from rich.table import Table
     from rich.text import Text
 
-    from .execution.report import STATUS_COLUMNS, read_state, reference_note, status_row
+    from .execution.report import STATUS_COLUMNS, printable, read_state, reference_note, status_row
 
     try:
         jobs, last = read_state(args.state, last_events=5)     # a read-only command: nothing is created or changed
     except FileNotFoundError as e:
         raise UsageError(str(e)) from None
-    t = Table(title=f"parsl-bft jobs in {args.state}")
+    t = Table(title=Text(f"parsl-bft jobs in {printable(args.state)}"))
     for c in STATUS_COLUMNS:
         t.add_column(c, justify="right")
-    for j in jobs:
-        t.add_row(*status_row(j))
-    _console().print(t)
-    _console().print(reference_note(jobs))
+    for j in jobs:      # what the database says is text, never markup or control codes for the terminal
+        t.add_row(*(Text(printable(c)) for c in status_row(j)))
+    out = _console()
+    out.print(t)
+    out.print(Text(printable(reference_note(jobs))))
     for j in jobs:
         if j.row.status == "failed":
-            _console().print(Text.assemble((f"{j.name} failed: ", "bold red"), j.error or ""))
+            out.print(Text.assemble((f"{j.name} failed: ", "bold red"), printable(j.error or "")))
     for _ts, kind, d in last:
-        _console().print(f"  {kind:15} {json.dumps(d)[:100]}")
+        out.print(Text(printable(f"  {kind:15} {json.dumps(d)[:100]}")))
     if last and last[-1][1] == "stop" and str(last[-1][2].get("why", "")).startswith("error"):
-        _console().print(Text.assemble(("the run stopped on an error: ", "bold red"), str(last[-1][2]["why"])))
+        out.print(Text.assemble(("the run stopped on an error: ", "bold red"), printable(str(last[-1][2]["why"]))))
     return 0
 
 

@@ -265,3 +265,20 @@ def test_a_state_directory_path_that_a_shell_would_split_or_run_is_refused_at_st
                                          r"to a shell unquoted"), training_session(tmp_path / name):
         pass
     assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_status_shows_control_characters_and_markup_from_a_database_as_text(tmp_path, capsys):
+    """An escape sequence in a job's error (a tampered or damaged database) reached the terminal: it could
+    retitle, clear or rewrite it. Now written out; Rich markup in it is shown as typed, not applied."""
+    from parsl_bft.cli import main
+    from parsl_bft.execution import events
+    from parsl_bft.execution.jobstore import JobStore
+    db = JobStore(tmp_path / "state.sqlite")
+    db.add("a", {"name": "a", "samples": 10})
+    db.update("a", status="failed")
+    db.record(events.Failed("a", "\x1b]0;pwned\x07\x1b[2Jboom [bold]x[/bold]"))
+    db.close()
+    assert main(["status", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "\x07" not in out
+    assert "a failed: \\x1b]0;pwned\\x07\\x1b[2Jboom [bold]x[/bold]" in out
