@@ -46,8 +46,11 @@ class JobReport:
 
     @property
     def samples_now(self) -> int:
-        """Samples done, counting what a running fragment has reported since its last collected result."""
-        return max(self.row.samples_done, self.live.samples_done if self.live is not None else 0)
+        """Samples done, counting what a running fragment has reported since its last collected result. A job
+        that is not running counts what was kept: its last fragment's report may be past its newest checkpoint
+        (a failed job showed 38.6% with its newest checkpoint at 12.0%)."""
+        running = self.ledger.phase is Phase.RUNNING if self.ledger is not None else self.row.status == "running"
+        return max(self.row.samples_done, self.live.samples_done if self.live is not None and running else 0)
 
 
 STATUS_COLUMNS = ("job", "status", "progress", "fragments", "rescales", "node-s held", "training share", "E_used")

@@ -282,3 +282,26 @@ def test_status_shows_control_characters_and_markup_from_a_database_as_text(tmp_
     out = capsys.readouterr().out
     assert "\x1b" not in out and "\x07" not in out
     assert "a failed: \\x1b]0;pwned\\x07\\x1b[2Jboom [bold]x[/bold]" in out
+
+
+def test_status_of_a_failed_job_shows_what_was_kept_not_its_last_report(tmp_path, capsys, monkeypatch):
+    """The failed fragment's last progress report (38.6%) was shown, not its newest checkpoint's (12.0%)."""
+    import time
+
+    from parsl_bft.cli import main
+    from parsl_bft.execution import events
+    from parsl_bft.execution.jobstore import JobStore
+    from parsl_bft.train.protocol import JobDir, Progress
+    monkeypatch.setenv("COLUMNS", "250")
+    db = JobStore(tmp_path / "state.sqlite")
+    for name in ("broken", "train"):
+        db.add(name, {"name": name, "samples": 1000})
+        JobDir(tmp_path / "jobs" / name).ensure().write_progress(Progress(13, 386, 0.25, 2, 10, time.time(),
+                                                                          time.time()))
+    db.update("broken", status="failed", samples_done=120)
+    db.record(events.Failed("broken", "boom"))
+    db.update("train", status="running", samples_done=120)
+    db.close()
+    assert main(["status", str(tmp_path)]) == 0
+    rows = {line.split()[1]: line for line in capsys.readouterr().out.splitlines() if line.split()[1:2]}
+    assert "12.0% of 1,000" in rows["broken"] and "38.6% of 1,000" in rows["train"]
