@@ -305,3 +305,32 @@ def test_status_of_a_failed_job_shows_what_was_kept_not_its_last_report(tmp_path
     assert main(["status", str(tmp_path)]) == 0
     rows = {line.split()[1]: line for line in capsys.readouterr().out.splitlines() if line.split()[1:2]}
     assert "12.0% of 1,000" in rows["broken"] and "38.6% of 1,000" in rows["train"]
+
+
+def test_fetch_at_the_facility_sends_only_a_jobs_own_checkpoint_file(tmp_path):
+    """The checkpoint path comes from the run's database, which the workflow's code can write: a fetch copied
+    any file the endpoint's user could read. Now only ckpt-<step>.h5 in the job's folder, HDF5, no link."""
+    from parsl_bft.execution.jobstore import JobStore
+    runs, secret = tmp_path / "runs", tmp_path / "id_rsa"
+    secret.write_text("PRIVATE KEY")
+    state = runs / "r1" / "work" / "bft-state"
+    (state / "jobs" / "a").mkdir(parents=True)
+    (runs / "r1" / "request.json").write_text('{"digest": "a"}')
+    (runs / "r1" / "exit.json").write_text('{"code": 0}')
+    hdf5 = b"\x89HDF\r\n\x1a\n" + b"weights"
+    (state / "jobs" / "a" / "ckpt-000000007.h5").write_bytes(hdf5)
+    (state / "jobs" / "a" / "ckpt-000000008.h5").write_text("PRIVATE KEY")          # a copy under the name
+    (state / "jobs" / "a" / "ckpt-000000009.h5").symlink_to(tmp_path / "elsewhere.h5")
+    (tmp_path / "elsewhere.h5").write_bytes(hdf5)
+    db = JobStore(state / "state.sqlite")
+    db.add("a", {"samples": 70})
+    for ckpt, words in ((str(secret), "is not ckpt-<step>.h5 in the job's folder"),
+                        ("jobs/a/ckpt-000000008.h5", "is not an HDF5 file"),
+                        ("jobs/a/ckpt-000000009.h5", "cannot be read: Too many levels of symbolic links")):
+        db.update("a", status="done", samples_done=70, checkpoint=ckpt)
+        for op, args in (("digest", ()), ("chunk", (0,))):
+            out = facility.call(op, str(runs), "r1", "bft-state", "a", *args)
+            assert words in out.get("error", ""), (ckpt, op, out)
+    db.update("a", checkpoint="jobs/a/ckpt-000000007.h5")
+    db.close()
+    assert facility.call("chunk", str(runs), "r1", "bft-state", "a", 0)["ok"] == hdf5
