@@ -132,7 +132,10 @@ class RendezvousStore:
             # -P: _SERVE imports parsl_bft and torch, never from the folder this process happens to be in
             self._proc = subprocess.Popen(python_command("-c", _SERVE, str(sock.fileno()), self.host,
                                                          str(self.port), str(memory)),
-                                          stdin=alive, stdout=subprocess.DEVNULL,
+                                          # stderr too: a client flooding it with keys made it print C++
+                                          # stack traces into the user's terminal (its end is told by
+                                          # check_alive, with its exit status)
+                                          stdin=alive, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                           pass_fds=(sock.fileno(),), start_new_session=True)   # no Ctrl-C
         finally:
             os.close(alive)

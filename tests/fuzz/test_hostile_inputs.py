@@ -583,6 +583,33 @@ def test_the_rendezvous_store_keeps_its_keys_from_clients_without_the_secret_and
     assert not store.alive()
 
 
+def test_a_flood_of_keys_prints_nothing_into_the_users_terminal():
+    """The store cut a flooding client off, but printed C++ stack traces into the terminal of the run (its
+    stderr was the orchestrator's). The orchestrator here is a process whose stderr is a pipe; the flooding
+    client silences its own; what is left there is the store's."""
+    import subprocess
+    script = """
+import os, time
+from datetime import timedelta
+from torch._C._distributed_c10d import TCPStore
+from parsl_bft.train.launcher import RendezvousStore
+store = RendezvousStore(memory=64 << 20)
+stranger = TCPStore("127.0.0.1", store.port, is_master=False, timeout=timedelta(seconds=30))
+os.dup2(os.open(os.devnull, os.O_WRONLY), 2)          # the flooding client's own complaints
+try:
+    for i in range(40):
+        stranger.set(f"k{i}", b"x" * (8 << 20))
+except Exception:
+    pass
+store.set("after", "flood")
+print(store.get("after").decode(), store.alive(), flush=True)
+store.close()
+"""
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert r.stdout.split() == ["flood", "True"], r.stderr[-2000:]
+    assert "frame #" not in r.stderr and "TCPStore" not in r.stderr, r.stderr[-2000:]
+
+
 def test_the_rendezvous_store_dies_with_the_process_that_serves_it(tmp_path):
     """Like the interchange: a SIGKILLed orchestrator leaves no store process behind."""
     import subprocess
