@@ -146,6 +146,26 @@ def test_crafted_checkpoints_are_refused_before_anything_is_read(tmp_path, case)
     assert CheckpointStore(tmp_path).latest() is None             # and the store skips it (sets it aside)
 
 
+def test_a_checkpoint_whose_datasets_declare_more_than_the_file_in_total_is_refused(tmp_path):
+    """Declared sizes were checked one by one: a 157 KB file of 300 datasets declaring 140 KB each (storage never
+    allocated, so each is read as its fill value) loaded as 42 MB. Here two datasets each declare 60% of the file."""
+    p = save_checkpoint(tmp_path / "ckpt-000000001.h5", small_state(1), fsync=False)
+    each = int(p.stat().st_size * 0.6) // 8
+
+    def edit(f):
+        for k in ("k0", "k1"):
+            attrs = dict(f[f"model/{k}"].attrs)
+            del f[f"model/{k}"]
+            f["model"].create_dataset(k, shape=(each,), dtype=np.float64)      # declared, never written
+            for a, v in attrs.items():
+                f[f"model/{k}"].attrs[a] = v
+    _rewrite(p, edit)
+    assert each * 8 < p.stat().st_size < 2 * each * 8
+    with pytest.raises(CheckpointError, match=r"the datasets declare [\d,]+ bytes in total, more than the whole "
+                                              r"file"):
+        load_checkpoint(p)
+
+
 @pytest.mark.parametrize("what", ["directory", "dev-zero", "missing", "empty"])
 def test_not_a_checkpoint_file(tmp_path, what):
     p = {"directory": tmp_path, "dev-zero": Path("/dev/zero"), "missing": tmp_path / "nope.h5",
