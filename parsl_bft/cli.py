@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import json
+import sqlite3
 import sys
 import warnings
 from pathlib import Path
@@ -323,6 +325,17 @@ def _add_runtime_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser
     si.set_defaults(func=cmd_sites)
 
 
+_NO_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.ENAMETOOLONG)
+
+
+def _out_of_room(e: OSError | sqlite3.OperationalError) -> bool:
+    """A full disk or quota, a read-only file system, a path too long (the state directory's, mid-run): the
+    user's to fix, said in one line rather than a traceback."""
+    if isinstance(e, OSError):
+        return e.errno in _NO_ROOM
+    return any(w in str(e) for w in ("disk is full", "readonly database", "disk I/O error"))
+
+
 def _one_line(e: BaseException) -> str:
     return " ".join(str(e).split()) or type(e).__name__
 
@@ -341,6 +354,11 @@ def main(argv: list[str] | None = None) -> int:
             raise
         msg = str(e) if "Traceback" in str(e) else _one_line(e)    # a failed job: the rank's whole traceback
         print(f"parsl-bft {args.cmd}: error: {msg}", file=sys.stderr)
+        return 2
+    except (OSError, sqlite3.OperationalError) as e:
+        if args.debug or not _out_of_room(e):
+            raise
+        print(f"parsl-bft {args.cmd}: error: {_one_line(e)} (--debug shows where)", file=sys.stderr)
         return 2
     except KeyboardInterrupt:       # Ctrl-C or SIGTERM (a session turns it into this): already cleaned up
         if args.debug:

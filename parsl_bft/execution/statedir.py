@@ -86,6 +86,19 @@ def check_plain_path(d: Path, what: str = "state directory") -> None:
                          "+ @ % = : , only")
 
 
+_CANNOT = {errno.ENOSPC: "the disk is full", errno.EDQUOT: "your disk quota is full",
+           errno.EROFS: "it is on a read-only file system", errno.EACCES: "you may not write there",
+           errno.EPERM: "you may not write there", errno.ENAMETOOLONG: "its path is too long"}
+
+
+def unusable(d: Path, e: OSError) -> StateError:
+    """A state directory that cannot be made, written or locked (read-only, full, a path too long): one line
+    naming it and why, instead of a traceback (nothing of the run is lost: it had not started)."""
+    why = _CANNOT.get(e.errno or 0, e.strerror or str(e))
+    where = f" ({e.filename})" if e.filename and str(e.filename) != str(d) else ""
+    return StateError(f"state directory {d}: cannot use it: {why}{where}; give one you can write, with room")
+
+
 def lock_state_dir(d: Path) -> IO[str]:
     """An exclusive lock on a state directory for as long as the returned file stays open (the process may die:
     the kernel releases it). A second orchestrator on the same directory is refused, not run beside the first.

@@ -334,3 +334,29 @@ def test_fetch_at_the_facility_sends_only_a_jobs_own_checkpoint_file(tmp_path):
     db.update("a", checkpoint="jobs/a/ckpt-000000007.h5")
     db.close()
     assert facility.call("chunk", str(runs), "r1", "bft-state", "a", 0)["ok"] == hdf5
+
+
+def test_a_state_directory_that_cannot_be_used_is_one_line(tmp_path, monkeypatch, capsys):
+    """A read-only, full or over-long state directory ended `parsl-bft run` with a Python traceback."""
+    import errno
+    import sqlite3
+
+    from parsl_bft.cli import main
+    from parsl_bft.execution import statedir
+    from parsl_bft.execution.session import training_session
+    with pytest.raises(StateError, match=r"state directory .*: cannot use it: its path is too long; give one"), \
+            training_session(tmp_path / ("x" * 300)):
+        pass
+
+    def read_only(d):
+        raise OSError(errno.EROFS, "Read-only file system", str(d / "orchestrator.lock"))
+    monkeypatch.setattr(statedir, "lock_state_dir", read_only)
+    with pytest.raises(StateError, match=r"state directory .*ro: cannot use it: it is on a read-only file system "
+                                         r"\(.*orchestrator.lock\)"), training_session(tmp_path / "ro"):
+        pass
+    full = tmp_path / "full.py"          # mid-run, the database finds the disk full
+    full.write_text("import sqlite3\nraise sqlite3.OperationalError('database or disk is full')\n")
+    assert main(["run", str(full)]) == 2
+    assert capsys.readouterr().err == ("parsl-bft run: error: database or disk is full (--debug shows where)\n")
+    with pytest.raises(sqlite3.OperationalError):
+        main(["run", "--debug", str(full)])
