@@ -10,6 +10,7 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..errors import ParslBftError
 from ..train.config import FragmentConfig, FragmentFailed, FragmentResult
 from .pool import SitePool
 
@@ -141,6 +142,60 @@ class SiteRunner:
             if f.done() and f.exception() is not None:   # only a slower first fragment; nothing is lost
                 log("warm-up-failed", error=str(f.exception())[:200])
         shutil.rmtree(barrier_dir, ignore_errors=True)
+
+
+class InterchangeLost(ParslBftError):
+    """A site's Parsl interchange ended: no fragment there can start or report any more, so the run stops (saying
+    so) instead of showing the jobs running with no progress."""
+
+
+def check_run_helpers(store: RendezvousStore, sites: dict[str, SitePool]) -> None:
+    """The processes a run's fragments depend on, each loop turn: the rendezvous store (``RendezvousLost``) and
+    every site's HTEX interchange started here (``InterchangeLost``; its watcher exits with it)."""
+    store.check_alive()
+    from parsl.dataflow.dflow import DataFlowKernelLoader
+    from parsl.errors import NoDataFlowKernelError
+
+    try:
+        executors = DataFlowKernelLoader.dfk().executors
+    except NoDataFlowKernelError:           # runners of their own (tests): no Parsl executor here
+        return
+    for name, site in sites.items():
+        proc = getattr(executors.get(site.executor), "interchange_proc", None)
+        if proc is not None and (code := proc.poll()) is not None:
+            raise InterchangeLost(f"site {name or site.executor}: the Parsl interchange (process {proc.pid}) ended "
+                                  f"(exit status {code}): no fragment there can start or report; the run stops "
+                                  "(run it again: jobs resume from their newest checkpoints)")
+
+
+_STAND_IN_REPLIES: dict[str, Any] = {"CONNECTED_BLOCKS": [], "MANAGERS": [], "MANAGERS_PACKAGES": {}}
+
+
+def stand_in_for_dead_interchanges(executors: list[Any]) -> None:
+    """Parsl's own shutdown hangs for ever once an executor's interchange is dead: its status poller blocks in a
+    command to the interchange (a ZMQ request nobody takes) and the DataFlowKernel's cleanup joins that thread.
+    For each executor whose interchange has ended, a thread in this process answers its command channel as an
+    empty interchange would (no blocks, no managers), so the cleanup ends. Daemon threads: they end with us."""
+    import threading
+
+    import zmq
+    from parsl import curvezmq
+
+    for ex in executors:
+        proc, client = getattr(ex, "interchange_proc", None), getattr(ex, "command_client", None)
+        if proc is None or client is None or proc.poll() is None:
+            continue
+        # the interchange's side of the channel: its CURVE server keys (HTEX encrypts by default)
+        ctx = curvezmq.ServerContext(ex.cert_dir if getattr(ex, "encrypted", False) else None)
+        sock: Any = ctx.socket(zmq.REP)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(f"tcp://{ex.loopback_address}:{client.port}")
+
+        def answer(sock: Any = sock) -> None:
+            while True:
+                req = sock.recv_pyobj()
+                sock.send_pyobj(_STAND_IN_REPLIES.get(req) if isinstance(req, str) else None)
+        threading.Thread(target=answer, name=f"bft-stand-in-{ex.label}", daemon=True).start()
 
 
 def serve_site_store(sites: dict[str, SitePool]) -> RendezvousStore:

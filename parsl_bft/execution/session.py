@@ -185,7 +185,11 @@ def _dataflow(executors: list[ParslExecutor], **config_kw: Any) -> Iterator[Data
             dfk = parsl.load(Config(executors=[*executors, ThreadPoolExecutor(label=LOGIN, max_threads=4)],
                                     **config_kw))
         with dfk:
-            yield dfk
+            try:
+                yield dfk
+            finally:            # Parsl's cleanup would wait for ever on an executor whose interchange died
+                from .htex import stand_in_for_dead_interchanges
+                stand_in_for_dead_interchanges(list(dfk.executors.values()))
         return
     clash = sorted(e.label for e in executors if e.label in dfk.executors)
     if clash:
