@@ -39,7 +39,7 @@ from ..parent_death import signal_on_parent_death
 from ..safe_python import python_command, safe_path_env
 from .config import FragmentConfig, FragmentFailed, FragmentResult
 from .fragment import main
-from .leftovers import SHARE_ENV, kill_share_processes, share_mark
+from .leftovers import SHARE_ENV, adopt_orphans, kill_descendants, kill_share_processes, share_mark
 from .protocol import JobDir
 from .rank import open_store, store_client
 
@@ -407,6 +407,7 @@ def _cap_log(limit: int, every_s: float = 1.0) -> None:
 
 def _rank_entry(cfg_file: str, env: dict[str, str], log_path: str, job_dir: str, fragment: str, rank: int) -> None:
     _die_with_forkserver()
+    adopt_orphans()         # what the loop starts stays below the rank, whatever its session and environment
     os.environ.clear()
     os.environ.update(env)
     # a file, not a pipe: a chatty rank must never block on its output; appending, so that _cap_log can cut it
@@ -422,6 +423,8 @@ def _rank_entry(cfg_file: str, env: dict[str, str], log_path: str, job_dir: str,
     except BaseException as e:          # torch.distributed.elastic's @record: the launcher names who failed first
         JobDir(job_dir).record_error(fragment, rank, e)
         raise
+    finally:
+        kill_descendants()              # nothing the loop started outlives its rank
 
 
 class _Rank:
