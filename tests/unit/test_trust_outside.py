@@ -183,3 +183,26 @@ def test_the_parse_cache_keeps_and_reads_its_own_entries(tmp_path, monkeypatch):
     (entry,) = (tmp_path / "cache").iterdir()
     assert stat.S_IMODE(entry.stat().st_mode) == 0o600
     assert stat.S_IMODE((tmp_path / "cache").stat().st_mode) == 0o700
+
+
+# --- the remote-run registry ---------------------------------------------------------------------------------
+def test_the_remote_run_registry_is_used_only_in_a_folder_of_ones_own(tmp_path, monkeypatch):
+    """Another user's registry could point `status RUN_ID` at a site file (an endpoint) of theirs, and its
+    temporary file was written through whatever link was there. A private folder works as before, files 0600."""
+    from parsl_bft.errors import ParslBftError
+    from parsl_bft.remote.registry import known_runs, registry_path, remember
+    home = tmp_path / "home"
+    monkeypatch.setenv("PARSL_BFT_HOME", str(home))
+    remember("r1", tmp_path / "a.yaml")
+    remember("r2", tmp_path / "b.yaml")
+    assert known_runs() == {"r1": str(tmp_path / "a.yaml"), "r2": str(tmp_path / "b.yaml")}
+    assert stat.S_IMODE(registry_path().stat().st_mode) == 0o600
+    assert sorted(p.name for p in home.iterdir()) == ["remote-runs.json", "remote-runs.json.lock"]
+    home.chmod(0o777)
+    with pytest.raises(ParslBftError, match=r"registry's folder .*home is writable by others \(mode 777\)"):
+        remember("r3", tmp_path / "c.yaml")
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        assert known_runs() == {}
+    assert [str(w.message) for w in said] == [f"the remote-run registry's folder {home} is writable by others "
+                                              "(mode 777): not read"]
