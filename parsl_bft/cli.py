@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import json
+import sqlite3
 import sys
 import time
 import warnings
@@ -191,7 +193,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     from rich.table import Table
     from rich.text import Text
 
-    from .execution.report import STATUS_COLUMNS, read_state, reference_note, status_json, status_row
+    from .execution.report import STATUS_COLUMNS, printable, read_state, reference_note, status_json, status_row
 
     try:        # a read-only command: nothing is created or changed
         jobs, last = read_state(args.state, last_events=_event_count(args.events or "5"))
@@ -200,23 +202,24 @@ def cmd_status(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(status_json(jobs, last), indent=1))
         return 0
-    t = Table(title=f"parsl-bft jobs in {args.state}")
+    t = Table(title=Text(f"parsl-bft jobs in {printable(args.state)}"))
     for c in STATUS_COLUMNS:
         t.add_column(c, justify="right")
-    for j in jobs:
-        t.add_row(*status_row(j))
-    _console().print(t)
-    _console().print(reference_note(jobs))
+    for j in jobs:      # what the database says is text, never markup or control codes for the terminal
+        t.add_row(*(Text(printable(c)) for c in status_row(j)))
+    out = _console()
+    out.print(t)
+    out.print(Text(printable(reference_note(jobs))))
     for j in jobs:
         if j.row.status == "failed":
-            _console().print(Text.assemble((f"{j.name} failed: ", "bold red"), j.error or ""))
+            out.print(Text.assemble((f"{j.name} failed: ", "bold red"), printable(j.error or "")))
     full = args.events is not None      # asked for: each event whole, with its time
     for ts, kind, d in last:
         when = time.strftime("%H:%M:%S ", time.localtime(ts)) if full else ""
         detail = json.dumps(d)
-        _console().print(f"  {when}{kind:15} {detail if full else detail[:100]}", soft_wrap=full)
+        out.print(Text(printable(f"  {when}{kind:15} {detail if full else detail[:100]}")), soft_wrap=full)
     if last and last[-1][1] == "stop" and str(last[-1][2].get("why", "")).startswith("error"):
-        _console().print(Text.assemble(("the run stopped on an error: ", "bold red"), str(last[-1][2]["why"])))
+        out.print(Text.assemble(("the run stopped on an error: ", "bold red"), printable(str(last[-1][2]["why"]))))
     return 0
 
 
@@ -357,6 +360,17 @@ def _add_runtime_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser
     si.set_defaults(func=cmd_sites)
 
 
+_NO_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.ENAMETOOLONG)
+
+
+def _out_of_room(e: OSError | sqlite3.OperationalError) -> bool:
+    """A full disk or quota, a read-only file system, a path too long (the state directory's, mid-run): the
+    user's to fix, said in one line rather than a traceback."""
+    if isinstance(e, OSError):
+        return e.errno in _NO_ROOM
+    return any(w in str(e) for w in ("disk is full", "readonly database", "disk I/O error"))
+
+
 def _one_line(e: BaseException) -> str:
     return " ".join(str(e).split()) or type(e).__name__
 
@@ -375,6 +389,11 @@ def main(argv: list[str] | None = None) -> int:
             raise
         msg = str(e) if "Traceback" in str(e) else _one_line(e)    # a failed job: the rank's whole traceback
         print(f"parsl-bft {args.cmd}: error: {msg}", file=sys.stderr)
+        return 2
+    except (OSError, sqlite3.OperationalError) as e:
+        if args.debug or not _out_of_room(e):
+            raise
+        print(f"parsl-bft {args.cmd}: error: {_one_line(e)} (--debug shows where)", file=sys.stderr)
         return 2
     except KeyboardInterrupt:       # Ctrl-C or SIGTERM (a session turns it into this): already cleaned up
         if args.debug:

@@ -16,6 +16,7 @@ from typing import IO, Any
 from .errors import BadRows, InputError
 
 MAX_TEXT_BYTES = 64 << 20       # a YAML job set or site file larger than this is not one
+MAX_LINE = 1 << 20              # characters: no line of a log or CSV this reads is near it (a damaged or binary file)
 _DECODE_ERRORS = (EOFError, gzip.BadGzipFile, zlib.error, UnicodeDecodeError, OSError)
 
 
@@ -51,12 +52,15 @@ class _Guarded:
 
     def __next__(self) -> str:
         try:
-            line = next(self.fh)
-        except StopIteration:
-            raise
+            line = self.fh.readline(MAX_LINE + 1)      # bounded: one line of a GB file was read whole
         except _DECODE_ERRORS as e:
             raise self._fail(e) from None
+        if not line:
+            raise StopIteration
         self.line += 1
+        if len(line) > MAX_LINE:
+            raise InputError(str(self.path), self.line, None, f"a line longer than {MAX_LINE:,} characters: not a "
+                             "line of this format (a damaged or binary file?)")
         return line
 
     def read(self, n: int = -1) -> str:

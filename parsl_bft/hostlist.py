@@ -22,6 +22,12 @@ def expand_hostlist(text: str) -> tuple[str, ...]:
     return tuple(n for n in out if n and n not in ("(null)", "N/A"))
 
 
+def count_hosts(text: str) -> int:
+    """How many names ``text`` expands to, without expanding it (a malformed range is a ValueError): for caps on
+    the total of several host lists."""
+    return sum(_count(item) for item in _split_outside_brackets(text.strip()))
+
+
 def _split_outside_brackets(text: str) -> list[str]:
     parts: list[str] = []
     cur: list[str] = []

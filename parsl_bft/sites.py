@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import difflib
 import re
+import shlex
 from collections.abc import Iterator
 from importlib.resources import files
 from pathlib import Path
@@ -287,6 +288,11 @@ class Site(_Strict):
         for i, o in enumerate(v):
             if not o.strip() or "\n" in o or "\r" in o or "\t" in o:
                 raise ValueError(f"item [{i}] must be one non-empty line (one #SBATCH / #PBS option)")
+            try:                # sbatch and qsub split an option line as a shell does: a lone quote broke every pilot
+                shlex.split(o)
+            except ValueError as e:
+                raise ValueError(f"item [{i}] {o[:80]!r}: {str(e).lower()} (sbatch / qsub would refuse every "
+                                 "pilot)") from None
         # the fields declared above this one are in info.data: scheduler, account, constraint, mem, reservation
         fields = {k for k in ("account", "constraint", "mem", "reservation") if info.data.get(k)}
         managed = managed_options(str(info.data.get("scheduler", "")), v, fields)

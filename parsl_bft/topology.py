@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .hostlist import expand_hostlist
+from .hostlist import MAX_HOSTS, count_hosts, expand_hostlist
 
 # Assumed link speeds (GB/s) when a source does not say: a node's injection bandwidth inside its group, and
 # one job's share of the group's uplinks when nothing else uses them (a 2:1 tapered fat tree).
@@ -114,11 +114,29 @@ def _hosts(text: str) -> tuple[str, ...]:
         raise TopologyError(str(e)) from None
 
 
+class _HostBudget:
+    """MAX_HOSTS names in total over a topology's host lists, counted before each is expanded: the cap per list
+    let 60 lists of a million names (a 1.7 KB site file) take 3.8 GB and end in a MemoryError."""
+
+    def __init__(self, source: str) -> None:
+        self.source, self.total = source, 0
+
+    def take(self, members: str | list[str]) -> None:
+        try:
+            self.total += count_hosts(members) if isinstance(members, str) else len(members)
+        except ValueError as e:
+            raise TopologyError(str(e)) from None
+        if self.total > MAX_HOSTS:
+            raise TopologyError(f"{self.source}: its host lists name more than {MAX_HOSTS:,} hosts in total: beyond "
+                                "any machine")
+
+
 def parse_slurm_topology(text: str, *, gpus_per_node: int = 1, intra_gbps: float = DEFAULT_INTRA_GBPS,
                          inter_gbps: float = DEFAULT_INTER_GBPS, source: str = "slurm") -> Topology:
     """``scontrol show topology`` (topology/tree) or a topology.conf: leaf switches (those with ``Nodes=`` and
     no ``Switches=``) are the groups. A node under two leaves is an error (Slurm rejects it too)."""
-    groups: dict[str, str] = {}
+    leaves: list[tuple[int, str, str]] = []      # every leaf's host list counted before any is expanded
+    budget = _HostBudget(source)
     for lineno, line in enumerate(text.splitlines(), 1):
         line = line.split("#", 1)[0].strip()
         if not line:
@@ -129,7 +147,11 @@ def parse_slurm_topology(text: str, *, gpus_per_node: int = 1, intra_gbps: float
             raise TopologyError(f"{source} line {lineno}: no SwitchName= in {line!r}")
         if "Nodes" not in fields or fields.get("Switches"):
             continue
-        for n in _hosts(fields["Nodes"]):
+        budget.take(fields["Nodes"])
+        leaves.append((lineno, name, fields["Nodes"]))
+    groups: dict[str, str] = {}
+    for lineno, name, nodes in leaves:
+        for n in _hosts(nodes):
             if n in groups and groups[n] != name:
                 raise TopologyError(f"{source} line {lineno}: node {n} is under leaf switches {groups[n]} and {name}")
             groups[n] = name
@@ -208,11 +230,14 @@ def topology_from_dict(doc: Mapping, source: str = "topology section") -> Topolo
     if not isinstance(listed, Mapping) or ("groups" in doc and not listed):
         raise TopologyError(f"{source}: 'groups' must map each group to its nodes (a hostlist such as "
                             f"\"n[1-4]\", or a list of names), got {listed!r}")
-    for g, members in listed.items():
+    budget = _HostBudget(source)
+    for g, members in listed.items():       # every list counted before any is expanded
         if not isinstance(members, str) and not (isinstance(members, list) and members
                                                  and all(isinstance(m, str) for m in members)):
             raise TopologyError(f"{source}: group {g!r}: its nodes must be a hostlist such as \"n[1-4]\" or a "
                                 f"list of names, got {members!r}")
+        budget.take(members)
+    for g, members in listed.items():
         names = _hosts(members) if isinstance(members, str) else members
         for n in names:
             if n in groups:

@@ -12,6 +12,8 @@ import weakref
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from ..safe_python import python_command
+
 if TYPE_CHECKING:
     from parsl.config import Config
 
@@ -27,8 +29,12 @@ def ensure_venv_on_path() -> None:
 
 def interchange_dies_with_us() -> list[str]:
     """HTEX's ``interchange_launch_cmd``: the interchange ends when the process that started it does
-    (``die_with_parent``), so a killed orchestrator leaves no interchange, worker pool or rank behind."""
-    return [sys.executable, "-m", "parsl_bft.execution.die_with_parent", "interchange.py"]
+    (``die_with_parent``), so a killed orchestrator leaves no interchange, worker pool or rank behind. The
+    watcher starts with a safe ``sys.path`` (never importing from the current folder), the interchange by its
+    path next to this Python where it is there (not whatever ``interchange.py`` comes first on PATH)."""
+    beside = Path(sys.executable).parent / "interchange.py"
+    return python_command("-m", "parsl_bft.execution.die_with_parent",
+                          str(beside) if beside.is_file() else "interchange.py")
 
 
 def local_config(workers: int = 8, run_dir: str = "runinfo", label: str = LOCAL_LABEL) -> Config:

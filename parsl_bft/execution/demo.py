@@ -33,9 +33,11 @@ def run_demo(out: str | Path, *, speedup: float = 30.0, console: Console | None 
     from .live import LiveBars
     from .orchestrator import Orchestrator, TrainingJob
     from .pool import EmulatedPool
+    from .statedir import check_plain_path
 
     console = console or Console()
     out = Path(out)
+    check_plain_path(out, "--out folder")        # its runinfo/ reaches the worker pool's command unquoted
     state = out / "state"
     if fresh and state.exists():
         shutil.rmtree(state)

@@ -19,6 +19,8 @@ from typing import Any
 from globus_compute_sdk import Executor
 from globus_compute_sdk.serialize import ComputeSerializer
 
+from ..safe_python import python_command
+
 
 class TaskProcesses(concurrent.futures.Executor):
     """Endpoint workers for ``LocalEndpointExecutor``'s ``pool``: each task in a fresh Python process (an
@@ -33,7 +35,7 @@ class TaskProcesses(concurrent.futures.Executor):
 
         def run() -> None:
             try:
-                r = subprocess.run([sys.executable, "-m", __name__], input=args[0], capture_output=True, text=True)
+                r = subprocess.run(python_command("-m", __name__), input=args[0], capture_output=True, text=True)
                 if r.returncode != 0:
                     raise RuntimeError(f"the task's process exited {r.returncode}: {r.stderr.strip()[-2000:]}")
                 fut.set_result(r.stdout)

@@ -12,6 +12,7 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from ..errors import ParslBftError
 from ..train.config import FragmentConfig, FragmentFailed, FragmentResult
 from .pool import SitePool
 
@@ -214,6 +215,32 @@ class SiteRunner:
             if f.done() and f.exception() is not None:   # only a slower first fragment; nothing is lost
                 log("warm-up-failed", error=str(f.exception())[:200])
         shutil.rmtree(barrier_dir, ignore_errors=True)
+
+
+class InterchangeLost(ParslBftError):
+    """A site's Parsl interchange ended: no fragment there can start or report any more, so the run stops (saying
+    so) instead of showing the jobs running with no progress."""
+
+
+def check_run_helpers(store: RendezvousStore | None, sites: dict[str, SitePool]) -> None:
+    """The processes a run's fragments depend on, each loop turn: the rendezvous store (``RendezvousLost``; None:
+    not started yet) and every site's HTEX interchange started here (``InterchangeLost``; its watcher exits with
+    it). A dead one would stall the run: fragments that never start."""
+    if store is not None:
+        store.check_alive()
+    from parsl.dataflow.dflow import DataFlowKernelLoader
+    from parsl.errors import NoDataFlowKernelError
+
+    try:
+        executors = DataFlowKernelLoader.dfk().executors
+    except NoDataFlowKernelError:           # runners of their own (tests): no Parsl executor here
+        return
+    for name, site in sites.items():
+        proc = getattr(executors.get(site.executor), "interchange_proc", None)
+        if proc is not None and (code := proc.poll()) is not None:
+            raise InterchangeLost(f"site {name or site.executor}: the Parsl interchange (process {proc.pid}) ended "
+                                  f"(exit status {code}): no fragment there can start or report; the run stops "
+                                  "(run it again: jobs resume from their newest checkpoints)")
 
 
 def serve_site_store(sites: dict[str, SitePool]) -> RendezvousStore:

@@ -46,7 +46,7 @@ from .fragments import (
     new_fragment_id,
     newest_step,
 )
-from .htex import SiteRunner, serve_site_store
+from .htex import SiteRunner, check_run_helpers, serve_site_store
 from .jobstore import JobRow, JobStore, damaged_advice
 from .layers import fragment_reported, job_layers
 from .pool import MultiPool, PoolEvent, SitePool
@@ -281,6 +281,7 @@ class Orchestrator:
         while ctl.active or ctl.waiting or (stay and not self._stopping.is_set()):
             if self._stopping.is_set():
                 return self._stop_why
+            check_run_helpers(self._store, self.sites)
             changed |= self._take_arrivals(ctl)
             for site in self.sites.values():             # no pilots for nodes no job could use
                 site.pool.demand = ctl.demand

@@ -4,6 +4,7 @@ fragment's own progress report (the job directory's progress.json) is newer; whe
 and E_used, come from the event log (ledger.py)."""
 from __future__ import annotations
 
+import re
 import sqlite3
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -46,11 +47,24 @@ class JobReport:
 
     @property
     def samples_now(self) -> int:
-        """Samples done, counting what a running fragment has reported since its last collected result."""
-        return max(self.row.samples_done, self.live.samples_done if self.live is not None else 0)
+        """Samples done, counting what a running fragment has reported since its last collected result. A job
+        that is not running counts what was kept: its last fragment's report may be past its newest checkpoint
+        (a failed job showed 38.6% with its newest checkpoint at 12.0%)."""
+        running = self.ledger.phase is Phase.RUNNING if self.ledger is not None else self.row.status == "running"
+        return max(self.row.samples_done, self.live.samples_done if self.live is not None and running else 0)
 
 
 STATUS_COLUMNS = ("job", "status", "progress", "fragments", "rescales", "node-s held", "training share", "E_used")
+
+
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def printable(text: str) -> str:
+    """Text read from a state directory as a terminal may show it: control characters other than newline and tab
+    (an escape sequence a damaged or tampered database holds would retitle, clear or rewrite the terminal)
+    written out as ``\\xNN``."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
 
 
 def status_row(j: JobReport) -> tuple[str, ...]:

@@ -17,7 +17,7 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from ..sites import DEFAULT_SITE, Site, load_site
 from .htex import release_dead_interchanges
@@ -84,20 +84,17 @@ def training_session(state_dir: str | Path, site: SiteArg | Sequence[SiteArg] = 
     whose spec changed keep their names). ``progress``: a callback per loop turn (default: live bars on stderr
     when the run asks for them, as `parsl-bft run` does)."""
     from .config import ensure_venv_on_path
-    from .orchestrator import lock_state_dir
+    from .statedir import check_plain_path
 
+    check_plain_path(Path(state_dir))      # before anything is made or started there
     settings = current_settings()
     sites = _sites(site, settings)
     check_sites(sites)     # before building a Config: a Globus Compute site's would log in for nothing
     runtimes = [SiteRuntime.of(s) for s in sites]
-    if new_run if new_run is not None else settings.new_run:
-        old = set_aside(Path(state_dir))
-        if old is not None:
-            print(f"parsl-bft: a new run; the previous state is kept in {old}", file=sys.stderr)
-    Path(state_dir).mkdir(mode=0o700, parents=True, exist_ok=True)
-    orchestrator_kw["state_lock"] = lock = lock_state_dir(Path(state_dir))   # refused before any pilot is started
+    # refused before any pilot is started
+    orchestrator_kw["state_lock"] = lock = _take_state_dir(Path(state_dir), runtimes,
+                                                           new_run if new_run is not None else settings.new_run)
     try:
-        check_checkpoint_dirs(Path(state_dir), runtimes)
         ensure_venv_on_path()          # pilots inherit PATH: their worker pools start from this environment
         configs = [rt.config() for rt in runtimes]
         check_schedulers(runtimes, configs)
@@ -127,6 +124,28 @@ def training_session(state_dir: str | Path, site: SiteArg | Sequence[SiteArg] = 
                 finally:
                     orch.close()    # the state directory's lock goes with the session
                     release_dead_interchanges(dfk)   # and Parsl's cleanup (its status poller), next
+
+
+def _take_state_dir(state_dir: Path, runtimes: list[SiteRuntime], new_run: bool) -> IO[str]:
+    """The state directory set aside (``new_run``), made, locked, and the sites' checkpoint_dirs checked: its
+    lock. One that cannot be made, written or locked (read-only, full, a path too long) is a StateError."""
+    from .statedir import lock_state_dir, unusable
+
+    try:
+        if new_run:
+            old = set_aside(state_dir)
+            if old is not None:
+                print(f"parsl-bft: a new run; the previous state is kept in {old}", file=sys.stderr)
+        state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        lock = lock_state_dir(state_dir)
+    except OSError as e:
+        raise unusable(state_dir, e) from None
+    try:
+        check_checkpoint_dirs(state_dir, runtimes)
+    except BaseException:
+        lock.close()
+        raise
+    return lock
 
 
 def _orchestrator(state_dir: str | Path, runtimes: list[SiteRuntime], dfk: DataFlowKernel,

@@ -6,6 +6,7 @@
       orchestrator.lock               who holds it: "pid P on HOST, since T"
       state.sqlite                    jobs, the event log, measured curves, where each job last ran (JobStore)
       run-id                          this run's name outside the state directory: <workflow>-<12 hex digits>
+      run-id.home                     the directory the run id was made for (a copy of it is refused)
       jobs/<job>/                     a job's checkpoints and protocol files at the single (or default) site,
                                       unless the site file names a checkpoint_dir: then
                                       <checkpoint_dir>/<run-id>/<job>/ (0700; another run never sees them)
@@ -30,6 +31,7 @@ import fcntl
 import os
 import re
 import secrets
+import shlex
 import socket
 import stat
 import time
@@ -41,6 +43,7 @@ from .errors import StateError, StateLocked
 DATABASE = "state.sqlite"
 LOCK = "orchestrator.lock"
 RUN_ID = "run-id"
+RUN_HOME = "run-id.home"
 _RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,79}\Z")
 
 
@@ -71,6 +74,31 @@ def private_dir(d: Path, what: str) -> Path:
         raise StateError(f"{what} {d}: cannot use it as a directory: {e.strerror}") from None
     check_private(d, what)
     return d
+
+
+def check_plain_path(d: Path, what: str = "state directory") -> None:
+    """A state directory's path reaches shell command lines that Parsl builds without quoting (the worker pool's
+    ``--logdir``, pilot scripts under ``runinfo/``): a space there split the command (the run stalled for
+    ever), a ``$(...)`` was executed. Refused at start, naming the characters, unless the path needs no quoting."""
+    full = str(d.resolve())
+    if shlex.quote(full) != full:
+        bad = "".join(sorted({c for c in full if shlex.quote(c) != c}))
+        raise StateError(f"{what} {full!r}: its path holds {bad!r}, which Parsl's worker and pilot "
+                         "commands would pass to a shell unquoted; use a path of letters, digits and . _ - / "
+                         "+ @ % = : , only")
+
+
+_CANNOT = {errno.ENOSPC: "the disk is full", errno.EDQUOT: "your disk quota is full",
+           errno.EROFS: "it is on a read-only file system", errno.EACCES: "you may not write there",
+           errno.EPERM: "you may not write there", errno.ENAMETOOLONG: "its path is too long"}
+
+
+def unusable(d: Path, e: OSError) -> StateError:
+    """A state directory that cannot be made, written or locked (read-only, full, a path too long): one line
+    naming it and why, instead of a traceback (nothing of the run is lost: it had not started)."""
+    why = _CANNOT.get(e.errno or 0, e.strerror or str(e))
+    where = f" ({e.filename})" if e.filename and str(e.filename) != str(d) else ""
+    return StateError(f"state directory {d}: cannot use it: {why}{where}; give one you can write, with room")
 
 
 def lock_state_dir(d: Path) -> IO[str]:
@@ -147,6 +175,53 @@ def read_run_id(path: Path, stem: str) -> str:
         return text
 
 
+def check_not_a_copy(root: Path, run_id: str) -> None:
+    """A copied state directory keeps the run id, which names the original's folder in a site's checkpoint_dir:
+    the copy's orchestrator would fence and kill the original's fragments there (they failed as stale). The
+    directory the id was made for is kept in ``run-id.home``; a directory whose record names another directory
+    that still exists and still holds this run id is a copy, refused before anything there is touched. A moved
+    directory (nothing left at the recorded path) takes the record over."""
+    home = root / RUN_HOME
+    here = str(root.resolve())
+    try:
+        fd = os.open(home, os.O_RDONLY | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        recorded = None
+    except OSError as e:
+        if e.errno != errno.ELOOP:
+            raise
+        raise StateError(f"{home} is a symbolic link: remove it (it may point into someone else's files)") from None
+    else:
+        with os.fdopen(fd) as f:
+            recorded = f.read(8192).strip()
+    if recorded == here:
+        return
+    if recorded and _holds_run_id(Path(recorded), run_id) and not _same_dir(Path(recorded), root):
+        raise StateError(f"state directory {root} is a copy of {recorded}: its run id ({run_id}) names that "
+                         "directory's checkpoints in the site's checkpoint_dir. Start the copy afresh "
+                         "(parsl-bft run --new-run), or remove it")
+    tmp = root / f".{RUN_HOME}.{secrets.token_hex(4)}"
+    with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600), "w") as f:
+        f.write(here + "\n")
+    os.replace(tmp, home)
+
+
+def _holds_run_id(d: Path, run_id: str) -> bool:
+    try:
+        fd = os.open(d / RUN_ID, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return False
+    with os.fdopen(fd) as f:
+        return f.read(200).strip() == run_id
+
+
+def _same_dir(a: Path, b: Path) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
 class StateDir:
     """The paths of one state directory (see the module's tree); ``create`` makes it (0700) if missing."""
 
@@ -171,7 +246,9 @@ class StateDir:
         at its first use and kept here, so a restart finds its own job directories, while a new run
         (``--new-run`` sets the old state aside) or another workflow's state directory gets folders of its own."""
         if self._run_id is None:
-            self._run_id = read_run_id(self.root / RUN_ID, self.root.resolve().name)
+            run_id = read_run_id(self.root / RUN_ID, self.root.resolve().name)
+            check_not_a_copy(self.root, run_id)
+            self._run_id = run_id
         return self._run_id
 
     def jobs_root(self, site: str, checkpoint_dir: Path | None) -> Path:

@@ -7,18 +7,23 @@ code that builds it (a digest of the ``parsl_bft.idle`` sources): a changed file
 old entry. Warnings the first load gave (skipped rows, starts over capacity) are given again on every hit.
 Where: ``$PARSL_BFT_CACHE`` (a folder; ``off`` turns the cache off), else ``$XDG_CACHE_HOME/parsl-bft``, else
 ``~/.cache/parsl-bft``. A cache that cannot be read or written is passed over silently (the log is parsed).
+A pickle runs code as it is read: the folder and every entry must be the user's own and writable by nobody else
+(OpenSSH's rule); one that is not is passed over with a warning.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import pickle
-import tempfile
+import secrets
 import warnings
 from collections.abc import Callable
 from functools import cache
 from pathlib import Path
 from typing import TypeVar
+
+from ..owned import link_of_another, untrusted
 
 T = TypeVar("T")
 ENV = "PARSL_BFT_CACHE"
@@ -58,37 +63,83 @@ def cached(path: str | Path, options: dict[str, object], build: Callable[[], T])
     folder, key = cache_dir(), cache_key(path, options)
     if folder is None or key is None:
         return build()
-    entry = folder / f"{key}.pickle"
+    fd = _open_folder(folder)
+    if fd is None:
+        return build()
     try:
-        with open(entry, "rb") as f:
-            value, said = pickle.load(f)
-    except (OSError, EOFError, pickle.UnpicklingError, ValueError, TypeError, AttributeError, ImportError):
-        pass
-    else:
+        return _through(fd, folder, f"{key}.pickle", build)
+    finally:
+        os.close(fd)
+
+
+def _through(fd: int, folder: Path, name: str, build: Callable[[], T]) -> T:
+    """The entry ``name`` of the open cache folder ``fd``, if there and trusted; else built and kept there."""
+    got = _read(fd, folder, name)
+    if got is not None:
+        value, said = got
         for message, category in said:
-            warnings.warn(message, category, stacklevel=2)
-        return value
+            warnings.warn(message, category, stacklevel=3)
+        return value        # type: ignore[return-value]   # what build() gave when it was kept
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         value = build()
     said = [(str(w.message), w.category) for w in caught]
     for message, category in said:
-        warnings.warn(message, category, stacklevel=2)
-    _write(entry, (value, said))
+        warnings.warn(message, category, stacklevel=3)
+    _write(fd, name, (value, said))
     return value
 
 
-def _write(entry: Path, data: object) -> None:
-    """Keep ``data`` at ``entry`` (written aside, then renamed: a reader never sees half a file)."""
+def _distrust(what: Path, why: str) -> None:
+    warnings.warn(f"the parse cache's {what} {why}: not used (the log is parsed again); set {ENV} to a folder of "
+                  "your own that only you can write", stacklevel=5)
+
+
+def _open_folder(folder: Path) -> int | None:
+    """The cache folder (made 0700 if missing), open - if it is to be trusted: the user's own, writable by nobody
+    else, not a link another user made (a pickle another user can put there runs as this user when read). None:
+    not usable (passed over silently) or not trusted (a warning)."""
     try:
-        entry.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=entry.parent, prefix=".tmp-", suffix=".pickle")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                pickle.dump(data, f, protocol=pickle.HIGHEST_PROTOCOL)
-            os.replace(tmp, entry)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError:
-        pass
+        return None
+    why = untrusted(os.fstat(fd)) or ("is a symbolic link another user made" if link_of_another(folder) else None)
+    if why:
+        os.close(fd)
+        _distrust(folder, why)
+        return None
+    return fd
+
+
+def _read(fd: int, folder: Path, name: str) -> tuple[object, list[tuple[str, type[Warning]]]] | None:
+    """An entry of the open folder ``fd``, unpickled only if the file is the user's own and nobody else's to
+    write (checked on the file opened, no link followed); None: missing, unreadable or not trusted."""
+    try:
+        f = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+    except OSError:
+        return None
+    with os.fdopen(f, "rb") as fh:
+        why = untrusted(os.fstat(f))
+        if why:
+            _distrust(folder / name, why)
+            return None
+        try:
+            value, said = pickle.load(fh)
+        except (OSError, EOFError, pickle.UnpicklingError, ValueError, TypeError, AttributeError, ImportError):
+            return None
+    return value, said
+
+
+def _write(fd: int, name: str, data: object) -> None:
+    """Keep ``data`` as ``name`` in the open folder ``fd``: written under a fresh name made exclusively (0600,
+    no link followed), then renamed - a reader never sees half a file."""
+    tmp = f".tmp-{secrets.token_hex(8)}.pickle"
+    try:
+        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
+                               dir_fd=fd), "wb") as f:
+            pickle.dump(data, f, protocol=pickle.HIGHEST_PROTOCOL)
+        os.replace(tmp, name, src_dir_fd=fd, dst_dir_fd=fd)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp, dir_fd=fd)

@@ -16,6 +16,9 @@ FIELD_NAMES = {1: "job id", 2: "submit time", 3: "wait time", 4: "run time", 5: 
 MAX_VALUE = 1e12            # no SWF time or size is larger (s: 31,700 years; cores: ...): beyond it, a damaged line
 MAX_NODES = 1_000_000       # capacity sanity caps: per-node arrays are allocated from these
 MAX_CORES_PER_NODE = 100_000
+# job lines a log may hold: the largest public logs hold under 6 million; past this a log is refused before its
+# parse (about 70 bytes a job) and the replay's arrays take more memory than a login node has
+MAX_JOB_LINES = 10_000_000
 
 
 def field_label(num: int) -> str:

@@ -10,8 +10,10 @@ laptop is needed: close it, come back, ``remote.run(run_id)``.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
+import secrets
 import threading
 from collections.abc import Iterator
 from concurrent.futures import Future
@@ -19,6 +21,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from ..errors import ParslBftError
+from ..owned import link_of_another, untrusted
 from ..sites import RemoteRuns, Site, SiteError, load_site
 from . import answers, facility
 from .bundle import Bundle, make_bundle
@@ -322,35 +325,62 @@ class RemoteRun:
         except answers.BadAnswer as e:
             raise RemoteError(str(e)) from None
         dest = Path(dest)
+        fd = _open_out(dest)
         try:
-            dest.mkdir(parents=True, exist_ok=True)
-        except OSError as e:            # a file of that name, no permission: the CLI's one-line error
-            raise RemoteError(f"fetch: cannot use {dest} as the folder for the checkpoints: {e.strerror}") from None
-        names = [r["job"] for r in rows]
-        out = {}
-        for r in rows:
-            # the whole state path: exp1/bft-state and exp2/bft-state both end in bft-state
-            key = r["job"] if names.count(r["job"]) == 1 else f"{r['state'].replace('/', '-')}-{r['job']}"
-            out[key] = self._download(r, dest / f"{key}.h5")
+            names = [r["job"] for r in rows]
+            out = {}
+            for r in rows:
+                # the whole state path: exp1/bft-state and exp2/bft-state both end in bft-state
+                key = r["job"] if names.count(r["job"]) == 1 else f"{r['state'].replace('/', '-')}-{r['job']}"
+                out[key] = dest / self._download(r, fd, f"{key}.h5")
+        finally:
+            os.close(fd)
         return out
 
-    def _download(self, row: dict, target: Path) -> Path:
+    def _download(self, row: dict, fd: int, name: str) -> str:
+        """``name`` in the folder ``fd``: written under a fresh name made exclusively (O_EXCL, O_NOFOLLOW, 0600:
+        no link another user put there is followed, nobody else reads it), then renamed over ``name``."""
         info = self.session.call("digest", self.run_id, row["state"], row["job"])
-        part = target.with_name(target.name + ".part")
+        part = f".{name}.{secrets.token_hex(6)}.part"
         h = hashlib.sha256()
-        with open(part, "wb") as f:
-            while f.tell() < info["size"]:
-                data = self.session.call("chunk", self.run_id, row["state"], row["job"], f.tell())
-                if not data:
-                    break
-                f.write(data)
-                h.update(data)
-        if h.hexdigest() != info["sha256"]:
-            part.unlink()
-            raise RemoteError(f"run {self.run_id}: {row['job']}'s checkpoint changed while it was copied; fetch "
-                              "again")
-        os.replace(part, target)
-        return target
+        try:
+            with os.fdopen(os.open(part, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                                   0o600, dir_fd=fd), "wb") as f:
+                while f.tell() < info["size"]:
+                    data = self.session.call("chunk", self.run_id, row["state"], row["job"], f.tell())
+                    if not data:
+                        break
+                    f.write(data)
+                    h.update(data)
+            if h.hexdigest() != info["sha256"]:
+                raise RemoteError(f"run {self.run_id}: {row['job']}'s checkpoint changed while it was copied; "
+                                  "fetch again")
+            os.replace(part, name, src_dir_fd=fd, dst_dir_fd=fd)
+        except BaseException as e:
+            with contextlib.suppress(OSError):
+                os.unlink(part, dir_fd=fd)
+            if isinstance(e, OSError):      # a full disk; another user's <job>.h5 in a sticky folder
+                raise RemoteError(f"fetch: cannot write {name} in the --out folder: {e.strerror}") from None
+            raise
+        return name
+
+
+def _open_out(dest: Path) -> int:
+    """``fetch``'s folder (made 0700 if missing), open: a folder of the user's own that nobody else can write
+    (sticky folders such as /tmp aside), reached through no link another user made. Held open, so that the
+    folder checked is the folder written, whatever is renamed meanwhile."""
+    try:
+        dest.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if link_of_another(dest):
+            raise RemoteError(f"fetch: --out {dest} is a symbolic link another user made: give a folder of your own")
+        fd = os.open(dest, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as e:            # a file of that name, no permission: the CLI's one-line error
+        raise RemoteError(f"fetch: cannot use {dest} as the folder for the checkpoints: {e.strerror}") from None
+    why = untrusted(os.fstat(fd), sticky_ok=True)
+    if why:
+        os.close(fd)
+        raise RemoteError(f"fetch: --out {dest} {why}: give a folder of your own that only you can write")
+    return fd
 
 
 @contextmanager

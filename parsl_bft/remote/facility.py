@@ -23,15 +23,17 @@ import os
 import re
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, BinaryIO
 
 from ..errors import ParslBftError
 from ..execution.statedir import check_private, private_dir
+from ..safe_python import python_command
 
 END_STATES = ("finished", "failed", "cancelled", "lost")    # the run's session is over (run_status)
 CHUNK = 4 << 20                  # checkpoint bytes per call: base64-encoded still well under the 10 MB task limit
@@ -163,7 +165,7 @@ def _spawn(d: Path) -> None:
             # the runner forks and this child exits at once: the session is nobody's child here, so it
             # outlives the endpoint worker and leaves no zombie behind in it
             try:
-                code = subprocess.run([sys.executable, "-m", "parsl_bft.remote.runner", str(d), str(fd)],
+                code = subprocess.run(python_command("-m", "parsl_bft.remote.runner", str(d), str(fd)),
                                       stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                       pass_fds=(fd,), start_new_session=True, timeout=120).returncode
             except subprocess.TimeoutExpired:
@@ -271,19 +273,42 @@ def _checkpoint(runs_dir: str, run_id: str, state: str, job: str) -> Path:
     raise FacilityError(f"run {run_id}: no checkpoint of job {job!r} in state directory {state!r}")
 
 
+_CKPT_NAME = re.compile(r"ckpt-\d+\.h5\Z")
+_HDF5 = b"\x89HDF\r\n\x1a\n"          # an HDF5 file's first bytes (checkpoints have no user block)
+
+
+def _open_checkpoint(runs_dir: str, run_id: str, state: str, job: str) -> tuple[Path, BinaryIO]:
+    """A job's recorded checkpoint, open, if it is one: ``ckpt-<step>.h5`` in a folder named after the job, a
+    regular HDF5 file reached through no link. The path comes from the run's database, which the workflow's own
+    code can write: without these checks a fetch copied any file the endpoint's user can read."""
+    p = _checkpoint(runs_dir, run_id, state, job)
+    refused = f"run {run_id}: job {job!r}'s recorded checkpoint {p}"
+    if not _CKPT_NAME.match(p.name) or p.parent.name != job:
+        raise FacilityError(f"{refused} is not ckpt-<step>.h5 in the job's folder: not sent")
+    try:
+        f = os.fdopen(os.open(p, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC), "rb")
+    except OSError as e:
+        raise FacilityError(f"{refused} cannot be read: {e.strerror}") from None
+    if not stat.S_ISREG(os.fstat(f.fileno()).st_mode) or f.read(len(_HDF5)) != _HDF5:
+        f.close()
+        raise FacilityError(f"{refused} is not an HDF5 file: not sent")
+    f.seek(0)
+    return p, f
+
+
 def checkpoint_digest(runs_dir: str, run_id: str, state: str, job: str) -> dict[str, Any]:
     """Path, size and SHA-256 of a job's final checkpoint: what a fetch checks its copy against."""
-    p = _checkpoint(runs_dir, run_id, state, job)
     h = hashlib.sha256()
-    with open(p, "rb") as f:
+    p, f = _open_checkpoint(runs_dir, run_id, state, job)
+    with f:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
-    return {"path": str(p), "size": p.stat().st_size, "sha256": h.hexdigest()}
+        return {"path": str(p), "size": f.tell(), "sha256": h.hexdigest()}
 
 
 def checkpoint_chunk(runs_dir: str, run_id: str, state: str, job: str, offset: int) -> bytes:
     """CHUNK bytes of a job's final checkpoint from ``offset`` (a fetch copies it chunk by chunk)."""
-    with open(_checkpoint(runs_dir, run_id, state, job), "rb") as f:
+    with _open_checkpoint(runs_dir, run_id, state, job)[1] as f:
         f.seek(offset)
         return f.read(CHUNK)
 

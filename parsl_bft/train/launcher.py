@@ -34,10 +34,12 @@ from typing import Any
 
 from torch._C._distributed_c10d import Store, TCPStore  # typed here; torch.distributed re-exports
 
+from ..errors import ParslBftError
 from ..parent_death import signal_on_parent_death
+from ..safe_python import python_command, safe_path_env
 from .config import FragmentConfig, FragmentFailed, FragmentResult
 from .fragment import main
-from .leftovers import SHARE_ENV, kill_share_processes, share_mark
+from .leftovers import SHARE_ENV, adopt_orphans, kill_descendants, kill_share_processes, share_mark
 from .protocol import JobDir
 from .rank import open_store, store_client
 
@@ -103,6 +105,11 @@ def _listen(host: str) -> socket.socket:
     return sock
 
 
+class RendezvousLost(ParslBftError):
+    """The run's rendezvous store ended: ranks can no longer meet, so the run stops (saying so) instead of
+    launching fragments that cannot start."""
+
+
 class RendezvousStore:
     """A run's rendezvous store: a torch TCPStore served by a small process of its own (``_SERVE``), so that a
     client storing huge keys is cut off there - its address space is capped (``memory`` bytes past its start) -
@@ -122,8 +129,13 @@ class RendezvousStore:
         self.listening = str(ip)
         alive, self._alive = os.pipe()
         try:
-            self._proc = subprocess.Popen([sys.executable, "-c", _SERVE, str(sock.fileno()), self.host,
-                                           str(self.port), str(memory)], stdin=alive, stdout=subprocess.DEVNULL,
+            # -P: _SERVE imports parsl_bft and torch, never from the folder this process happens to be in
+            self._proc = subprocess.Popen(python_command("-c", _SERVE, str(sock.fileno()), self.host,
+                                                         str(self.port), str(memory)),
+                                          # stderr too: a client flooding it with keys made it print C++
+                                          # stack traces into the user's terminal (its end is told by
+                                          # check_alive, with its exit status)
+                                          stdin=alive, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                           pass_fds=(sock.fileno(),), start_new_session=True)   # no Ctrl-C
         finally:
             os.close(alive)
@@ -161,6 +173,15 @@ class RendezvousStore:
     def alive(self) -> bool:
         """Whether the store's process still runs."""
         return self._proc.poll() is None
+
+    def check_alive(self) -> None:
+        """``RendezvousLost`` if the store's process has ended (killed, out of its memory cap): no fragment could
+        start any more, and the run would stall at the same progress with no error."""
+        code = self._proc.poll()
+        if code is not None:
+            how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit status {code}"
+            raise RendezvousLost(f"the run's rendezvous store (process {self._proc.pid}) ended ({how}): no fragment "
+                                 "can start; the run stops (run it again: jobs resume from their newest checkpoints)")
 
     def close(self) -> None:
         """End the store's process."""
@@ -328,7 +349,10 @@ def _rank_context() -> ForkServerContext:
                 if k in ("sys_path", "sys_argv", "init_main_from_name", "init_main_from_path")}
         os.environ[MAIN_ENV] = json.dumps(main)         # the forkserver inherits this environment as it starts
         try:
-            forkserver.ensure_running()
+            # it starts as `python -c ...` in this process's folder and imports parsl_bft (and 3.11 ignores the
+            # sys.path it is handed): a safe path, so a package planted in the folder is never imported
+            with safe_path_env():
+                forkserver.ensure_running()
         finally:
             os.environ.pop(MAIN_ENV, None)
         _CTX = ctx
@@ -383,6 +407,7 @@ def _cap_log(limit: int, every_s: float = 1.0) -> None:
 
 def _rank_entry(cfg_file: str, env: dict[str, str], log_path: str, job_dir: str, fragment: str, rank: int) -> None:
     _die_with_forkserver()
+    adopt_orphans()         # what the loop starts stays below the rank, whatever its session and environment
     os.environ.clear()
     os.environ.update(env)
     # a file, not a pipe: a chatty rank must never block on its output; appending, so that _cap_log can cut it
@@ -398,6 +423,8 @@ def _rank_entry(cfg_file: str, env: dict[str, str], log_path: str, job_dir: str,
     except BaseException as e:          # torch.distributed.elastic's @record: the launcher names who failed first
         JobDir(job_dir).record_error(fragment, rank, e)
         raise
+    finally:
+        kill_descendants()              # nothing the loop started outlives its rank
 
 
 class _Rank:

@@ -1,8 +1,10 @@
 """Nothing a fragment started outlives it: processes the user's code started (a data server, a subprocess in a
 session of its own, a double-forked daemon) are found by their mark in their environment
 (``PARSL_BFT_SHARE=<fragment id>/<first rank>``: the ranks one launcher started, which every process a rank starts
-inherits unless it clears its environment) or as descendants of those ranks, and killed when they end. Linux
-(/proc); elsewhere nothing is found. No torch, no Parsl."""
+inherits unless it clears its environment) or as descendants of those ranks, and killed when they end. A rank is
+a child subreaper (``adopt_orphans``): a daemon whose parent exits, even with a cleared environment in a session
+of its own, stays the rank's descendant instead of init's, and ``kill_descendants`` ends it with the rank. Linux
+(/proc, prctl); elsewhere nothing is found. No torch, no Parsl."""
 from __future__ import annotations
 
 import contextlib
@@ -13,6 +15,7 @@ from pathlib import Path
 
 SHARE_ENV = "PARSL_BFT_SHARE"      # set for every rank (launcher._start_ranks)
 PROC = Path("/proc")
+PR_SET_CHILD_SUBREAPER = 36
 
 
 def _processes(marker: bytes) -> tuple[dict[int, int], set[int]]:
@@ -68,3 +71,30 @@ def kill_share_processes(mark: str, roots: Iterable[int] = ()) -> list[int]:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGKILL)
     return pids
+
+
+def adopt_orphans() -> bool:
+    """Make this process a child subreaper (Linux prctl): its descendants orphaned later are re-parented to it,
+    not to init, so they stay its descendants; False where the kernel cannot."""
+    try:
+        import ctypes
+        return int(ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def kill_descendants() -> list[int]:
+    """SIGKILL every descendant of this process (its own children and the orphans it adopted); the pids."""
+    parents, _ = _processes(b"\0")           # a marker no environment holds: the parents only
+    children: dict[int, list[int]] = {}
+    for pid, ppid in parents.items():
+        children.setdefault(ppid, []).append(pid)
+    found, stack = [], [os.getpid()]
+    while stack:
+        for c in children.get(stack.pop(), []):
+            found.append(c)
+            stack.append(c)
+    for pid in found:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+    return found

@@ -21,6 +21,7 @@ import sys
 
 import torch
 
+from ..safe_python import forget_safe_path_env
 from .launcher import MAIN_ENV
 
 
@@ -45,5 +46,6 @@ def _prepare_main() -> None:
         del process.current_process()._inheriting  # type: ignore[attr-defined]
 
 
+forget_safe_path_env()      # the forkserver started with a safe path (launcher); the user's subprocesses do not
 _prepare_main()
 torch.use_deterministic_algorithms(torch.are_deterministic_algorithms_enabled())

@@ -410,6 +410,49 @@ def test_a_run_killed_outright_leaves_nothing_behind_and_resumes(tmp_path):
     assert_nothing_left(state, 120)
 
 
+def _descendants(pid: int) -> list[tuple[int, str]]:
+    """Every process below ``pid`` with its command line (from /proc)."""
+    parent, args = {}, {}
+    for d in Path("/proc").iterdir():
+        try:
+            parent[int(d.name)] = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            args[int(d.name)] = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except (ValueError, OSError, IndexError):
+            continue
+    below, todo = [], [pid]
+    while todo:
+        up = todo.pop()
+        kids = [c for c, pp in parent.items() if pp == up]
+        below += kids
+        todo += kids
+    return [(c, args[c]) for c in below]
+
+
+@pytest.mark.timeout(600)
+def test_a_dead_interchange_stops_the_run_with_the_reason(tmp_path):
+    """The interchange killed: `status` kept saying "running on 3 node(s)" with no progress and no error. Now the
+    run stops at the loop's next turn, saying so (exit 2), and nothing of it is left."""
+    workflow = HERE.parent / "workflows" / "image_classifier.py"
+    state = tmp_path / "bft-state" / "image_classifier"
+    p = subprocess.Popen([sys.executable, "-m", "parsl_bft.cli", "run", str(workflow)], cwd=tmp_path,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        wait_for(lambda: live_ranks(state), timeout=300, what="training")
+        below = _descendants(p.pid)
+        interchange = next((pid for pid, args in below           # it renames itself: "parsl: HTEX interchange"
+                            if "interchange" in args and "die_with_parent" not in args), None)
+        assert interchange is not None, below
+        os.kill(interchange, signal.SIGKILL)
+        _, err = p.communicate(timeout=240)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+    assert p.returncode == 2, err[-3000:]
+    assert "the Parsl interchange (process" in err and "ended (exit status 137)" in err, err[-3000:]
+    assert_nothing_left(state, 120)
+
+
 @pytest.mark.timeout(600)
 def test_the_demo_runs_to_its_table_plot_and_json(tmp_path):
     """The README's first command, with two small jobs: live table, final table, plot and JSON."""

@@ -532,7 +532,8 @@ def _alive(pid: int) -> bool:
 @pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="finds processes through /proc")
 def test_what_a_loop_starts_in_a_session_of_its_own_ends_with_its_fragment(tmp_path):
     """A loop that starts a helper in a session of its own (setsid) and a daemon whose parent exits at once:
-    neither outlives the fragment (each carries the mark every process a rank starts inherits)."""
+    neither outlives the fragment (each carries the mark every process a rank starts inherits). Nor does such a
+    daemon started with an environment of its own (no mark; it outlived the run): the rank adopts orphans."""
     (tmp_path / "spawner.py").write_text(
         "import subprocess, sys\n"
         "def train(ctx):\n"
@@ -542,7 +543,10 @@ def test_what_a_loop_starts_in_a_session_of_its_own_ends_with_its_fragment(tmp_p
         "    daemon = subprocess.run([sys.executable, '-c', 'import os, subprocess, sys; os.setsid(); '\n"
         "                             f'print(subprocess.Popen(sys.argv[1:], {quiet}).pid)', *sleeper],\n"
         "                            capture_output=True, text=True, check=True).stdout\n"
-        "    open(ctx.args['pids'], 'w').write(f'{helper.pid} {daemon}')\n"
+        "    bare = subprocess.run([sys.executable, '-c', 'import os, subprocess, sys; os.setsid(); '\n"
+        "                           f'print(subprocess.Popen(sys.argv[1:], {quiet}).pid)', *sleeper],\n"
+        "                          capture_output=True, text=True, check=True, env={}).stdout\n"
+        "    open(ctx.args['pids'], 'w').write(f'{helper.pid} {daemon} {bare}')\n"
         "    for idx in ctx.batches(256):\n"
         "        if ctx.should_stop():\n"
         "            break\n"
@@ -552,7 +556,7 @@ def test_what_a_loop_starts_in_a_session_of_its_own_ends_with_its_fragment(tmp_p
                      workload_args={"pids": str(pids_file)}))
     pids = [int(p) for p in pids_file.read_text().split()]
     try:
-        assert len(pids) == 2
+        assert len(pids) == 3
         wait_for(lambda: not any(map(_alive, pids)), timeout=30, what="the loop's helpers end with the fragment")
     finally:
         for p in pids:

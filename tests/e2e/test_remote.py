@@ -293,7 +293,7 @@ def test_checkpoints_leave_in_chunks_and_only_recorded_ones(tmp_path):
     (state / "jobs" / "a").mkdir(parents=True)
     (tmp_path / "runs" / "r1" / "request.json").write_text('{"digest": "a"}')
     (tmp_path / "runs" / "r1" / "exit.json").write_text('{"code": 0}')
-    data = os.urandom(facility.CHUNK + 12345)
+    data = HDF5 + os.urandom(facility.CHUNK + 12345)        # the facility sends only what looks like HDF5
     (state / "jobs" / "a" / "ckpt-000000007.h5").write_bytes(data)
     db = JobStore(state / "state.sqlite")
     db.add("a", {"samples": 70})
@@ -312,6 +312,14 @@ def test_checkpoints_leave_in_chunks_and_only_recorded_ones(tmp_path):
     assert "no checkpoint of job 'a'" in facility.call("chunk", runs, "r1", "..", "a", 0)["error"]
 
 
+HDF5 = b"\x89HDF\r\n\x1a\n"
+
+
+def text_of(checkpoint: Path) -> str:
+    """What _ended_run wrote after the HDF5 signature."""
+    return checkpoint.read_bytes()[len(HDF5):].decode()
+
+
 def _ended_run(tmp_path, exit_code: int, states: dict) -> None:
     """Run r1's folder under tmp_path/runs as its ended session leaves it: per state directory (relative to the
     run's work/), its one job "a" as (status, samples, samples_done, the checkpoint file's text)."""
@@ -324,7 +332,7 @@ def _ended_run(tmp_path, exit_code: int, states: dict) -> None:
         state = run / "work" / rel
         (state / "jobs" / "a").mkdir(parents=True)
         ckpt = f"jobs/a/ckpt-{done:09d}.h5"
-        (state / ckpt).write_text(text)
+        (state / ckpt).write_bytes(HDF5 + text.encode())
         db = JobStore(state / "state.sqlite")
         db.add("a", {"samples": samples})
         db.update("a", status=status, samples_done=done, checkpoint=ckpt)
@@ -342,7 +350,7 @@ def test_fetch_keeps_same_named_jobs_of_same_named_state_dirs_apart(tmp_path):
     _ended_run(tmp_path, 0, {f"{exp}/bft-state": ("done", 1, 1, exp) for exp in ("exp1", "exp2")})
     remote = RemoteSession(load_site(sites(tmp_path)), ThreadPoolExecutor(1))
     got = remote.run("r1").fetch(tmp_path / "got")
-    assert sorted(p.read_text() for p in got.values()) == ["exp1", "exp2"]
+    assert sorted(text_of(p) for p in got.values()) == ["exp1", "exp2"]
     assert sorted(p.name for p in (tmp_path / "got").iterdir()) == sorted(p.name for p in got.values())
     (tmp_path / "a-file").touch()                  # --out naming a file: a message, not a FileExistsError
     with pytest.raises(RemoteError, match=r"cannot use .*a-file as the folder for the checkpoints: File exists"):
@@ -359,7 +367,7 @@ def test_fetch_takes_the_newest_checkpoint_of_an_unfinished_job_and_no_name_leav
     _ended_run(tmp_path, 130, {"bft-state": ("waiting", 100, 7, "step 7")})
     remote = RemoteSession(load_site(sites(tmp_path)), ThreadPoolExecutor(1))
     got = remote.run("r1").fetch(tmp_path / "got")
-    assert {k: p.read_text() for k, p in got.items()} == {"a": "step 7"}
+    assert {k: text_of(p) for k, p in got.items()} == {"a": "step 7"}
     hostile = remote.run("r1")
     hostile.status = lambda: {"jobs": [{"job": "../../x", "state": "bft-state", "status": "done",
                                         "checkpoint": "/etc/passwd"}]}

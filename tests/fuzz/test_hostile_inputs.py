@@ -146,6 +146,26 @@ def test_crafted_checkpoints_are_refused_before_anything_is_read(tmp_path, case)
     assert CheckpointStore(tmp_path).latest() is None             # and the store skips it (sets it aside)
 
 
+def test_a_checkpoint_whose_datasets_declare_more_than_the_file_in_total_is_refused(tmp_path):
+    """Declared sizes were checked one by one: a 157 KB file of 300 datasets declaring 140 KB each (storage never
+    allocated, so each is read as its fill value) loaded as 42 MB. Here two datasets each declare 60% of the file."""
+    p = save_checkpoint(tmp_path / "ckpt-000000001.h5", small_state(1), fsync=False)
+    each = int(p.stat().st_size * 0.6) // 8
+
+    def edit(f):
+        for k in ("k0", "k1"):
+            attrs = dict(f[f"model/{k}"].attrs)
+            del f[f"model/{k}"]
+            f["model"].create_dataset(k, shape=(each,), dtype=np.float64)      # declared, never written
+            for a, v in attrs.items():
+                f[f"model/{k}"].attrs[a] = v
+    _rewrite(p, edit)
+    assert each * 8 < p.stat().st_size < 2 * each * 8
+    with pytest.raises(CheckpointError, match=r"the datasets declare [\d,]+ bytes in total, more than the whole "
+                                              r"file"):
+        load_checkpoint(p)
+
+
 @pytest.mark.parametrize("what", ["directory", "dev-zero", "missing", "empty"])
 def test_not_a_checkpoint_file(tmp_path, what):
     p = {"directory": tmp_path, "dev-zero": Path("/dev/zero"), "missing": tmp_path / "nope.h5",
@@ -581,6 +601,33 @@ def test_the_rendezvous_store_keeps_its_keys_from_clients_without_the_secret_and
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 100 << 10     # KiB: not here
     store.close()
     assert not store.alive()
+
+
+def test_a_flood_of_keys_prints_nothing_into_the_users_terminal():
+    """The store cut a flooding client off, but printed C++ stack traces into the terminal of the run (its
+    stderr was the orchestrator's). The orchestrator here is a process whose stderr is a pipe; the flooding
+    client silences its own; what is left there is the store's."""
+    import subprocess
+    script = """
+import os, time
+from datetime import timedelta
+from torch._C._distributed_c10d import TCPStore
+from parsl_bft.train.launcher import RendezvousStore
+store = RendezvousStore(memory=64 << 20)
+stranger = TCPStore("127.0.0.1", store.port, is_master=False, timeout=timedelta(seconds=30))
+os.dup2(os.open(os.devnull, os.O_WRONLY), 2)          # the flooding client's own complaints
+try:
+    for i in range(40):
+        stranger.set(f"k{i}", b"x" * (8 << 20))
+except Exception:
+    pass
+store.set("after", "flood")
+print(store.get("after").decode(), store.alive(), flush=True)
+store.close()
+"""
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert r.stdout.split() == ["flood", "True"], r.stderr[-2000:]
+    assert "frame #" not in r.stderr and "TCPStore" not in r.stderr, r.stderr[-2000:]
 
 
 def test_the_rendezvous_store_dies_with_the_process_that_serves_it(tmp_path):

@@ -243,3 +243,40 @@ def test_swf_module_still_exports_the_schedule_and_assignment_names():
     assert swf.Schedule is schedule.Schedule and swf.recorded_schedule is schedule.recorded_schedule
     assert swf.peak_usage is schedule.peak_usage and swf.assign_nodes is node_assignment.assign_nodes
     assert swf.SwfTrace is swf_format.SwfTrace and swf.MAX_NODES == swf_format.MAX_NODES
+
+
+def _jobs_swf(path, rows):
+    path.write_text(SWF_HEAD + "".join(f"{i + 1} {i} 0 10 1 -1 -1 1 20 -1 1 1 1 1 1 -1 -1 -1\n" for i in range(rows)))
+    return path
+
+
+def test_a_big_log_is_parsed_in_bounded_memory_a_line(tmp_path):
+    """A 1.1 GB log took `parsl-bft idle` to 11.5 GB (a tuple of float objects a job, ~490 bytes of memory a job
+    at the parse's peak); now flat numbers (~150)."""
+    import tracemalloc
+    rows = 50_000
+    log = _jobs_swf(tmp_path / "big.swf", rows)
+    tracemalloc.start()
+    try:
+        trace = read_swf(log)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert len(trace.submit) == rows and trace.submit[-1] == rows - 1
+    assert peak / rows < 250, f"{peak / rows:.0f} bytes a job at the peak"
+
+
+def test_a_log_past_the_caps_is_one_line_not_a_memory_error(tmp_path, monkeypatch):
+    """More job lines than any log holds, or one endless line (a damaged or binary file, read whole before):
+    an InputError naming the file and line, before memory runs out."""
+    from parsl_bft import csvio
+    from parsl_bft.idle import swf
+    monkeypatch.setattr(swf, "MAX_JOB_LINES", 3)
+    with pytest.raises(InputError, match=r"big.swf:6: more than 3 job lines: beyond any log this replays"):
+        read_swf(_jobs_swf(tmp_path / "big.swf", 4))
+    monkeypatch.setattr(csvio, "MAX_LINE", 1000)
+    (tmp_path / "bin.swf").write_text(SWF_HEAD + "1 " * 5000 + "\n")
+    with pytest.raises(InputError, match=r"bin.swf:3: a line longer than 1,000 characters: not a line of this "
+                                         r"format"):
+        read_swf(tmp_path / "bin.swf")
+    assert len(read_swf(_jobs_swf(tmp_path / "ok.swf", 3)).submit) == 3

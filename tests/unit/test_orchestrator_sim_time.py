@@ -228,3 +228,31 @@ def test_a_loop_that_never_reports_fails_its_own_job_and_a_deaf_one_is_only_recl
     assert {r["job"]: r["status"] for r in summary["jobs"]} == {"mute": "failed", "deaf": "stopped"}
     assert len(frags.helpers) == 3 and [h.wait(timeout=30) for h in frags.helpers] == [-signal.SIGKILL] * 3
     orch.close()
+
+
+def test_a_dead_rendezvous_store_stops_the_run_with_the_reason(tmp_path):
+    """The store's process killed: the run went on launching fragments that could never meet, at the same
+    progress for over 10 minutes with no error. Now the next turn of the loop stops the run, saying why, and the
+    fragment that was running is asked to checkpoint."""
+    from parsl_bft.train.launcher import RendezvousLost, RendezvousStore
+    clock = SimulatedClock()
+    frags = SimulatedFragments(clock)
+    orch = _orchestrator(tmp_path, clock, ScriptedPool(clock, [(0, "join", ("a", "b"))]), frags)
+    orch._store = store = RendezvousStore()          # what _site_runners serves for real runners
+    killed_at = []
+
+    def kill_at_100(_):
+        if not killed_at and frags.launches and clock.monotonic() - 1_000.0 > 100:
+            os.kill(store._proc.pid, signal.SIGKILL)
+            store._proc.wait()                        # gone: the next look at it sees so
+            killed_at.append(clock.monotonic())
+    clock.on_sleep.append(kill_at_100)
+    orch.submit(TrainingJob("x", samples=10**9, max_nodes=2, global_batch=8, rate_guess=RATE))
+    with pytest.raises(RendezvousLost, match=r"rendezvous store \(process \d+\) ended \(killed by SIGKILL\): no "
+                                             r"fragment can start; the run stops"):
+        orch.run(timeout_s=10_000)
+    assert killed_at and clock.monotonic() - killed_at[0] < 120      # the next turn, not the time cap
+    why = orch.db.events("stop")[-1][2]["why"]
+    assert why.startswith("error: RendezvousLost(") and "shutdown" in {
+        d["why"] for _, _, d in orch.db.events("stop-request")}
+    orch.close()

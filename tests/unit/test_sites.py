@@ -46,6 +46,9 @@ checkpoint_dir: /tmp/ck
     ("objective: {name: happiness}", "objective.name", "'throughput'"),
     ("unverified: [colour]", "(site)", "unknown fields: colour"),
     ("emulation: {speedup: 10}", "(site)", "only for scheduler 'local'"),
+    # a lone quote validated, then sbatch refused every pilot
+    ("scheduler_options: [\"--comment='it is mine\"]", "scheduler_options",
+     "item [0] \"--comment='it is mine\": no closing quotation (sbatch / qsub would refuse every pilot)"),
 ])
 def test_broken_site_files_fail_with_the_right_message(tmp_path, edit, field, words):
     key = edit.split(":")[0]

@@ -57,6 +57,28 @@ def test_job_folders_in_a_checkpoint_dir_belong_to_one_run(tmp_path):
     assert StateDir(tmp_path / "x").jobs_root("", None) == tmp_path / "x" / "jobs"      # no checkpoint_dir: as ever
 
 
+def test_a_copied_state_directory_never_shares_the_originals_checkpoint_folder(tmp_path):
+    """A copy kept the run id, so both used one folder in the checkpoint_dir: starting the copy fenced the
+    original's fragments there (its job failed as stale). A copy is refused before it touches anything; the
+    original goes on; a directory moved away from its old place (none left there) keeps its id and folder."""
+    import shutil
+    ckpt = tmp_path / "ckpt"
+    root = StateDir(tmp_path / "a").jobs_root("s", ckpt)
+    (root / "img").mkdir()
+    shutil.copytree(tmp_path / "a", tmp_path / "copy")
+    with pytest.raises(StateError, match=r"state directory .*copy is a copy of .*/a: its run id \(a-[0-9a-f]{12}\) "
+                                         r"names that directory's checkpoints.*--new-run"):
+        StateDir(tmp_path / "copy").jobs_root("s", ckpt)
+    assert sorted(p.name for p in root.iterdir()) == ["img"]
+    assert StateDir(tmp_path / "a").jobs_root("s", ckpt) == root               # the original: as before
+    shutil.copytree(tmp_path / "a", tmp_path / "other-fs")                    # a move across file systems
+    shutil.rmtree(tmp_path / "a")
+    assert StateDir(tmp_path / "other-fs").jobs_root("s", ckpt) == root
+    (tmp_path / "other-fs").rename(tmp_path / "renamed")                      # a move on one file system
+    assert StateDir(tmp_path / "renamed").jobs_root("s", ckpt) == root
+    assert (tmp_path / "renamed" / "run-id.home").read_text() == f"{tmp_path / 'renamed'}\n"
+
+
 def test_a_checkpoint_dir_must_be_private(tmp_path):
     ckpt = tmp_path / "open"
     ckpt.mkdir()
@@ -231,3 +253,110 @@ def test_every_other_answer_is_checked(op, args, reply, expected):
     site = Site(name="gc", scheduler="local", node={"cores": 1}, globus_compute_endpoint="local")
     with pytest.raises(RemoteError, match=expected):
         RemoteSession(site, Answering(reply)).call(op, "r1", *args)
+
+
+@pytest.mark.parametrize("name", ["my state", "$(touch pwned)", "a;b", "it's", "`id`"])
+def test_a_state_directory_path_that_a_shell_would_split_or_run_is_refused_at_start(tmp_path, monkeypatch, name):
+    """Parsl puts the state directory's runinfo path into the worker pool's command unquoted: a space stalled
+    the run for ever, a $(...) ran. Refused before anything is made or started, naming the characters."""
+    from parsl_bft.execution.session import training_session
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(StateError, match=r"its path holds .* which Parsl's worker and pilot commands would pass "
+                                         r"to a shell unquoted"), training_session(tmp_path / name):
+        pass
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_status_shows_control_characters_and_markup_from_a_database_as_text(tmp_path, capsys):
+    """An escape sequence in a job's error (a tampered or damaged database) reached the terminal: it could
+    retitle, clear or rewrite it. Now written out; Rich markup in it is shown as typed, not applied."""
+    from parsl_bft.cli import main
+    from parsl_bft.execution import events
+    from parsl_bft.execution.jobstore import JobStore
+    db = JobStore(tmp_path / "state.sqlite")
+    db.add("a", {"name": "a", "samples": 10})
+    db.update("a", status="failed")
+    db.record(events.Failed("a", "\x1b]0;pwned\x07\x1b[2Jboom [bold]x[/bold]"))
+    db.close()
+    assert main(["status", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "\x07" not in out
+    assert "a failed: \\x1b]0;pwned\\x07\\x1b[2Jboom [bold]x[/bold]" in out
+
+
+def test_status_of_a_failed_job_shows_what_was_kept_not_its_last_report(tmp_path, capsys, monkeypatch):
+    """The failed fragment's last progress report (38.6%) was shown, not its newest checkpoint's (12.0%)."""
+    import time
+
+    from parsl_bft.cli import main
+    from parsl_bft.execution import events
+    from parsl_bft.execution.jobstore import JobStore
+    from parsl_bft.train.protocol import JobDir, Progress
+    monkeypatch.setenv("COLUMNS", "250")
+    db = JobStore(tmp_path / "state.sqlite")
+    for name in ("broken", "train"):
+        db.add(name, {"name": name, "samples": 1000})
+        JobDir(tmp_path / "jobs" / name).ensure().write_progress(Progress(13, 386, 0.25, 2, 10, time.time(),
+                                                                          time.time()))
+    db.update("broken", status="failed", samples_done=120)
+    db.record(events.Failed("broken", "boom"))
+    db.update("train", status="running", samples_done=120)
+    db.close()
+    assert main(["status", str(tmp_path)]) == 0
+    rows = {line.split()[1]: line for line in capsys.readouterr().out.splitlines() if line.split()[1:2]}
+    assert "12.0% of 1,000" in rows["broken"] and "38.6% of 1,000" in rows["train"]
+
+
+def test_fetch_at_the_facility_sends_only_a_jobs_own_checkpoint_file(tmp_path):
+    """The checkpoint path comes from the run's database, which the workflow's code can write: a fetch copied
+    any file the endpoint's user could read. Now only ckpt-<step>.h5 in the job's folder, HDF5, no link."""
+    from parsl_bft.execution.jobstore import JobStore
+    runs, secret = tmp_path / "runs", tmp_path / "id_rsa"
+    secret.write_text("PRIVATE KEY")
+    state = runs / "r1" / "work" / "bft-state"
+    (state / "jobs" / "a").mkdir(parents=True)
+    (runs / "r1" / "request.json").write_text('{"digest": "a"}')
+    (runs / "r1" / "exit.json").write_text('{"code": 0}')
+    hdf5 = b"\x89HDF\r\n\x1a\n" + b"weights"
+    (state / "jobs" / "a" / "ckpt-000000007.h5").write_bytes(hdf5)
+    (state / "jobs" / "a" / "ckpt-000000008.h5").write_text("PRIVATE KEY")          # a copy under the name
+    (state / "jobs" / "a" / "ckpt-000000009.h5").symlink_to(tmp_path / "elsewhere.h5")
+    (tmp_path / "elsewhere.h5").write_bytes(hdf5)
+    db = JobStore(state / "state.sqlite")
+    db.add("a", {"samples": 70})
+    for ckpt, words in ((str(secret), "is not ckpt-<step>.h5 in the job's folder"),
+                        ("jobs/a/ckpt-000000008.h5", "is not an HDF5 file"),
+                        ("jobs/a/ckpt-000000009.h5", "cannot be read: Too many levels of symbolic links")):
+        db.update("a", status="done", samples_done=70, checkpoint=ckpt)
+        for op, args in (("digest", ()), ("chunk", (0,))):
+            out = facility.call(op, str(runs), "r1", "bft-state", "a", *args)
+            assert words in out.get("error", ""), (ckpt, op, out)
+    db.update("a", checkpoint="jobs/a/ckpt-000000007.h5")
+    db.close()
+    assert facility.call("chunk", str(runs), "r1", "bft-state", "a", 0)["ok"] == hdf5
+
+
+def test_a_state_directory_that_cannot_be_used_is_one_line(tmp_path, monkeypatch, capsys):
+    """A read-only, full or over-long state directory ended `parsl-bft run` with a Python traceback."""
+    import errno
+    import sqlite3
+
+    from parsl_bft.cli import main
+    from parsl_bft.execution import statedir
+    from parsl_bft.execution.session import training_session
+    with pytest.raises(StateError, match=r"state directory .*: cannot use it: its path is too long; give one"), \
+            training_session(tmp_path / ("x" * 300)):
+        pass
+
+    def read_only(d):
+        raise OSError(errno.EROFS, "Read-only file system", str(d / "orchestrator.lock"))
+    monkeypatch.setattr(statedir, "lock_state_dir", read_only)
+    with pytest.raises(StateError, match=r"state directory .*ro: cannot use it: it is on a read-only file system "
+                                         r"\(.*orchestrator.lock\)"), training_session(tmp_path / "ro"):
+        pass
+    full = tmp_path / "full.py"          # mid-run, the database finds the disk full
+    full.write_text("import sqlite3\nraise sqlite3.OperationalError('database or disk is full')\n")
+    assert main(["run", str(full)]) == 2
+    assert capsys.readouterr().err == ("parsl-bft run: error: database or disk is full (--debug shows where)\n")
+    with pytest.raises(sqlite3.OperationalError):
+        main(["run", "--debug", str(full)])
