@@ -1,26 +1,27 @@
 """What parsl-bft does to a facility's jobs, and how much training it gets from the holes, on a real scheduler.
 
-A stretch of a production log (default: 8 hours of ALCF Theta 2022) is replayed as real sbatch jobs on the local
-Slurm (tools/local-slurm.sh, 16 virtual nodes; how a log's job becomes a local one: benchmarks/facility_stream.py),
-time compressed 60x. The same stream runs three times on a fresh cluster:
+A stretch of a production log (default: 2 h 40 min of ALCF Theta 2022) is replayed as real sbatch jobs on the
+local Slurm (tools/local-slurm.sh, 8 virtual nodes; how a log's job becomes a local one:
+benchmarks/facility_stream.py), time compressed 20x. The same stream runs three times on a fresh cluster:
   alone        the facility's jobs only: the baseline every delay is measured against;
   preempt      with `parsl-bft run` training alongside on pilots in the preemptable partition (`backfill`:
-               a facility job takes a pilot's nodes at once, after Slurm's GraceTime of 10 s at most);
+               a facility job takes a pilot's nodes at once);
   no-preempt   the same, pilots in the facility's own partition (`debug`): no preemption, pilots must fit the
                holes the scheduler's own plan leaves (squeue --start, reservations) and leave when a facility
                job is planned onto their nodes.
 Training: two jobs of the EMULATED ACCELERATOR (parsl_bft/train/emulated.py: a sleep stands in for the GPU's
 compute, real gloo all-reduces and HDF5 checkpoints), whose scaling curve is known exactly, so "samples
 trained / what the same jobs train on dedicated nodes for the same node-seconds" is exact.
-Then `parsl-bft simulate` replays the alone run's idle nodes with the same jobs under the costs this run measured,
-and its e_idle is printed beside the real one.
+Then `parsl-bft simulate` replays the alone run's idle nodes with the same jobs under the costs this run
+measured, and its e_idle is printed beside the real one.
 
-    python benchmarks/facility_replay.py                        # ~30 min: 3 runs of 8 min, 16 nodes
+    python benchmarks/facility_replay.py                        # ~30 min: 3 runs of 8 min
     python benchmarks/facility_replay.py --swf ../shared/data/eval/theta_2023H1.swf.gz --start 2023-03-01
-    python benchmarks/facility_replay.py --smoke                # ~8 min: 2-minute runs
+    python benchmarks/facility_replay.py --smoke                # ~7 min: 90-second runs
 
-Needs root (it starts its own local Slurm under /tmp/local-slurm-replay, ports 19817-19834). Writes
-out/facility_replay/ (runs, plot facility_replay.png, result.json). LAST lines: one JSON object per mode.
+Needs root (it starts its own local Slurm under /tmp/local-slurm-replay, ports 19817 and up). Writes
+out/facility_replay/ (each run's records and state, the plot facility_replay.png, result.json). LAST lines: one
+JSON object per mode.
 """
 from __future__ import annotations
 
@@ -47,7 +48,7 @@ GRACE_S = 10.0                  # tools/local-slurm.sh: GraceTime of the preempt
 TAU_S = 10.0                    # bounded slowdown's floor on run time (the usual 10 s)
 PLAN_TOLERANCE_S = 2.0          # squeue's 1 s resolution + the scheduler's 1 s cycle
 MODES = {"preempt": "backfill", "no-preempt": "debug"}
-DEFAULT_START, SMOKE_START = "2022-09-27T08:00", "2022-09-30T09:00"
+DEFAULT_START, SMOKE_START = "2022-09-27T16:30", "2022-09-28T08:30"
 # the emulated jobs: 840 = lcm(1..8), so every size a job may take divides the batch: rate(n) = n * rate(1)
 BATCH, MAX_NODES, SAMPLE_MS, PARAMS_MB = 840, 8, 3.0, 1.0
 
@@ -174,17 +175,10 @@ def ticker(label: str, window_s: float):
     return tick
 
 
-def next_second() -> float:
-    """The next whole second, waited for: Slurm's times are whole seconds, so every run's t0 is one too and a
-    job's start means the same in each run."""
-    t0 = float(int(time.time()) + 1)
-    time.sleep(max(0.0, t0 - time.time()))
-    return t0
-
-
 def run_alone(cluster: LocalSlurm, jobs: list[StreamJob], window_s: float, out: Path) -> Replayed:
     cluster.restart()
-    rep = finish(cluster, replay(cluster, jobs, window_s, next_second(), ticker("alone", window_s)))
+    cluster.hold()
+    rep = finish(cluster, replay(cluster, jobs, window_s, ticker("alone", window_s)))
     (out / "alone").mkdir(parents=True, exist_ok=True)
     (out / "alone" / "replay.json").write_text(json.dumps(asdict(rep)))
     return rep
@@ -206,17 +200,14 @@ def run_with_training(cluster: LocalSlurm, jobs: list[StreamJob], window_s: floa
     env = {**os.environ, "SLURM_CONF": cluster.conf, "PYTHONUNBUFFERED": "1"}
     cli = str(Path(sys.executable).with_name("parsl-bft"))
     # the orchestrator starts while a reservation holds every node, so its own start-up (Parsl, the interchange)
-    # is not charged to the window: a site runs it long before the holes it soaks
-    cluster.run("scontrol", "create", "reservation", "reservationname=warmup", "starttime=now", "duration=10",
-                "nodes=ALL", "users=root", "flags=maint,ignore_jobs")
+    # is not charged to the stretch: a site runs it long before the holes it soaks
+    cluster.hold()
     with open(d / "run.log", "w") as log:
         orch = subprocess.Popen([cli, "run", "workflow.py", "--site", "site.yaml", "--quiet"], cwd=d, env=env,
                                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         try:
             started(state, orch)
-            cluster.run("scontrol", "delete", "reservationname=warmup")
-            t0 = next_second()
-            rep = replay(cluster, jobs, window_s, t0, ticker(mode, window_s))
+            rep = replay(cluster, jobs, window_s, ticker(mode, window_s))
             orch.send_signal(signal.SIGINT)
             orch.wait(timeout=240)
         finally:
@@ -226,7 +217,7 @@ def run_with_training(cluster: LocalSlurm, jobs: list[StreamJob], window_s: floa
                 orch.wait()
     rep = finish(cluster, rep)
     (d / "replay.json").write_text(json.dumps(asdict(rep)))
-    return rep, read_training(state, t0, window_s)
+    return rep, read_training(state, rep.t0, window_s)
 
 
 def started(state: Path, orch: subprocess.Popen, timeout_s: float = 300.0) -> None:
@@ -396,8 +387,9 @@ def main() -> None:
                     "machine idle)")
     ap.add_argument("--minutes", type=float, default=8.0, help="minutes each run replays (the window is "
                     "minutes x compression of the log)")
-    ap.add_argument("--compression", type=float, default=60.0, help="log seconds per replayed second")
-    ap.add_argument("--nodes", type=int, default=16, help="virtual nodes of the local Slurm (8-16)")
+    ap.add_argument("--compression", type=float, default=20.0, help="log seconds per replayed second")
+    ap.add_argument("--nodes", type=int, default=8, help="virtual nodes of the local Slurm (8-16; each pilot "
+                    "starts its worker pool on this host's cores)")
     ap.add_argument("--modes", default="preempt,no-preempt")
     ap.add_argument("--out", default=str(ROOT / "out" / "facility_replay"))
     ap.add_argument("--smoke", action="store_true", help="90-second runs (the test suite's)")

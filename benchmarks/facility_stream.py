@@ -21,7 +21,7 @@ import os
 import subprocess
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
 
@@ -133,6 +133,14 @@ class LocalSlurm:
                "SLURM_LOCAL_NODES": str(self.nodes)}
         subprocess.run([str(ROOT / "tools" / "local-slurm.sh"), "clean"], env=env, capture_output=True)
 
+    def hold(self) -> None:
+        """A maintenance reservation on every node: nothing starts until ``release``."""
+        self.run("scontrol", "create", "reservation", "reservationname=hold", "starttime=now", "duration=30",
+                 "nodes=ALL", "users=root", "flags=maint,ignore_jobs")
+
+    def release(self) -> None:
+        self.run("scontrol", "delete", "reservationname=hold")
+
     def run(self, *argv: str) -> str:
         return subprocess.run(list(argv), env=self.env, capture_output=True, text=True, check=True).stdout
 
@@ -210,13 +218,21 @@ class Replayed:
         return [r for r in self.records if not r.name.startswith(FACILITY_PREFIX)]
 
 
-def replay(cluster: LocalSlurm, jobs: list[StreamJob], duration_s: float, t0: float,
+def replay(cluster: LocalSlurm, jobs: list[StreamJob], duration_s: float,
            progress: Callable[[float], object] | None = None) -> Replayed:
-    """Submit each job at its offset from ``t0`` and watch the planned starts until ``duration_s``. The records
-    are read by ``finish`` (after whatever else ran beside the stream has been stopped).
-    ``progress(seconds)`` is called about once a second."""
-    out = Replayed(t0, duration_s, cluster.jobcomp_size(), {}, [])
+    """The stream on a cluster ``hold()`` keeps from starting anything: the jobs queued at the stretch's start
+    are submitted, the hold is lifted, and from that whole second (t0) each later job is submitted at its
+    offset while the planned starts are watched, until ``duration_s``. The records are read by ``finish``
+    (after whatever ran beside the stream has been stopped). ``progress(seconds)`` is called about once a
+    second."""
+    since = cluster.jobcomp_size()
     pending = list(jobs)
+    while pending and pending[0].offset_s <= 0:
+        cluster.sbatch(pending.pop(0))
+    t0 = float(int(time.time()) + 1)           # Slurm's times are whole seconds: so is every run's t0
+    time.sleep(max(0.0, t0 - time.time()))
+    cluster.release()
+    out = Replayed(t0, duration_s, since, {}, [])
     last_look = -1.0
     while (now := time.time() - t0) < duration_s:
         while pending and pending[0].offset_s <= now:
@@ -234,7 +250,9 @@ def replay(cluster: LocalSlurm, jobs: list[StreamJob], duration_s: float, t0: fl
 
 
 def finish(cluster: LocalSlurm, replayed: Replayed) -> Replayed:
-    """End the replay: cancel what is left, read the completion log."""
+    """End the replay: cancel what is left, read the completion log. A job that started after the stretch's
+    end (while what ran beside it was being stopped) did not start within it."""
     cluster.cancel_all()
-    replayed.records = cluster.records(replayed.since, replayed.t0)
+    replayed.records = [r if r.start is None or r.start < replayed.duration_s else replace(r, start=None, end=None)
+                        for r in cluster.records(replayed.since, replayed.t0)]
     return replayed

@@ -161,7 +161,7 @@ def test_a_checkpoint_whose_datasets_declare_more_than_the_file_in_total_is_refu
                 f[f"model/{k}"].attrs[a] = v
     _rewrite(p, edit)
     assert each * 8 < p.stat().st_size < 2 * each * 8
-    with pytest.raises(CheckpointError, match=r"the datasets declare [\d,]+ bytes in total, more than the whole "
+    with pytest.raises(CheckpointError, match=r"the datasets declare [\d,]+ bytes together, more than the whole "
                                               r"file"):
         load_checkpoint(p)
 

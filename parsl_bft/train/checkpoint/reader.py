@@ -55,7 +55,6 @@ class _Reader(Loading):
         self.f = f
         self.read: list[str] = []
         self.meta = MetaChecksum()
-        self.declared = 0                # bytes every dataset so far declares: all of them lie in the file
 
     def attr(self, obj: Any, name: str, default: Any = KeyError) -> Any:
         """An attribute of ``obj``, its size bounded first; ``default`` when absent (missing: an error)."""
@@ -140,10 +139,6 @@ class _Reader(Loading):
         declared = math.prod(ds.shape) * dt.itemsize
         if declared > self.size:
             raise self.fail(f"declares {declared:,} bytes, more than the whole file ({self.size:,} bytes)")
-        self.declared += declared        # one by one, 300 datasets of 140 KB each in a 157 KB file loaded as 42 MB
-        if self.declared > self.size:
-            raise self.fail(f"the datasets declare {self.declared:,} bytes in total, more than the whole file "
-                            f"({self.size:,} bytes)")
         self.meta.add(ds.name, "dataset", dt.str, tuple(ds.shape))
         numpy = self.attr(ds, "numpy", None) if "numpy" in ds.attrs else None
         dtn = self.attr(ds, "torch_dtype", "") if "torch_dtype" in ds.attrs else ""
