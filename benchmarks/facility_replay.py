@@ -371,6 +371,18 @@ def plot(alone: Replayed, runs: dict[str, tuple[Replayed, Training]], nodes: int
     plt.close(fig)
 
 
+def machine(load: float) -> dict:
+    """Where and with what the figures were measured."""
+    import platform
+    from importlib.metadata import version
+
+    slurm = subprocess.run(["dpkg-query", "-W", "-f=${Version}", "slurm-client"], capture_output=True,
+                           text=True).stdout.strip()
+    return {"date": datetime.now(UTC).isoformat(timespec="seconds"), "cpus": os.cpu_count(),
+            "load_5min_before": round(load, 2), "platform": platform.platform(), "python": platform.python_version(),
+            "slurm": slurm, **{p: version(p) for p in ("parsl", "torch", "parsl-bft")}}
+
+
 # --- main ------------------------------------------------------------------------------------------------------
 def parse_start(text: str) -> float:
     if text.replace(".", "", 1).isdigit():
@@ -411,6 +423,7 @@ def main() -> None:
     say(f"{len(jobs)} facility jobs from {Path(args.swf).name}, {minutes:g} min a run on {args.nodes} nodes, "
         f"{args.compression:g}x; offered load {info.log_load:.2f} (log) -> {info.replay_load:.2f} (replayed)")
     cluster = LocalSlurm(args.nodes)
+    load = os.getloadavg()[1]
     t_begin = time.time()
     try:
         alone = run_alone(cluster, jobs, window_s, out)
@@ -435,7 +448,7 @@ def main() -> None:
               "nodes": args.nodes, "compression": args.compression, "facility_jobs_submitted": len(jobs),
               "offered_load_log": info.log_load, "offered_load_replayed": info.replay_load,
               "workload": f"emulated accelerator: {SAMPLE_MS} ms/sample/rank, {PARAMS_MB} MB all-reduce, "
-                          f"global batch {BATCH}, 2 jobs of 1-{MAX_NODES} nodes", "wall_s": wall}
+                          f"global batch {BATCH}, 2 jobs of 1-{MAX_NODES} nodes", "wall_s": wall, **machine(load)}
     (out / "result.json").write_text(json.dumps([{**common, **r} for r in results], indent=1))
     for r in results:
         say(f"{r['mode']}: facility delay median {r['facility_delay_median_s']:.1f} s, p95 "
