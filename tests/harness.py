@@ -57,6 +57,15 @@ def wait_for(pred, timeout=300, step=0.2, what="condition", or_none=False):
     raise RanOutOfTime(f"ran out of time at step: {what} (not met within {timeout} s; a loaded machine, or a hang)")
 
 
+def term_group(p, within_s: float) -> tuple[float, str]:
+    """One SIGTERM to the process group of ``p`` (started with ``start_new_session``), which must then end within
+    ``within_s``: when it was sent, and what ``p`` wrote to stderr."""
+    t = time.time()
+    os.killpg(p.pid, signal.SIGTERM)
+    wait_for(lambda: p.poll() is not None, within_s, 0.1, what="the run's end after one SIGTERM to its group")
+    return t, p.stderr.read()
+
+
 def live_ranks(state) -> list[int]:
     """Rank processes recorded in the job directories under ``state`` that still run (and are still those processes)."""
     from parsl_bft.train.protocol import proc_start_time

@@ -32,6 +32,7 @@ from harness import (  # noqa: E402
     live_ranks,
     replay_path,
     start_orchestrator,
+    term_group,
     wait_for,
     wait_training,
 )
@@ -355,10 +356,7 @@ def test_one_sigterm_to_the_process_group_ends_the_run_within_the_notice(tmp_pat
             (ic,) = _interchanges(p.pid)
             os.kill(ic, signal.SIGKILL)
             wait_for(lambda: not _interchanges(p.pid), 30, 0.05, what="the interchange's end")
-        t_signal = time.time()
-        os.killpg(p.pid, signal.SIGTERM)
-        wait_for(lambda: p.poll() is not None, notice + 20, 0.1, what="the run's end after one SIGTERM")
-        err = p.stderr.read()
+        t_signal, err = term_group(p, notice + 20)
     finally:
         if p.poll() is None:
             os.killpg(p.pid, signal.SIGKILL)

@@ -478,7 +478,7 @@ def test_one_sigterm_to_the_group_ends_a_run_with_pilots_within_the_notice(slurm
     checkpoint newer than the signal, every pilot ends (given back while running: COMPLETED, not CANCELLED) and
     nothing of the run is left. It used to sit in Parsl's cleanup for minutes: the interchange, in the same
     group, died first."""
-    from harness import assert_nothing_left, live_ranks
+    from harness import assert_nothing_left, live_ranks, term_group
     state = tmp_path / "state"
     (tmp_path / "site.yaml").write_text(SITE.format(conf=os.environ["SLURM_CONF"], state=state))
     (tmp_path / "w.py").write_text(LONG_WORKFLOW)
@@ -488,10 +488,7 @@ def test_one_sigterm_to_the_group_ends_a_run_with_pilots_within_the_notice(slurm
     try:
         wait_for(lambda: live_ranks(state) and any(JobDir(d).progress() for d in state.glob("checkpoints/*/*")),
                  300, what="training on pilots")
-        t_signal = time.time()
-        os.killpg(p.pid, signal.SIGTERM)
-        wait_for(lambda: p.poll() is not None, 20 + 10, 0.1, what="the run's end after one SIGTERM to its group")
-        err = p.stderr.read()
+        t_signal, err = term_group(p, 20 + 10)          # notice_seconds + 10
     finally:
         if p.poll() is None:
             os.killpg(p.pid, signal.SIGKILL)
