@@ -405,6 +405,8 @@ def main() -> None:
     ap.add_argument("--modes", default="preempt,no-preempt")
     ap.add_argument("--out", default=str(ROOT / "out" / "facility_replay"))
     ap.add_argument("--smoke", action="store_true", help="90-second runs (the test suite's)")
+    ap.add_argument("--slurm-base", default="/tmp/local-slurm-replay", help="where its local Slurm lives")
+    ap.add_argument("--slurm-port", type=int, default=19817, help="its slurmctld's port (slurmd: the next ones)")
     args = ap.parse_args()
     if os.geteuid() != 0:
         sys.exit("facility_replay.py needs root: it starts a local Slurm (tools/local-slurm.sh)")
@@ -422,7 +424,7 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     say(f"{len(jobs)} facility jobs from {Path(args.swf).name}, {minutes:g} min a run on {args.nodes} nodes, "
         f"{args.compression:g}x; offered load {info.log_load:.2f} (log) -> {info.replay_load:.2f} (replayed)")
-    cluster = LocalSlurm(args.nodes)
+    cluster = LocalSlurm(args.nodes, args.slurm_base, args.slurm_port)
     load = os.getloadavg()[1]
     t_begin = time.time()
     try:

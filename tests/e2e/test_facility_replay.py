@@ -25,7 +25,8 @@ def test_the_facility_replay_smoke_run(tmp_path):
         pytest.fail("the facility replay needs root to start a local Slurm (CI runs as root)")
     try:
         r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "facility_replay.py"), "--smoke", "--out",
-                            str(tmp_path)], cwd=ROOT / "benchmarks", capture_output=True, text=True, timeout=1400)
+                            str(tmp_path), "--slurm-base", "/tmp/local-slurm-replay-test", "--slurm-port", "20817"],
+                           cwd=ROOT / "benchmarks", capture_output=True, text=True, timeout=1400)
     except subprocess.TimeoutExpired as e:
         pytest.fail(f"ran out of time in the smoke replay (1400 s): {str(e.stderr)[-3000:]}")
     assert r.returncode == 0, r.stderr[-4000:]
