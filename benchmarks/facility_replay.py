@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import statistics
 import subprocess
@@ -190,7 +191,7 @@ def run_with_training(cluster: LocalSlurm, jobs: list[StreamJob], window_s: floa
     fragments checkpoint, the pilots are given back) at the window's end."""
     cluster.restart()
     d = out / mode
-    subprocess.run(["rm", "-rf", str(d)], check=True)
+    shutil.rmtree(d, ignore_errors=True)
     d.mkdir(parents=True)
     state = d / "state"
     (d / "site.yaml").write_text(SITE.format(partition=MODES[mode], conf=cluster.conf, state=state,
