@@ -163,7 +163,6 @@ class PilotProvider(ClusterProvider):
         self.cores_per_node: int | None = None
         self.mem_per_node: float | None = None
         self._refusals: list[str] = []
-        self._made_room: set[str] = set()      # facility jobs pilots were given back for (``claimed``): once each
         self.refused: PilotsRefused | None = None
 
     # --- hooks ------------------------------------------------------------------------------------------
@@ -318,32 +317,22 @@ class PilotProvider(ClusterProvider):
                 f"[ -e {mark} ] && exit 0", "exit $rc"]
 
     def claimed(self, within_s: float, now: float | None = None) -> set[str]:
-        """Nodes to give back now: those a waiting facility job (not one of our pilots) is planned to start on
-        within ``within_s``; a running pilot's node a job is planned onto no later than that pilot's walltime
-        ends (the pilot is what it waits for: it arrived after the pilot started, and nothing preempts
-        pilots); and, once per job, pilots' nodes that would let a job planned elsewhere, later, start now (it
-        arrived while pilots held the idle nodes: their walltimes reach beyond another node's next free moment,
-        so the plan put it there). Once: a job the scheduler holds back for other reasons (a reservation for a
-        job ahead of it) would otherwise make pilots come and go."""
+        """Nodes a waiting facility job (not one of our pilots) is planned to start on within ``within_s``, or
+        on a running pilot's node no later than that pilot's walltime ends: then the pilot is what the job
+        waits for (a job that arrived after the pilot started, where no preemption takes the node back). Give
+        them back now."""
         soon = (self.clock() if now is None else now) + within_s
-        snap = self.snapshot()
-        ours = {n: job.end for j in self.submitted if (job := snap.jobs.get(j)) is not None and job.end is not None
+        jobs = self.snapshot().jobs
+        ours = {n: job.end for j in self.submitted if (job := jobs.get(j)) is not None and job.end is not None
                 for n in job.nodes}
-        spare = len([n for n in snap.idle if n not in ours])
         out: set[str] = set()
-        for j in sorted(self.waiting(), key=lambda j: j.start or math.inf):
+        for j in self.waiting():
             if j.job_id in self.submitted or j.start is None:
                 continue
             if j.start <= soon:
                 out.update(j.nodes)
-                continue
-            behind = {n for n in j.nodes if n in ours and j.start <= ours[n] + self.poll_s + 1}
-            free = sorted((n for n in ours if n not in out), key=lambda n: ours[n])   # the soonest to end first
-            if behind:          # (a survey later than the pilot's end still shows the plan made at that end)
-                out |= behind
-            elif j.job_id not in self._made_room and 0 < len(j.nodes) - spare <= len(free):
-                out.update(free[:len(j.nodes) - spare])
-                self._made_room.add(j.job_id)
+            else:          # a survey later than the pilot's end still shows the plan made at that end
+                out.update(n for n in j.nodes if n in ours and j.start <= ours[n] + self.poll_s + 1)
         return out
 
     def noticed(self, job_id: str) -> bool:

@@ -26,12 +26,9 @@ def test_a_facility_job_planned_behind_a_running_pilot_claims_its_node(tmp_path)
     prov = provider(queue, tmp_path)
     prov.submitted["11"] = NOW - 70
     assert prov.claimed(8) == {"n7"}
-    # a job planned on n7 well after the pilot ends, that could not start now without it either (n6 is busy
-    # until then), is not waiting for it: the pilot keeps its hole
+    # a job planned on n7 well after the pilot ends is not waiting for it: the pilot keeps its hole
     later = provider(f"11|RUNNING|{NOW - 60}|{NOW + 600}|(null)|n7|None\n"
-                     f"4|RUNNING|{NOW - 60}|{NOW + 900}|(null)|n6|None\n"
-                     f"12|PENDING|{NOW + 900}|N/A|n[6-8]||Resources\n", tmp_path,
-                     sinfo="n6|alloc\nn7|alloc\nn8|idle\n")
+                     f"12|PENDING|{NOW + 900}|N/A|n[7-8]||Resources\n", tmp_path)
     later.submitted["11"] = NOW - 70
     assert later.claimed(8) == set()
     # a job planned onto a pilot's node within the lead time claims it, as before
@@ -47,21 +44,3 @@ def test_no_pilot_for_a_hole_shorter_than_the_shortest_pilot(tmp_path):
     assert short.current_holes() == []
     long = provider(f"12|PENDING|{NOW + 120}|N/A|n[7-8]||Resources\n", tmp_path)
     assert [h.node for h in long.current_holes()] == ["n8"] and long.walltime_minutes(now=NOW) == 2
-
-
-def test_a_job_that_would_start_now_but_for_the_pilots_gets_their_nodes_once(tmp_path):
-    # our pilots 11 and 13 hold n7 and n8 for 20 and 10 more minutes; facility job 12 (1 node) arrived since and
-    # the plan puts it on n1 when that node's job ends in 3 minutes: without the pilots it would start now
-    queue = (f"11|RUNNING|{NOW - 60}|{NOW + 1200}|(null)|n7|None\n"
-             f"13|RUNNING|{NOW - 60}|{NOW + 600}|(null)|n8|None\n"
-             f"5|RUNNING|{NOW - 600}|{NOW + 180}|(null)|n1|None\n"
-             f"12|PENDING|{NOW + 180}|N/A|n1||Resources\n")
-    prov = provider(queue, tmp_path, sinfo="n1|alloc\nn7|alloc\nn8|alloc\n")
-    prov.submitted.update({"11": NOW - 70, "13": NOW - 70})
-    assert prov.claimed(8) == {"n8"}                 # one node, the pilot that ends soonest
-    assert prov.claimed(8) == set()                  # once: if the scheduler still holds it back, pilots stay
-    # a 3-node job cannot start on the two pilots' nodes: nothing is given back for it
-    big = provider(queue.replace("12|PENDING", "14|PENDING").replace("|n1||", "|n[1-3]||"), tmp_path,
-                   sinfo="n1|alloc\nn2|alloc\nn3|alloc\nn7|alloc\nn8|alloc\n")
-    big.submitted.update({"11": NOW - 70, "13": NOW - 70})
-    assert big.claimed(8) == set()
