@@ -274,7 +274,19 @@ def _checkpoint(runs_dir: str, run_id: str, state: str, job: str) -> Path:
 
 
 _CKPT_NAME = re.compile(r"ckpt-\d+\.h5\Z")
-_HDF5 = b"\x89HDF\r\n\x1a\n"          # an HDF5 file's first bytes (checkpoints have no user block)
+_HDF5 = b"\x89HDF\r\n\x1a\n"          # an HDF5 superblock's first bytes: at 0, or after a user block of 512 * 2**k
+#                                      bytes (checkpoint format 3 keeps its record there)
+
+
+def _is_hdf5(f: BinaryIO) -> bool:
+    """Where HDF5 itself looks for the superblock: offset 0, then 512, 1024, 2048, ... bytes."""
+    size, at = os.fstat(f.fileno()).st_size, 0
+    while at + len(_HDF5) <= size:
+        f.seek(at)
+        if f.read(len(_HDF5)) == _HDF5:
+            return True
+        at = 512 if at == 0 else 2 * at
+    return False
 
 
 def _open_checkpoint(runs_dir: str, run_id: str, state: str, job: str) -> tuple[Path, BinaryIO]:
@@ -289,7 +301,7 @@ def _open_checkpoint(runs_dir: str, run_id: str, state: str, job: str) -> tuple[
         f = os.fdopen(os.open(p, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC), "rb")
     except OSError as e:
         raise FacilityError(f"{refused} cannot be read: {e.strerror}") from None
-    if not stat.S_ISREG(os.fstat(f.fileno()).st_mode) or f.read(len(_HDF5)) != _HDF5:
+    if not stat.S_ISREG(os.fstat(f.fileno()).st_mode) or not _is_hdf5(f):
         f.close()
         raise FacilityError(f"{refused} is not an HDF5 file: not sent")
     f.seek(0)
