@@ -329,11 +329,14 @@ def test_one_signal_to_parsl_bft_run_checkpoints_and_leaves_nothing_behind(tmp_p
 
 
 def _interchanges(pid: int) -> list[int]:
-    """The interchanges of orchestrator ``pid``: the children of its die_with_parent watchers."""
+    """The interchanges of orchestrator ``pid``: the processes below it that Parsl names its interchange."""
     rows = [line.split(None, 2) for line in subprocess.run(["ps", "-eo", "pid,ppid,args"], capture_output=True,
                                                            text=True).stdout.splitlines()[1:]]
-    watchers = {r[0] for r in rows if r[1] == str(pid) and "die_with_parent" in r[2]}
-    return [int(r[0]) for r in rows if r[1] in watchers]
+    below, grew = {str(pid)}, True
+    while grew:
+        more = {r[0] for r in rows if len(r) == 3 and r[1] in below} - below
+        below, grew = below | more, bool(more)
+    return [int(r[0]) for r in rows if len(r) == 3 and r[0] in below and "HTEX interchange" in r[2]]
 
 
 @pytest.mark.timeout(600)
