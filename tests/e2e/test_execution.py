@@ -581,7 +581,8 @@ def test_workload_args_that_are_not_json_name_the_field(tmp_path):
         orch.submit(TrainingJob("a", workload_args={"data": tmp_path, "n": 1}))
     with pytest.raises(ValueError, match=r"workload_args\['lr'\] is a float, not a JSON value"):
         orch.submit(TrainingJob("a", workload_args={"lr": float("nan")}))
-    with pytest.raises(ValueError, match=r"workload 'imgaes': write 'images' or 'lm' or 'emulated', 'package.module:factory'"):
+    with pytest.raises(ValueError, match=r"workload 'imgaes': write 'images' or 'lm' or 'emulated', "
+                                         r"'package.module:factory'"):
         orch.submit(TrainingJob("a", workload="imgaes"))          # a typo: at submit, not later in a rank
     with pytest.raises(ValueError, match=r"workload 'missing.py:Model': no such file missing.py"):
         orch.submit(TrainingJob("a", workload="missing.py:Model"))
