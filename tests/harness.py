@@ -6,6 +6,8 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import Future
+from dataclasses import replace
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -245,3 +247,34 @@ def assert_same(a, b) -> None:
         assert np.array_equal(a, b)
     else:
         assert a == b
+
+
+class InlineRunner:
+    """The cheapest orchestrator harness: a SiteRunner that runs each fragment in this process, at once, on one
+    rank (no Parsl, no rank processes)."""
+
+    def __init__(self, name, site, store):
+        self.gang = False
+
+    def launch(self, cfg, nodes: int):
+        from parsl_bft.execution.htex import FragmentHandle
+        from parsl_bft.train.fragment import train_rank
+        fut: Future = Future()
+        handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1)}
+        try:
+            fut.set_result(train_rank(replace(cfg, fsync=False, deterministic=False)))
+        except Exception as e:
+            fut.set_exception(e)
+        finally:
+            for s, h in handlers.items():
+                signal.signal(s, h)
+        return FragmentHandle([fut])
+
+    def placed(self, fragment, nodes):
+        return {}
+
+    def prime(self, nodes):
+        pass
+
+    def warm_up(self, *a):
+        pass

@@ -27,7 +27,7 @@ from parsl_bft.train.checkpoint import CheckpointError, CheckpointStore, Trainin
 
 HERE = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(HERE))
-from harness import assert_same  # noqa: E402
+from harness import InlineRunner, assert_same  # noqa: E402
 
 FAST = settings(deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                         HealthCheck.too_slow], derandomize=True)
@@ -247,37 +247,6 @@ def test_non_finite_loss_or_weights_fail_the_fragment_and_keep_the_last_finite_c
     finally:
         for s, h in handlers.items():
             signal.signal(s, h)
-
-
-class InlineRunner:
-    """The cheapest orchestrator harness: a SiteRunner that runs each fragment in this process, at once, on one
-    rank (no Parsl, no rank processes)."""
-
-    def __init__(self, name, site, store):
-        self.gang = False
-
-    def launch(self, cfg, nodes: int):
-        from parsl_bft.execution.htex import FragmentHandle
-        from parsl_bft.train.fragment import train_rank
-        fut: Future = Future()
-        handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1)}
-        try:
-            fut.set_result(train_rank(replace(cfg, fsync=False, deterministic=False)))
-        except Exception as e:
-            fut.set_exception(e)
-        finally:
-            for s, h in handlers.items():
-                signal.signal(s, h)
-        return FragmentHandle([fut])
-
-    def placed(self, fragment, nodes):
-        return {}
-
-    def prime(self, nodes):
-        pass
-
-    def warm_up(self, *a):
-        pass
 
 
 def inline_orchestrator(state: Path, monkeypatch, **kw):

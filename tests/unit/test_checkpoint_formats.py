@@ -6,7 +6,6 @@ import json
 import shutil
 import signal
 import sys
-from concurrent.futures import Future
 from dataclasses import replace
 from pathlib import Path
 
@@ -26,7 +25,7 @@ from parsl_bft.train.checkpoint import (
 )
 from parsl_bft.train.checkpoint.format import HEADER, pack_header, record_place
 
-from harness import assert_same
+from harness import InlineRunner, assert_same
 
 LEGACY = Path(__file__).resolve().parents[1] / "data" / "checkpoints"
 
@@ -233,38 +232,6 @@ def test_a_newer_formats_checkpoint_is_refused_and_kept_not_passed_over(tmp_path
     with pytest.raises(CheckpointError) as e:
         load_checkpoint(tmp_path / "edited.h5")
     assert not isinstance(e.value, NewerFormatError) and "no valid header" in str(e.value)
-
-
-class InlineRunner:
-    """Each fragment run at once in this process on one rank (no Parsl, no rank processes)."""
-
-    gang = False
-
-    def __init__(self, name, site, store):
-        self.launched = 0
-
-    def launch(self, cfg, nodes):
-        from parsl_bft.execution.htex import FragmentHandle
-        from parsl_bft.train.fragment import train_rank
-        fut: Future = Future()
-        handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1)}
-        try:
-            fut.set_result(train_rank(replace(cfg, fsync=False, deterministic=False)))
-        except Exception as e:
-            fut.set_exception(e)
-        finally:
-            for s, h in handlers.items():
-                signal.signal(s, h)
-        return FragmentHandle([fut])
-
-    def placed(self, fragment, nodes):
-        return {}
-
-    def prime(self, nodes):
-        pass
-
-    def warm_up(self, *a):
-        pass
 
 
 def test_a_job_whose_checkpoint_is_a_newer_formats_fails_naming_it_and_keeps_its_files(tmp_path, monkeypatch):
