@@ -119,19 +119,21 @@ class LocalSlurm:
     def conf(self) -> str:
         return self.env["SLURM_CONF"]
 
-    def restart(self) -> None:
-        """A fresh cluster: no jobs, every node idle."""
+    def _script(self, action: str) -> subprocess.CompletedProcess[str]:
+        """tools/local-slurm.sh ACTION on this cluster (fresh state on restart, no munge)."""
         env = {**self.env, "SLURM_LOCAL_BASE": self.base, "SLURM_LOCAL_PORT": str(self.port),
                "SLURM_LOCAL_NODES": str(self.nodes), "SLURM_LOCAL_AUTH": "none", "SLURM_LOCAL_FRESH": "1"}
-        r = subprocess.run([str(ROOT / "tools" / "local-slurm.sh"), "restart"], env=env, capture_output=True,
-                           text=True)
+        return subprocess.run([str(ROOT / "tools" / "local-slurm.sh"), action], env=env, capture_output=True,
+                              text=True)
+
+    def restart(self) -> None:
+        """A fresh cluster: no jobs, every node idle."""
+        r = self._script("restart")
         if r.returncode != 0:
             raise RuntimeError(f"tools/local-slurm.sh restart failed: {r.stderr[-2000:]}")
 
     def clean(self) -> None:
-        env = {**self.env, "SLURM_LOCAL_BASE": self.base, "SLURM_LOCAL_PORT": str(self.port),
-               "SLURM_LOCAL_NODES": str(self.nodes)}
-        subprocess.run([str(ROOT / "tools" / "local-slurm.sh"), "clean"], env=env, capture_output=True)
+        self._script("clean")
 
     def hold(self) -> None:
         """A maintenance reservation on every node: nothing starts until ``release``."""
