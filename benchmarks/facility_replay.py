@@ -49,7 +49,7 @@ GRACE_S = 10.0                  # tools/local-slurm.sh: GraceTime of the preempt
 TAU_S = 10.0                    # bounded slowdown's floor on run time (the usual 10 s)
 PLAN_TOLERANCE_S = 2.0          # squeue's 1 s resolution + the scheduler's 1 s cycle
 MODES = {"preempt": "backfill", "no-preempt": "debug"}
-DEFAULT_START, SMOKE_START = "2022-09-27T16:30", "2022-09-28T08:30"
+DEFAULT_START, SMOKE_START = "2022-09-27T16:30", "2022-09-27T11:00"
 # the emulated jobs: 840 = lcm(1..8), so every size a job may take divides the batch: rate(n) = n * rate(1)
 BATCH, MAX_NODES, SAMPLE_MS, PARAMS_MB = 840, 8, 3.0, 1.0
 
@@ -396,7 +396,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--swf", default=str(SHARED / "data" / "traces" / "theta_2022.swf.gz"))
     ap.add_argument("--start", help="the window's start in the log (ISO date, UTC, or unix s; default "
-                    f"{DEFAULT_START}, or {SMOKE_START} with --smoke: about 12%% and 19%% of the replayed "
+                    f"{DEFAULT_START}, or {SMOKE_START} with --smoke: about 12%% and 38%% of the replayed "
                     "machine idle)")
     ap.add_argument("--minutes", type=float, default=8.0, help="minutes each run replays (the window is "
                     "minutes x compression of the log)")

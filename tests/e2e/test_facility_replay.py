@@ -2,7 +2,9 @@
 sbatch jobs on a local Slurm, alone and with `parsl-bft run` training beside it, with and without preemption.
 What must hold whatever the machine's load: every facility job is matched across the runs, pilots soak holes and
 train in them, nothing trains beyond what dedicated nodes would, no facility job starts later than the
-scheduler planned when pilots must fit its plan, and preempted pilots give way within the grace time."""
+scheduler planned when pilots must fit its plan, and preempted pilots give way within the grace time. The smoke
+stretch (2022-09-27T11:00) has idle nodes from its first second, so even where pilots take a minute to start
+(load 7 on 2 cores) they train: a stretch whose holes open late trained nothing in CI."""
 import json
 import os
 import subprocess
