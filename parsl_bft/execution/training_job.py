@@ -22,26 +22,26 @@ from ..train.workloads import WORKLOADS, WorkloadError
 class TrainingJob:
     """What a scientist declares: a model to train on whatever idle nodes there are."""
 
-    name: str
-    workload: str = "images"
-    samples: int = 50_000
-    min_nodes: int = 1
-    max_nodes: int = 4
-    global_batch: int = 64
-    workload_args: dict[str, Any] = field(default_factory=dict)
-    t_up: float = 10.0             # seconds of progress a rescale costs (measure yours: parsl-bft profile)
-    t_down: float = 10.0
-    weight: float = 1.0
-    rate_guess: float = 1000.0     # samples/s on one node until measured (fragments feed real rates back)
-    freeze: str = "off"            # "auto": the planner may freeze a prefix of layers (layer elasticity) ...
-    accuracy_budget: float = 0.0   # ... while the predicted accuracy cost stays within this (0.005: half a point)
-    loop: str | None = None        # the user's own training function, 'file.py:fn' (parsl_bft.train.context)
-    deterministic: bool = True     # torch deterministic algorithms (bit-for-bit resumes; off: faster kernels)
-    precision: str = "fp32"        # the built-in loop's autocast: "fp32", "bf16" or "fp16" (loss scaled)
-    compile: bool | str = False    # the built-in loop runs torch.compile(model): True (inductor) or a backend
-    channels_last: bool = False    # the built-in loop's model and images in channels-last memory format
-    micro_batch: int | None = None  # samples a rank computes at once (gradients accumulated): when a batch won't fit
-    batch_norm: str = "per-rank"   # BatchNorm statistics: each rank's own ("per-rank") or over all ranks ("sync": GPUs)
+    name: str                      #: names its checkpoints' folder and its ``status`` row (letters, digits, ``-_.``)
+    workload: str = "images"       #: a built-in workload ("images", "lm", ...) or yours: ``'file.py:MyWorkload'``
+    samples: int = 50_000          #: samples to train in all (the job is done when they are)
+    min_nodes: int = 1             #: fewest nodes a fragment runs on (the planner gives none or at least these)
+    max_nodes: int = 4             #: most nodes a fragment runs on
+    global_batch: int = 64         #: samples per optimizer step over all ranks, whatever the node count
+    workload_args: dict[str, Any] = field(default_factory=dict)  #: keyword arguments of the workload's constructor
+    t_up: float = 10.0             #: seconds of progress a scale-up costs (measure yours: ``parsl-bft profile``)
+    t_down: float = 10.0           #: seconds of progress a scale-down costs
+    weight: float = 1.0            #: its weight under the planner's "weighted" objective (2.0: it counts twice)
+    rate_guess: float = 1000.0     #: samples/s on one node until measured (fragments feed real rates back)
+    freeze: str = "off"            #: "auto": the planner may freeze a prefix of layers (layer elasticity); "off"
+    accuracy_budget: float = 0.0   #: with freeze="auto", the predicted accuracy a freeze may cost (0.005: half a point)
+    loop: str | None = None        #: your own training function, ``'file.py:fn'`` (see ``TrainContext``)
+    deterministic: bool = True     #: torch deterministic algorithms (bit-for-bit resumes; off: faster kernels)
+    precision: str = "fp32"        #: the built-in loop's autocast: "fp32", "bf16" or "fp16" (loss scaled)
+    compile: bool | str = False    #: the built-in loop runs torch.compile(model): True (inductor) or a backend
+    channels_last: bool = False    #: the built-in loop's model and images in channels-last memory format
+    micro_batch: int | None = None  #: samples a rank computes at once (gradients accumulated): when a batch won't fit
+    batch_norm: str = "per-rank"   #: BatchNorm statistics: each rank's own ("per-rank") or over all ranks ("sync")
 
     def __post_init__(self) -> None:
         check_job_name(self.name)
