@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -70,6 +71,8 @@ def run_demo(out: str | Path, *, speedup: float = 30.0, console: Console | None 
     console.print(f"held node-time spent training: {summary['train_share']:.1%} (workers warmed up first: "
                   f"{summary['warm_up_s']:.0f} s); final checkpoints: "
                   + ", ".join(f"{n}: {Path(p).name if p else '-'}" for n, p in results.items()))
+    console.print(f"the {pool.intervals.n_nodes} emulated nodes share this machine's {os.cpu_count()} cores, so E_used "
+                  "here also measures their crowding; the README's e_idle figures are a different measure")
     tl = orch.timeline
     plot_allocation(tl.t, tl.idle, tl.held, summary["wall_s"], str(out / "demo.png"),
                     title="parsl-bft demo: nodes per job on the emulated idle pool", xlabel="seconds", scale=1.0)
