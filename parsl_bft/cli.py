@@ -15,6 +15,7 @@ from .cli_simulate import load_selected
 from .cli_simulate import make_console as _console
 from .csvio import check_output_path
 from .errors import ParslBftError, UsageError
+from .extras import optional_imports
 
 
 def cmd_idle(args: argparse.Namespace) -> int:
@@ -376,15 +377,17 @@ def _one_line(e: BaseException) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Every deliberate error (a ParslBftError; a ValueError from checking arguments) is one line on stderr and
-    exit code 2; ``--debug`` shows the traceback instead."""
+    """Every deliberate error (a ParslBftError: a user's mistake, or trouble the user can fix) is one line on
+    stderr and exit code 2; ``--debug`` shows the traceback instead. Anything else is a bug and shows its traceback,
+    a plain ValueError included."""
     args = build_parser().parse_args(argv)
     warnings.simplefilter("default")
     warnings.filterwarnings("ignore", category=DeprecationWarning)   # library deprecations are not the user's
     warnings.formatwarning = lambda msg, *a, **k: f"warning: {msg}\n"
     try:
-        return args.func(args)
-    except (ParslBftError, ValueError) as e:
+        with optional_imports():            # a command needing an extra that is not installed: one line
+            return args.func(args)
+    except ParslBftError as e:
         if args.debug:
             raise
         msg = str(e) if "Traceback" in str(e) else _one_line(e)    # a failed job: the rank's whole traceback
