@@ -29,16 +29,17 @@ from parsl.jobs.states import JobState
 
 from ..errors import BadValue
 from ..topology import Topology
-from .commands import SchedulerError
+from .commands import NoJobId, SchedulerError
 from .lanes import Lanes
 from .pilot import Hole, PilotProvider, PilotsRefused
 from .protocols import NoticeReason, PilotExecutor, PoolEvent, PoolEventKind
 
 logger = logging.getLogger(__name__)
 
-# What a scheduler command can end with besides its answer: it failed (SchedulerError), could not start (OSError)
-# or hung (TimeoutExpired). The facility's trouble, not ours: one line in the log, and the next poll tries again.
-SCHEDULER_TROUBLE = (SchedulerError, OSError, subprocess.SubprocessError)
+# What a scheduler command can end with besides its answer: it failed (SchedulerError), could not start (OSError),
+# hung (TimeoutExpired) or answered without a job id (NoJobId). The facility's trouble, not ours: one line in the
+# log, and the next poll tries again.
+SCHEDULER_TROUBLE = (SchedulerError, NoJobId, OSError, subprocess.SubprocessError)
 
 
 def skipped(what: str, e: Exception, level: int = logging.WARNING) -> None:
