@@ -9,6 +9,7 @@ import sys
 import time
 import warnings
 from pathlib import Path
+from typing import NoReturn
 
 from .cli_simulate import add_source_args as _add_source_args
 from .cli_simulate import load_selected
@@ -268,9 +269,17 @@ def cmd_sites(args: argparse.Namespace) -> int:
     return 1 if bad else 0          # a validator's verdict: 1 = some file is invalid
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's, but a bad command line is one line, as every other user error is (``--help`` has the usage).
+    Subcommands' parsers are of the same class."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The command line: one subcommand per ``cmd_*`` function."""
-    p = argparse.ArgumentParser(prog="parsl-bft", description="Train DNNs on the idle nodes of supercomputers.")
+    p = _Parser(prog="parsl-bft", description="Train DNNs on the idle nodes of supercomputers.")
     p.add_argument("--debug", action="store_true", help="show the traceback of an error, not just its message")
     sub = p.add_subparsers(dest="cmd", required=True)
     _add_runtime_parsers(sub)

@@ -30,6 +30,17 @@ def test_a_users_mistake_is_one_line_and_exit_2():
     assert err.getvalue().startswith("parsl-bft idle: error: not a time: 'yesterday'")
 
 
+@pytest.mark.parametrize("argv, line", [
+    (["simulate", "--tfwd", "x"], "parsl-bft simulate: error: argument --tfwd: invalid float value: 'x'"),
+    (["no-such-command"], "parsl-bft: error: argument cmd: invalid choice: 'no-such-command'"),
+])
+def test_a_bad_command_line_is_one_line_and_exit_2(argv, line):
+    err = io.StringIO()
+    with redirect_stderr(err), pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2 and err.getvalue().count("\n") == 1 and err.getvalue().startswith(line)
+
+
 def test_a_bad_value_is_still_a_value_error():
     """Callers (and their tests) that expect a ValueError from a bad argument still get one."""
     from parsl_bft.idle.sources import parse_duration
