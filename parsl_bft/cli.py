@@ -279,7 +279,8 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     """The command line: one subcommand per ``cmd_*`` function."""
-    p = _Parser(prog="parsl-bft", description="Train DNNs on the idle nodes of supercomputers.")
+    p: argparse.ArgumentParser = _Parser(prog="parsl-bft",
+                                         description="Train DNNs on the idle nodes of supercomputers.")
     p.add_argument("--debug", action="store_true", help="show the traceback of an error, not just its message")
     sub = p.add_subparsers(dest="cmd", required=True)
     _add_runtime_parsers(sub)
