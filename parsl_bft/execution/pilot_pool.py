@@ -106,7 +106,8 @@ class _Changes:
 def hold_block(executor: Any, block_id: str) -> None:
     """Send no more tasks to the worker pools of one block of a HighThroughputExecutor. HTEX only learns that a
     worker pool died when its heartbeats stop; until then it would still send it tasks. This is how Parsl's
-    own scale-in holds blocks; Parsl has no public call for it, so this is the one place that makes it."""
+    own scale-in holds blocks; Parsl has no public call for it, so this is the one place that makes it (the name
+    is checked by tests/unit/test_upstream_contracts.py)."""
     executor._hold_block(block_id)
 
 
