@@ -43,9 +43,10 @@ SCHEDULER_TROUBLE = (SchedulerError, NoJobId, OSError, subprocess.SubprocessErro
 
 
 def skipped(what: str, e: Exception, level: int = logging.WARNING) -> None:
-    """Log a poll step that failed and is skipped. A step that reads the scheduler's answers or calls into Parsl
-    keeps a broad catch, since a bug there must not end a run that holds the facility's nodes; but anything other
-    than SCHEDULER_TROUBLE is such a bug, so it is logged with its traceback (at ERROR, whatever ``level``)."""
+    """Log a poll step that failed and is skipped. Every step reads the scheduler's answers (parsed: an odd one
+    can raise anywhere in a parser) or calls into Parsl, so each keeps a broad catch: a bug there must not end a
+    run that holds the facility's nodes. But only SCHEDULER_TROUBLE is expected; anything else is logged as the
+    bug it is, with its traceback (at ERROR, whatever ``level``), not as one more "skipped" line."""
     if isinstance(e, SCHEDULER_TROUBLE):
         logger.log(level, "%s: %s", what, e)
     else:
@@ -290,8 +291,8 @@ class PilotPool:
             self.provider.cancel(due)
             for j in due:
                 self.pilot(j).cancelled = True
-        except SCHEDULER_TROUBLE as e:   # one scancel/qdel: anything else is a bug, and ends the run
-            logger.warning("pilot cancel failed: %s", e)
+        except Exception as e:           # scancel/qdel (Slurm's cancel surveys the queue first, parsed)
+            skipped("pilot cancel failed", e)
 
     def _survey(self, pilots: dict[str, LaneBlock]) -> _Survey | None:
         """The worker pools connected to each executor, and where the pilots run; None when the scheduler or an
@@ -326,8 +327,8 @@ class PilotPool:
             for j in early:
                 self._hold(pilots[j])
                 del pilots[j]
-        except SCHEDULER_TROUBLE as e:   # one scancel/qdel (_hold catches its own): anything else is a bug
-            logger.warning("pilot cancel failed: %s", e)
+        except Exception as e:           # as in _cancel_due (_hold catches its own)
+            skipped("pilot cancel failed", e)
 
     def _changes(self, pilots: dict[str, LaneBlock], seen: _Survey, now: float) -> _Changes:
         """Which pilots join (running, every node's worker pool connected), get their notice, or leave (no

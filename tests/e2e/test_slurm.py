@@ -625,7 +625,7 @@ class FakePilots:
 
     def where(self, ids):
         if self.busy:
-            raise SchedulerError(["squeue"], 1, "Socket timed out")
+            raise RuntimeError("squeue: Socket timed out")
         return {j: ((self.running[j][0],), self.running[j][1]) for j in ids if j in self.running}
 
     def status(self, ids):
@@ -650,7 +650,7 @@ class FakePilots:
     def cancel(self, ids):
         if self.busy_cancel:
             self.busy_cancel = False
-            raise SchedulerError(["scancel"], 1, "Socket timed out")
+            raise RuntimeError("scancel: Socket timed out")
         self.cancelled += ids
         for j in ids:
             self.running.pop(j, None)
