@@ -9,12 +9,14 @@ import sys
 import time
 import warnings
 from pathlib import Path
+from typing import NoReturn
 
 from .cli_simulate import add_source_args as _add_source_args
 from .cli_simulate import load_selected
 from .cli_simulate import make_console as _console
 from .csvio import check_output_path
 from .errors import ParslBftError, UsageError
+from .extras import optional_imports
 
 
 def cmd_idle(args: argparse.Namespace) -> int:
@@ -267,9 +269,18 @@ def cmd_sites(args: argparse.Namespace) -> int:
     return 1 if bad else 0          # a validator's verdict: 1 = some file is invalid
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's, but a bad command line is one line, as every other user error is (``--help`` has the usage).
+    Subcommands' parsers are of the same class."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The command line: one subcommand per ``cmd_*`` function."""
-    p = argparse.ArgumentParser(prog="parsl-bft", description="Train DNNs on the idle nodes of supercomputers.")
+    p: argparse.ArgumentParser = _Parser(prog="parsl-bft",
+                                         description="Train DNNs on the idle nodes of supercomputers.")
     p.add_argument("--debug", action="store_true", help="show the traceback of an error, not just its message")
     sub = p.add_subparsers(dest="cmd", required=True)
     _add_runtime_parsers(sub)
@@ -376,15 +387,17 @@ def _one_line(e: BaseException) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Every deliberate error (a ParslBftError; a ValueError from checking arguments) is one line on stderr and
-    exit code 2; ``--debug`` shows the traceback instead."""
+    """Every deliberate error (a ParslBftError: a user's mistake, or trouble the user can fix) is one line on
+    stderr and exit code 2; ``--debug`` shows the traceback instead. Anything else is a bug and shows its traceback,
+    a plain ValueError included."""
     args = build_parser().parse_args(argv)
     warnings.simplefilter("default")
     warnings.filterwarnings("ignore", category=DeprecationWarning)   # library deprecations are not the user's
     warnings.formatwarning = lambda msg, *a, **k: f"warning: {msg}\n"
     try:
-        return args.func(args)
-    except (ParslBftError, ValueError) as e:
+        with optional_imports():            # a command needing an extra that is not installed: one line
+            return args.func(args)
+    except ParslBftError as e:
         if args.debug:
             raise
         msg = str(e) if "Traceback" in str(e) else _one_line(e)    # a failed job: the rank's whole traceback

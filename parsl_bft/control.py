@@ -15,6 +15,7 @@ from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from .errors import BadValue
 from .jobs import JobSpec
 from .planner.problem import JobPlanner, JobState, Plan
 from .scaling import ScalingCurve
@@ -104,7 +105,7 @@ class Controller:
 
     def __post_init__(self) -> None:
         if self.max_concurrent < 1:
-            raise ValueError(f"max_concurrent must be >= 1, got {self.max_concurrent}")
+            raise BadValue(f"max_concurrent must be >= 1, got {self.max_concurrent}")
         self.waiting = deque(sorted(self.jobs, key=lambda j: (j.submit, j.name)))
 
     # --- events --------------------------------------------------------------------------------------

@@ -27,6 +27,12 @@ class UsageError(ParslBftError):
     """A bad command-line value or combination (the CLI's own checks)."""
 
 
+class BadValue(ParslBftError, ValueError):
+    """A value a user gave that cannot work (an option, an argument, a field of a job, site or workload). A
+    ValueError too, so a caller that checks arguments the usual way (``except ValueError``) still catches it;
+    a plain ValueError is a bug and reaches the user with its traceback."""
+
+
 class BadRows:
     """Collects bad rows in --lenient mode so the caller can say how many were skipped.
 

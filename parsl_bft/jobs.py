@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from .csvio import parse_number, parse_yaml, read_rows, read_small_text
-from .errors import BadRows, InputError, ParslBftError
+from .errors import BadRows, BadValue, InputError, ParslBftError
 from .scaling import LayerProfile, ScalingCurve, read_scaling_table
 
 JOB_COLUMNS = ["name", "model", "min_nodes", "max_nodes", "t_up", "t_down", "samples", "submit"]
@@ -101,8 +101,8 @@ def check_job_name(name: object) -> str:
     newline) and no two spellings ('a', './a', 'x/../a') share one. Also what the laptop checks a name the
     facility sends back against before it names a file."""
     if not isinstance(name, str) or not _JOB_NAME.match(name):
-        raise ValueError(f"job name {str(name)[:60]!r}: use 1-128 letters, digits, '.', '_' or '-', starting with a "
-                         "letter or digit (it names the job's directory)")
+        raise BadValue(f"job name {str(name)[:60]!r}: use 1-128 letters, digits, '.', '_' or '-', starting with a "
+                       "letter or digit (it names the job's directory)")
     return name
 
 
@@ -127,19 +127,19 @@ class JobSet:
         names = set()
         for j in self.jobs:
             if j.name in names:
-                raise ValueError(f"duplicate job name {j.name!r}")
+                raise BadValue(f"duplicate job name {j.name!r}")
             names.add(j.name)
             if j.model not in self.curves:
-                raise ValueError(f"job {j.name!r}: no scaling curve for model {j.model!r} "
-                                 f"(have: {', '.join(sorted(self.curves))})")
+                raise BadValue(f"job {j.name!r}: no scaling curve for model {j.model!r} "
+                               f"(have: {', '.join(sorted(self.curves))})")
             if j.freeze != "off":
                 prof = self.layers.get(j.model)
                 if prof is None:
-                    raise ValueError(f"job {j.name!r}: freeze={j.freeze!r} but model {j.model!r} has no freeze "
-                                     "levels in its scaling file (parsl-bft profile --freeze-levels 0,1,...)")
+                    raise BadValue(f"job {j.name!r}: freeze={j.freeze!r} but model {j.model!r} has no freeze "
+                                   "levels in its scaling file (parsl-bft profile --freeze-levels 0,1,...)")
                 if prof.n_layers < 2:
-                    raise ValueError(f"job {j.name!r}: model {j.model!r} has {prof.n_layers} layer: nothing to "
-                                     "freeze while something still trains")
+                    raise BadValue(f"job {j.name!r}: model {j.model!r} has {prof.n_layers} layer: nothing to "
+                                   "freeze while something still trains")
 
     def curve(self, job: JobSpec) -> ScalingCurve:
         """The throughput curve of ``job``'s model."""

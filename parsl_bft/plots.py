@@ -3,13 +3,16 @@ from __future__ import annotations
 
 import numpy as np
 
+from .extras import optional_imports
+
 
 def plot_allocation(times: list[float], idle: list[int], by_key: list[dict[str, int]], end: float, path: str, *,
                     title: str = "", xlabel: str = "hours since the first event", scale: float = 3600.0) -> None:
     """Idle nodes (line) and the nodes each key (model or job) holds (stacked), as step functions."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    with optional_imports():
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
 
     t = (np.array([*times, end]) - (times[0] if times else 0.0)) / scale
     keys = sorted({k for d in by_key for k in d})

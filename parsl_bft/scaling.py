@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from .csvio import parse_number, read_rows
-from .errors import BadRows, InputError
+from .errors import BadRows, BadValue, InputError
 
 SCALING_COLUMNS = ["model", "nodes", "samples_per_sec"]
 FREEZE_COLUMNS = ["freeze", "layers", "frozen_compute", "frozen_params"]
@@ -63,13 +63,13 @@ class ScalingCurve:
 
     def __post_init__(self) -> None:
         if not self.points:
-            raise ValueError(f"scaling curve for {self.model!r} has no points")
+            raise BadValue(f"scaling curve for {self.model!r} has no points")
         for n, r in self.points.items():
             if int(n) != n or n < 1 or not r > 0:
-                raise ValueError(f"scaling curve {self.model!r}: bad point nodes={n} rate={r}")
+                raise BadValue(f"scaling curve {self.model!r}: bad point nodes={n} rate={r}")
             if n > MAX_NODES or not MIN_RATE <= r <= MAX_RATE:
-                raise ValueError(f"scaling curve {self.model!r}: nodes={n} rate={r} is outside the sane range "
-                                 f"(nodes <= {MAX_NODES:,}, {MIN_RATE:g} <= samples/s <= {MAX_RATE:g})")
+                raise BadValue(f"scaling curve {self.model!r}: nodes={n} rate={r} is outside the sane range "
+                               f"(nodes <= {MAX_NODES:,}, {MIN_RATE:g} <= samples/s <= {MAX_RATE:g})")
         self.points = {int(n): float(r) for n, r in sorted(self.points.items())}
         ns = np.array(list(self.points), dtype=float)
         ps = np.array(list(self.points.values()))
@@ -128,18 +128,18 @@ class LayerProfile:
 
     def __post_init__(self) -> None:
         if self.n_layers < 1:
-            raise ValueError(f"layer profile {self.model!r}: layers must be >= 1, got {self.n_layers}")
+            raise BadValue(f"layer profile {self.model!r}: layers must be >= 1, got {self.n_layers}")
         self.shares = {0: (0.0, 0.0), **self.shares}
         for f, (c, q) in self.shares.items():
             if not 0 <= f < self.n_layers:
-                raise ValueError(f"layer profile {self.model!r}: freeze level {f} is not in 0..{self.n_layers - 1} "
-                                 "(at least one layer must train)")
+                raise BadValue(f"layer profile {self.model!r}: freeze level {f} is not in 0..{self.n_layers - 1} "
+                               "(at least one layer must train)")
             if not (0 <= c <= 1 and 0 <= q <= 1):
-                raise ValueError(f"layer profile {self.model!r}: frozen shares at level {f} must be fractions, "
-                                 f"got compute={c} params={q}")
+                raise BadValue(f"layer profile {self.model!r}: frozen shares at level {f} must be fractions, "
+                               f"got compute={c} params={q}")
         missing = sorted({f for _, f in self.points} - set(self.shares))
         if missing:
-            raise ValueError(f"layer profile {self.model!r}: level {missing[0]} measured without its frozen shares")
+            raise BadValue(f"layer profile {self.model!r}: level {missing[0]} measured without its frozen shares")
 
     @property
     def levels(self) -> list[int]:

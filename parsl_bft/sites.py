@@ -21,7 +21,7 @@ from uuid import UUID
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
-from .errors import InputError, ParslBftError
+from .errors import BadValue, InputError, ParslBftError
 from .site_options import managed_options
 
 # the embedded default (this machine, an emulated idle pool): ships inside the package
@@ -85,7 +85,7 @@ class NodeShape(_Strict):
         if self.ranks_per_node is None:
             self.ranks_per_node = self.gpus or 1
         elif self.gpus and self.ranks_per_node > self.gpus:
-            raise ValueError(f"ranks_per_node {self.ranks_per_node} > gpus {self.gpus}: one rank per accelerator")
+            raise BadValue(f"ranks_per_node {self.ranks_per_node} > gpus {self.gpus}: one rank per accelerator")
         return self
 
 
@@ -100,7 +100,7 @@ class PilotWalltime(_Strict):
     @model_validator(mode="after")
     def _order(self) -> PilotWalltime:
         if self.max_minutes < self.min_minutes:
-            raise ValueError(f"max_minutes {self.max_minutes} < min_minutes {self.min_minutes}")
+            raise BadValue(f"max_minutes {self.max_minutes} < min_minutes {self.min_minutes}")
         return self
 
 
@@ -166,7 +166,7 @@ class RemoteRuns(_Strict):
     @classmethod
     def _facility_path(cls, v: str | None) -> str | None:
         if v is not None and not (v.startswith("/") or v.startswith("~")):
-            raise ValueError("a path at the facility: absolute or from the home directory (~/...)")
+            raise BadValue("a path at the facility: absolute or from the home directory (~/...)")
         return v
 
 
@@ -239,11 +239,11 @@ class Site(_Strict):
         the value."""
         for where, text in _strings(v):
             if looks_secret(text):
-                raise ValueError(f"{'item ' + where.lstrip('.') + ' ' if where else ''}looks like a secret: "
-                                 "credentials come from the environment, never a site file")
+                raise BadValue(f"{'item ' + where.lstrip('.') + ' ' if where else ''}looks like a secret: "
+                               "credentials come from the environment, never a site file")
             if _CONTROL.search(text):
-                raise ValueError(f"{'item ' + where.lstrip('.') + ' ' if where else ''}contains control "
-                                 "characters")
+                raise BadValue(f"{'item ' + where.lstrip('.') + ' ' if where else ''}contains control "
+                               "characters")
         return v
 
     @field_validator("partition", "queue", "account", "preemptable_qos", "reservation", "interchange_address")
@@ -251,24 +251,24 @@ class Site(_Strict):
     def _token(cls, v: str | None) -> str | None:
         """Pasted into #SBATCH / #PBS lines: one token, no whitespace or shell characters."""
         if v is not None and not _TOKEN.match(v):
-            raise ValueError("must be one token of letters, digits and . _ : @ + , = / % - (no spaces, newlines "
-                             "or shell characters)")
+            raise BadValue("must be one token of letters, digits and . _ : @ + , = / % - (no spaces, newlines "
+                           "or shell characters)")
         return v
 
     @field_validator("name")
     @classmethod
     def _name(cls, v: str) -> str:
         if not _SITE_NAME.match(v):
-            raise ValueError("use 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit (it names "
-                             "a folder)")
+            raise BadValue("use 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit (it names "
+                           "a folder)")
         return v
 
     @field_validator("constraint")
     @classmethod
     def _constraint(cls, v: str | None) -> str | None:
         if v is not None and not _CONSTRAINT.match(v):
-            raise ValueError("a Slurm feature expression: letters, digits and _ . : & | * [ ] ( ) ! , = - (no "
-                             "spaces)")
+            raise BadValue("a Slurm feature expression: letters, digits and _ . : & | * [ ] ( ) ! , = - (no "
+                           "spaces)")
         return v
 
     @field_validator("mem", mode="before")
@@ -279,7 +279,7 @@ class Site(_Strict):
             return v
         m = _MEM.match(v)
         if m is None or int(m.group(1)) == 0:
-            raise ValueError(f"a size with its unit K, M, G or T (64G, 512M), got {v[:40]!r}")
+            raise BadValue(f"a size with its unit K, M, G or T (64G, 512M), got {v[:40]!r}")
         return f"{m.group(1)}{m.group(2).upper()}"
 
     @field_validator("scheduler_options")
@@ -287,26 +287,26 @@ class Site(_Strict):
     def _options(cls, v: list[str], info: ValidationInfo) -> list[str]:
         for i, o in enumerate(v):
             if not o.strip() or "\n" in o or "\r" in o or "\t" in o:
-                raise ValueError(f"item [{i}] must be one non-empty line (one #SBATCH / #PBS option)")
+                raise BadValue(f"item [{i}] must be one non-empty line (one #SBATCH / #PBS option)")
             try:                # sbatch and qsub split an option line as a shell does: a lone quote broke every pilot
                 shlex.split(o)
             except ValueError as e:
-                raise ValueError(f"item [{i}] {o[:80]!r}: {str(e).lower()} (sbatch / qsub would refuse every "
-                                 "pilot)") from None
+                raise BadValue(f"item [{i}] {o[:80]!r}: {str(e).lower()} (sbatch / qsub would refuse every "
+                               "pilot)") from None
         # the fields declared above this one are in info.data: scheduler, account, constraint, mem, reservation
         fields = {k for k in ("account", "constraint", "mem", "reservation") if info.data.get(k)}
         managed = managed_options(str(info.data.get("scheduler", "")), v, fields)
         if managed:
-            raise ValueError("parsl-bft writes these itself (sbatch and qsub take the last of a repeated "
-                             "option, so yours would win): " + "; ".join(managed) + "; delete "
-                             + ("it" if len(managed) == 1 else "them"))
+            raise BadValue("parsl-bft writes these itself (sbatch and qsub take the last of a repeated "
+                           "option, so yours would win): " + "; ".join(managed) + "; delete "
+                           + ("it" if len(managed) == 1 else "them"))
         return v
 
     @field_validator("checkpoint_dir")
     @classmethod
     def _path(cls, v: str | None) -> str | None:
         if v is not None and ('"' in v or "\n" in v or not v.strip()):
-            raise ValueError("must be a path without double quotes or newlines")
+            raise BadValue("must be a path without double quotes or newlines")
         return v
 
     @field_validator("globus_compute_endpoint")
@@ -317,46 +317,46 @@ class Site(_Strict):
         try:
             return str(UUID(v))
         except ValueError:
-            raise ValueError(f"not a Globus Compute endpoint id: a UUID (globus-compute-endpoint list prints "
-                             f"it) or 'local', got {v[:40]!r}") from None
+            raise BadValue(f"not a Globus Compute endpoint id: a UUID (globus-compute-endpoint list prints "
+                           f"it) or 'local', got {v[:40]!r}") from None
 
     @model_validator(mode="after")
     def _per_scheduler(self) -> Site:
         if self.remote is not None and not self.globus_compute_endpoint:
-            raise ValueError("'remote' is only for a site with 'globus_compute_endpoint'")
+            raise BadValue("'remote' is only for a site with 'globus_compute_endpoint'")
         # a field the scheduler would ignore is an error: a site file means what it says
         if self.globus_compute_endpoint:
             unused = sorted(_FACILITY_ONLY & self.model_fields_set)
             if unused:
-                raise ValueError(f"a Globus Compute site does not use {', '.join(unused)}: the facility's own "
-                                 "site file (remote.site) or the endpoint's config says that; delete "
-                                 f"{'it' if len(unused) == 1 else 'them'}")
+                raise BadValue(f"a Globus Compute site does not use {', '.join(unused)}: the facility's own "
+                               "site file (remote.site) or the endpoint's config says that; delete "
+                               f"{'it' if len(unused) == 1 else 'them'}")
         else:
             if self.node is None:
-                raise ValueError(f"scheduler '{self.scheduler}' needs 'node' (what one node has: cores, gpus)")
+                raise BadValue(f"scheduler '{self.scheduler}' needs 'node' (what one node has: cores, gpus)")
             if self.scheduler == "slurm" and not self.partition:
-                raise ValueError("scheduler 'slurm' needs 'partition'")
+                raise BadValue("scheduler 'slurm' needs 'partition'")
             if self.scheduler == "pbs" and not self.queue:
-                raise ValueError("scheduler 'pbs' needs 'queue'")
+                raise BadValue("scheduler 'pbs' needs 'queue'")
             if self.scheduler != "local" and self.emulation is not None:
-                raise ValueError("'emulation' is only for scheduler 'local'")
+                raise BadValue("'emulation' is only for scheduler 'local'")
             unused = sorted(_UNUSED_BY[self.scheduler] & self.model_fields_set)
             if self.scheduler == "pbs" and "preemptable_qos" in unused:
-                raise ValueError("scheduler 'pbs' has no QOS: name the preemptable queue as 'queue' (and delete "
-                                 "preemptable_qos)")
+                raise BadValue("scheduler 'pbs' has no QOS: name the preemptable queue as 'queue' (and delete "
+                               "preemptable_qos)")
             if self.scheduler == "pbs" and self.holes.grace_seconds is not None:
-                raise ValueError("scheduler 'pbs' does not use holes.grace_seconds (PBS's own kill_delay governs "
-                                 "after its SIGTERM): delete it")
+                raise BadValue("scheduler 'pbs' does not use holes.grace_seconds (PBS's own kill_delay governs "
+                               "after its SIGTERM): delete it")
             if self.scheduler == "pbs" and "reservation" in unused:
-                raise ValueError("on PBS a reservation is a queue (R123 ...): name it as 'queue' (and delete "
-                                 "reservation)")
+                raise BadValue("on PBS a reservation is a queue (R123 ...): name it as 'queue' (and delete "
+                               "reservation)")
             if unused:
-                raise ValueError(f"scheduler '{self.scheduler}' does not use {', '.join(unused)}: delete "
-                                 f"{'it' if len(unused) == 1 else 'them'}")
+                raise BadValue(f"scheduler '{self.scheduler}' does not use {', '.join(unused)}: delete "
+                               f"{'it' if len(unused) == 1 else 'them'}")
         fields = set(type(self).model_fields)
         bad = [u for u in self.unverified if u.split(".")[0] not in fields]
         if bad:
-            raise ValueError(f"'unverified' names unknown fields: {', '.join(bad)}")
+            raise BadValue(f"'unverified' names unknown fields: {', '.join(bad)}")
         return self
 
 

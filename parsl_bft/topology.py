@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .errors import ParslBftError
 from .hostlist import MAX_HOSTS, count_hosts, expand_hostlist
 
 # Assumed link speeds (GB/s) when a source does not say: a node's injection bandwidth inside its group, and
@@ -34,7 +35,7 @@ HOSTNAME_RULES: dict[str, tuple[str, ...]] = {
 }
 
 
-class TopologyError(ValueError):
+class TopologyError(ParslBftError, ValueError):
     """A topology source that cannot be read; the message names the source and the bad part."""
 
 

@@ -10,6 +10,7 @@ executor is put in a bad state with the scheduler's reasons and the tail of the 
 """
 from __future__ import annotations
 
+import logging
 import weakref
 from pathlib import Path
 
@@ -19,6 +20,8 @@ from parsl.jobs.states import JobState, JobStatus
 
 from ..errors import ParslBftError
 from .pilot import PilotProvider
+
+logger = logging.getLogger(__name__)
 
 THRESHOLD = 3
 _RAN: weakref.WeakKeyDictionary[BlockProviderExecutor, set[str]] = weakref.WeakKeyDictionary()
@@ -53,8 +56,8 @@ def pilot_block_error_handler(executor: BlockProviderExecutor, status: dict[str,
     try:
         if isinstance(executor, HighThroughputExecutor):
             ran.update(str(m.get("block_id")) for m in executor.connected_managers())
-    except Exception:            # an executor not started yet: no news
-        pass
+    except Exception:            # an executor not started yet (or Parsl's own error, of any type): no news
+        logger.debug("connected managers of %s not read", executor.label, exc_info=True)
     streak: list[str] = []
     for b in sorted((b for b, s in status.items() if s.terminal), key=lambda b: int(b) if b.isdigit() else 0):
         if b in ran or status[b].state in _NORMAL_END:

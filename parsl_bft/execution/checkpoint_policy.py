@@ -9,6 +9,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from ..errors import BadValue
 from ..save_interval import MAX_INTERVAL_S, MIN_INTERVAL_S, PRIOR_MTBF_NODE_S, mtbf_node_s, young_interval
 
 
@@ -28,8 +29,8 @@ class CheckpointPolicy:
 
     def __post_init__(self) -> None:
         if not 0 < self.min_interval_s <= self.max_interval_s:
-            raise ValueError(f"need 0 < min_interval_s <= max_interval_s, got {self.min_interval_s}, "
-                             f"{self.max_interval_s}")
+            raise BadValue(f"need 0 < min_interval_s <= max_interval_s, got {self.min_interval_s}, "
+                           f"{self.max_interval_s}")
 
     def observe_save(self, seconds: float) -> None:
         """A fragment saved in ``seconds``: the running mean of C learns it."""

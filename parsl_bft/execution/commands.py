@@ -29,6 +29,14 @@ class SchedulerError(ParslBftError, RuntimeError):
         self.argv, self.rc, self.err = argv, rc, err
 
 
+class NoJobId(ParslBftError, ValueError):
+    """A submit command that exited 0 but printed no job id: the scheduler's answer, not a bug (a ValueError, as it
+    always was; not a SchedulerError, so not counted as a refusal)."""
+
+    def __init__(self, command: str, output: str):
+        super().__init__(f"{command} printed no job id: {output.strip()[:200]!r}")
+
+
 class SchedulerCommands:
     """Base of SlurmCommands and PBSCommands: runs argv through ``runner``; ``error`` is the back end's type."""
 

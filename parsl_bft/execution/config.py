@@ -12,6 +12,7 @@ import weakref
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from ..errors import BadValue
 from ..safe_python import python_command
 
 if TYPE_CHECKING:
@@ -86,7 +87,7 @@ def config_source(config: Config, comment: str = "") -> str:
     for old, new in subst.items():
         text = _replace_indented(text, old, new)
     if left := _ADDRESS.findall(text):
-        raise ValueError(f"no code for {', '.join(sorted(set(left)))}: make its class RepresentationMixin")
+        raise BadValue(f"no code for {', '.join(sorted(set(left)))}: make its class RepresentationMixin")
     by_module: dict[str, list[str]] = {}
     for m, n in sorted(imports):
         by_module.setdefault(m, []).append(n)

@@ -12,6 +12,7 @@ that had held them ``NO_REPORT_S`` without a single progress report of its own (
 """
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -29,6 +30,8 @@ from .events import Abandon, FragmentDone, FragmentFailedEvent, StopRequest
 from .htex import FragmentHandle, FragmentLost, interchange_gone
 from .jobstore import JobStore
 from .training_job import TrainingJob
+
+logger = logging.getLogger(__name__)
 
 COLLECTIVE_TIMEOUT_S = 30.0      # a dead peer fails the fragment after this long, it does not hang
 NO_REPORT_S = 300.0              # a killed fragment silent this long after its launch failed on its own
@@ -191,6 +194,8 @@ def collect(r: Running, jd: JobDir, *, lost: bool, job_samples: int, now: float)
                                f"({', '.join(sorted(r.placed))}); its ranks are gone or fenced off")
         res = r.handle.result()
     except Exception as e:   # a killed or failed fragment: resume from the last good checkpoint
+        # of any type (the job's own code raised it); where it is ours, its traceback is in the log
+        logger.debug("fragment %s ended with %s", r.fragment, type(e).__name__, exc_info=True)
         r.killed |= isinstance(e, ManagerLost)     # its node's worker pool died with the node
         try:
             st, done, ckpt = where_it_stands(jd, job_samples)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from ..errors import BadValue
 from ..planner.freeze import LayerThroughput, charge_budget
 from ..planner.problem import JobState
 from ..scaling import LayerProfile, ScalingCurve
@@ -20,8 +21,8 @@ def job_layers(name: str, workload: str, global_batch: int, workload_args: dict[
 
     n, shares = measure_layer_shares(workload, global_batch, workload_args)
     if n < 2:
-        raise ValueError(f"job {name!r}: freeze='auto' but its model has {n} layer (Workload.blocks): nothing to "
-                         "freeze while something still trains")
+        raise BadValue(f"job {name!r}: freeze='auto' but its model has {n} layer (Workload.blocks): nothing to "
+                       "freeze while something still trains")
     return LayerThroughput(curve, LayerProfile(name, n, shares))
 
 

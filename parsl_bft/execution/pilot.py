@@ -25,7 +25,7 @@ from parsl.jobs.states import JobState, JobStatus
 from parsl.launchers import SingleNodeLauncher
 from parsl.providers.cluster_provider import ClusterProvider
 
-from ..errors import ParslBftError
+from ..errors import BadValue, ParslBftError
 from ..topology import Topology, TopologyError
 from .commands import BatchCommands, SchedulerError
 
@@ -418,15 +418,15 @@ class PilotProvider(ClusterProvider):
 def _check_arguments(walltime_min_min: int, walltime_max_min: int, notice_s: int, max_pending_s: float,
                      nodes_per_block: int, poll_s: int, max_jobs: int | None) -> None:
     if walltime_min_min < 1 or walltime_max_min < walltime_min_min:
-        raise ValueError(f"pilot walltime bounds must satisfy 1 <= min <= max, got {walltime_min_min}, "
-                         f"{walltime_max_min}")
+        raise BadValue(f"pilot walltime bounds must satisfy 1 <= min <= max, got {walltime_min_min}, "
+                       f"{walltime_max_min}")
     if poll_s < 1:
-        raise ValueError(f"poll_s must be >= 1 second, got {poll_s}")
+        raise BadValue(f"poll_s must be >= 1 second, got {poll_s}")
     if notice_s < 0:
-        raise ValueError(f"notice_s must be >= 0 seconds, got {notice_s}")
+        raise BadValue(f"notice_s must be >= 0 seconds, got {notice_s}")
     if not max_pending_s > 0:
-        raise ValueError(f"max_pending_s must be > 0 seconds, got {max_pending_s}")
+        raise BadValue(f"max_pending_s must be > 0 seconds, got {max_pending_s}")
     if nodes_per_block < 1:
-        raise ValueError(f"nodes_per_block must be >= 1, got {nodes_per_block}")
+        raise BadValue(f"nodes_per_block must be >= 1, got {nodes_per_block}")
     if max_jobs is not None and max_jobs < 1:
-        raise ValueError(f"max_jobs must be >= 1 or None, got {max_jobs}")
+        raise BadValue(f"max_jobs must be >= 1 or None, got {max_jobs}")

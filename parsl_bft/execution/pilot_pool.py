@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import math
+import subprocess
 import time
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
@@ -26,12 +27,30 @@ from typing import Any
 
 from parsl.jobs.states import JobState
 
+from ..errors import BadValue
 from ..topology import Topology
+from .commands import NoJobId, SchedulerError
 from .lanes import Lanes
 from .pilot import Hole, PilotProvider, PilotsRefused
 from .protocols import NoticeReason, PilotExecutor, PoolEvent, PoolEventKind
 
 logger = logging.getLogger(__name__)
+
+# What a scheduler command can end with besides its answer: it failed (SchedulerError), could not start (OSError),
+# hung (TimeoutExpired) or answered without a job id (NoJobId). The facility's trouble, not ours: one line in the
+# log, and the next poll tries again.
+SCHEDULER_TROUBLE = (SchedulerError, NoJobId, OSError, subprocess.SubprocessError)
+
+
+def skipped(what: str, e: Exception, level: int = logging.WARNING) -> None:
+    """Log a poll step that failed and is skipped. Every step reads the scheduler's answers (parsed: an odd one
+    can raise anywhere in a parser) or calls into Parsl, so each keeps a broad catch: a bug there must not end a
+    run that holds the facility's nodes. But only SCHEDULER_TROUBLE is expected; anything else is logged as the
+    bug it is, with its traceback (at ERROR, whatever ``level``), not as one more "skipped" line."""
+    if isinstance(e, SCHEDULER_TROUBLE):
+        logger.log(level, "%s: %s", what, e)
+    else:
+        logger.error("%s: unexpected %s (a bug; its traceback follows)", what, type(e).__name__, exc_info=e)
 
 Where = dict[str, tuple[tuple[str, ...], float | None]]    # job id -> (its nodes, when its walltime ends)
 LaneBlock = tuple[str, str]                                # (lane, Parsl block id) of a pilot
@@ -88,7 +107,8 @@ class _Changes:
 def hold_block(executor: Any, block_id: str) -> None:
     """Send no more tasks to the worker pools of one block of a HighThroughputExecutor. HTEX only learns that a
     worker pool died when its heartbeats stop; until then it would still send it tasks. This is how Parsl's
-    own scale-in holds blocks; Parsl has no public call for it, so this is the one place that makes it."""
+    own scale-in holds blocks; Parsl has no public call for it, so this is the one place that makes it (the name
+    is checked by tests/unit/test_upstream_contracts.py)."""
     executor._hold_block(block_id)
 
 
@@ -116,7 +136,7 @@ class PilotPool:
                  topology: Topology | None = None, new_executor: Callable[[str], PilotExecutor] | None = None,
                  hold: Callable[[Any, str], None] = hold_block):
         if max_nodes < 1:
-            raise ValueError(f"max_nodes must be >= 1, got {max_nodes}")
+            raise BadValue(f"max_nodes must be >= 1, got {max_nodes}")
         self.executor = executor
         self.provider: PilotProvider = executor.provider
         self.topology: Topology | None = topology if topology is not None else self.provider.topology()
@@ -238,8 +258,8 @@ class PilotPool:
         if probe:                                    # after the notices: their replacements start now
             try:
                 self._soak({j: b for j, b in pilots.items() if self._state(j) not in _OVER})
-            except Exception as e:
-                logger.warning("pilot submission skipped: %s", e)
+            except Exception as e:                   # Parsl's scale-out and the provider's sbatch/qsub
+                skipped("pilot submission skipped", e)
             self._record(self._pilots())
             if self.provider.refused is not None:    # Parsl recorded each refusal as a failed block
                 raise PilotsRefused(f"executor {self.executor.label}: {self.provider.refused}")
@@ -254,8 +274,8 @@ class PilotPool:
         claimed: set[str] = set()
         try:
             claimed = self.provider.claimed(self.probe_s + self.release_s)
-        except Exception as e:
-            logger.warning("claim check skipped: %s", e)
+        except Exception as e:           # the scheduler's queue, parsed
+            skipped("claim check skipped", e)
         for p in self._joined().values():
             if claimed & set(p.nodes) and p.release_at is None:
                 p.release_at = now + self.release_s
@@ -271,8 +291,8 @@ class PilotPool:
             self.provider.cancel(due)
             for j in due:
                 self.pilot(j).cancelled = True
-        except Exception as e:
-            logger.warning("pilot cancel failed: %s", e)
+        except Exception as e:           # scancel/qdel (Slurm's cancel surveys the queue first, parsed)
+            skipped("pilot cancel failed", e)
 
     def _survey(self, pilots: dict[str, LaneBlock]) -> _Survey | None:
         """The worker pools connected to each executor, and where the pilots run; None when the scheduler or an
@@ -290,8 +310,8 @@ class PilotPool:
                     self.pilot(j).looked = True
                 self.provider.snapshot(max_age_s=self.poll_s)
             where: Where = self.provider.where(list(pilots)) if pilots else {}
-        except Exception as e:
-            logger.warning("pilot poll skipped: %s", e)
+        except Exception as e:           # the interchanges' worker pools and the scheduler's queue, parsed
+            skipped("pilot poll skipped", e)
             return None
         return _Survey(managers, where)
 
@@ -307,8 +327,8 @@ class PilotPool:
             for j in early:
                 self._hold(pilots[j])
                 del pilots[j]
-        except Exception as e:
-            logger.warning("pilot cancel failed: %s", e)
+        except Exception as e:           # as in _cancel_due (_hold catches its own)
+            skipped("pilot cancel failed", e)
 
     def _changes(self, pilots: dict[str, LaneBlock], seen: _Survey, now: float) -> _Changes:
         """Which pilots join (running, every node's worker pool connected), get their notice, or leave (no
@@ -392,8 +412,8 @@ class PilotPool:
                 logger.warning("cancelling %d pilots %s: %s", len(live), which, ", ".join(live))
                 self.provider.cancel(live)
             return True
-        except Exception as e:
-            logger.warning("pilots %s not cancelled: %s", which, e)
+        except Exception as e:           # the scheduler's queue, parsed, then one scancel/qdel
+            skipped(f"pilots {which} not cancelled", e)
             return False
 
     def _hold(self, lane_block: LaneBlock) -> None:
@@ -402,7 +422,7 @@ class PilotPool:
         try:
             self._hold_fn(self._executors()[lane], block)
         except Exception as e:       # a pool that is already gone cannot be held; nothing is lost
-            logger.debug("hold of block %s failed: %s", block, e)
+            logger.debug("hold of block %s failed: %s", block, e, exc_info=True)   # Parsl's own, of any type
 
     # --- new pilots for the holes ---------------------------------------------------------------------------
     def _soak(self, pilots: dict[str, LaneBlock]) -> None:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..errors import BadValue
 from ..idle.intervals import IdleIntervals, read_idle_intervals
 from ..topology import Topology
 from .pilot_pool import PilotPool, PilotState, hold_block
@@ -39,7 +40,7 @@ class EmulatedPool:
     def __init__(self, intervals: IdleIntervals, *, speedup: float = 30.0, notice_s: float = 3.0,
                  repeat: bool = False, clock: Callable[[], float] = time.monotonic):
         if speedup <= 0:
-            raise ValueError(f"speedup must be > 0, got {speedup}")
+            raise BadValue(f"speedup must be > 0, got {speedup}")
         self.intervals, self.speedup, self.notice_s, self.clock = intervals, speedup, notice_s, clock
         self.repeat = repeat
         self.duration = intervals.span / speedup
@@ -147,7 +148,7 @@ class MultiPool:
     def __init__(self, sites: dict[str, SitePool]):
         bad = [s for s in sites if not s or ":" in s]
         if bad or not sites:
-            raise ValueError(f"site names must be non-empty and free of ':', got {list(sites) or 'none'}")
+            raise BadValue(f"site names must be non-empty and free of ':', got {list(sites) or 'none'}")
         self.sites = sites
 
     @property

@@ -19,6 +19,7 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
+from ..errors import BadValue
 from ..sites import DEFAULT_SITE, Site, load_site
 from .htex import release_dead_interchanges
 from .pilot import PilotProvider
@@ -216,8 +217,8 @@ def _dataflow(executors: list[ParslExecutor], **config_kw: Any) -> Iterator[Data
         return
     clash = sorted(e.label for e in executors if e.label in dfk.executors)
     if clash:
-        raise ValueError(f"the Parsl config already loaded has executor(s) {clash}, the label(s) of this session's "
-                         "site(s): rename yours, or give the site another name")
+        raise BadValue(f"the Parsl config already loaded has executor(s) {clash}, the label(s) of this session's "
+                       "site(s): rename yours, or give the site another name")
     with _children_ignore_sigint():
         dfk.add_executors(executors)
     yield dfk

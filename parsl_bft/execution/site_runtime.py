@@ -23,6 +23,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
+from ..extras import optional_imports
 from ..sites import Emulation, Site, SiteError
 from ..topology import Topology, topology_from_dict
 from .commands import SchedulerError
@@ -50,7 +51,8 @@ def executor_label(site: Site) -> str:
 
 def _sdk_executor(endpoint_id: str) -> Any:
     """The real Globus Compute SDK Executor (it logs in: credentials from the environment)."""
-    from globus_compute_sdk import Executor
+    with optional_imports():
+        from globus_compute_sdk import Executor
 
     return Executor(endpoint_id=endpoint_id)
 
@@ -58,7 +60,8 @@ def _sdk_executor(endpoint_id: str) -> Any:
 def _unconnected(endpoint_id: str) -> Any:
     """Stands in for the SDK Executor where only the Config's code is wanted (``sites show``): constructing the
     real one logs in to the cloud service."""
-    from globus_compute_sdk import Executor
+    with optional_imports():
+        from globus_compute_sdk import Executor
 
     class Unconnected(Executor):
         resource_specification = None  # type: ignore[override]  # what GlobusComputeExecutor reads from it

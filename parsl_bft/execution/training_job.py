@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from ..errors import BadValue
 from ..jobs import JobSpec, JobSpecError
 from ..jobs import check_job_name as check_job_name  # re-exported: its home moved to jobs (no torch there)
 from ..train.check import check_loop, check_workload
@@ -52,28 +53,28 @@ class TrainingJob:
     def check_workload(self) -> None:
         """At submit (not when a restart reads the job back): a typo fails here, not later in a rank."""
         if self.loop is not None and self.freeze != "off":
-            raise ValueError(f"job {self.name!r}: freeze={self.freeze!r} needs a workload (the tool's loop freezes "
-                             "its blocks()); your own loop is never frozen: drop freeze, or write a Workload")
+            raise BadValue(f"job {self.name!r}: freeze={self.freeze!r} needs a workload (the tool's loop freezes "
+                           "its blocks()); your own loop is never frozen: drop freeze, or write a Workload")
         if self.precision not in set(Precision):
-            raise ValueError(f"job {self.name!r}: precision must be one of {', '.join(Precision)}, got "
-                             f"{str(self.precision)[:40]!r}")
+            raise BadValue(f"job {self.name!r}: precision must be one of {', '.join(Precision)}, got "
+                           f"{str(self.precision)[:40]!r}")
         mb = self.micro_batch
         if mb is not None and (isinstance(mb, bool) or not isinstance(mb, int) or mb < 1):
-            raise ValueError(f"job {self.name!r}: micro_batch must be an integer >= 1 (or None: a rank's whole "
-                             f"share of the batch at once), got {str(mb)[:40]!r}")
+            raise BadValue(f"job {self.name!r}: micro_batch must be an integer >= 1 (or None: a rank's whole "
+                           f"share of the batch at once), got {str(mb)[:40]!r}")
         if not isinstance(self.compile, (bool, str)) or self.compile == "" or not isinstance(self.channels_last, bool):
-            raise ValueError(f"job {self.name!r}: compile is True, False or a torch.compile backend's name, and "
-                             "channels_last True or False")
+            raise BadValue(f"job {self.name!r}: compile is True, False or a torch.compile backend's name, and "
+                           "channels_last True or False")
         own = [f for f in ("precision", "compile", "channels_last", "micro_batch")
                if getattr(self, f) not in ("fp32", False, None)]
         if self.loop is not None and own:
-            raise ValueError(f"job {self.name!r}: {', '.join(own)} set the built-in loop's; your own loop chooses "
-                             "its own (torch.autocast, torch.compile, memory_format in it): drop them")
+            raise BadValue(f"job {self.name!r}: {', '.join(own)} set the built-in loop's; your own loop chooses "
+                           "its own (torch.autocast, torch.compile, memory_format in it): drop them")
         if self.batch_norm not in ("per-rank", "sync"):
-            raise ValueError(f"job {self.name!r}: batch_norm is 'per-rank' (each rank's own statistics) or 'sync' "
-                             f"(SyncBatchNorm over all ranks, on GPUs), got {str(self.batch_norm)[:40]!r}")
+            raise BadValue(f"job {self.name!r}: batch_norm is 'per-rank' (each rank's own statistics) or 'sync' "
+                           f"(SyncBatchNorm over all ranks, on GPUs), got {str(self.batch_norm)[:40]!r}")
         if not isinstance(self.deterministic, bool):
-            raise ValueError(f"job {self.name!r}: deterministic is True or False, got {str(self.deterministic)[:40]!r}")
+            raise BadValue(f"job {self.name!r}: deterministic is True or False, got {str(self.deterministic)[:40]!r}")
         if self.loop is None and self.workload not in WORKLOADS:
             self._check_spec("workload", self.workload, f"{' or '.join(map(repr, WORKLOADS))}, "
                              "'package.module:factory' or 'my_model.py:factory'")
@@ -96,9 +97,9 @@ class TrainingJob:
     def _check_spec(self, what: str, spec: str, forms: str) -> tuple[str, str]:
         mod, _, name = str(spec).rpartition(":")
         if not mod or not name:
-            raise ValueError(f"job {self.name!r}: {what} {spec!r}: write {forms}")
+            raise BadValue(f"job {self.name!r}: {what} {spec!r}: write {forms}")
         if mod.endswith(".py") and not Path(mod).is_file():
-            raise ValueError(f"job {self.name!r}: {what} {spec!r}: no such file {mod}")
+            raise BadValue(f"job {self.name!r}: {what} {spec!r}: no such file {mod}")
         return mod, name
 
     def spec(self) -> JobSpec:
@@ -106,8 +107,8 @@ class TrainingJob:
         for f, kind in (("rate_guess", (int, float)), ("global_batch", int)):
             v = getattr(self, f)
             if isinstance(v, bool) or not isinstance(v, kind) or not 0 < v < math.inf:
-                raise ValueError(f"job {self.name!r}: {f} must be {'an integer' if kind is int else 'a number'} "
-                                 f"> 0, got {v!r}")
+                raise BadValue(f"job {self.name!r}: {f} must be {'an integer' if kind is int else 'a number'} "
+                               f"> 0, got {v!r}")
         try:
             return JobSpec(self.name, self.name, self.min_nodes, self.max_nodes, self.t_up, self.t_down,
                            float(self.samples), 0.0, self.weight, freeze=self.freeze,
@@ -122,8 +123,8 @@ class TrainingJob:
         self.spec()
         self.check_workload()
         if self.global_batch < self.max_nodes * ranks_per_node:
-            raise ValueError(f"job {self.name!r}: global_batch {self.global_batch} < max_nodes {self.max_nodes} x "
-                             f"{ranks_per_node} ranks per node: every rank needs at least one sample per step")
+            raise BadValue(f"job {self.name!r}: global_batch {self.global_batch} < max_nodes {self.max_nodes} x "
+                           f"{ranks_per_node} ranks per node: every rank needs at least one sample per step")
 
 
 def _positive_int(v: object) -> bool:
@@ -136,12 +137,12 @@ def check_json_args(job: TrainingJob) -> None:
         try:
             json.dumps(v, allow_nan=False)
         except RecursionError:
-            raise ValueError(f"job {job.name!r}: workload_args[{k!r}] is nested too deeply to store (hundreds of "
-                             "levels): pass its data as a file path") from None
+            raise BadValue(f"job {job.name!r}: workload_args[{k!r}] is nested too deeply to store (hundreds of "
+                           "levels): pass its data as a file path") from None
         except (TypeError, ValueError):
             hint = "str(path)" if isinstance(v, os.PathLike) else "a str, number, bool, list or dict of those"
-            raise ValueError(f"job {job.name!r}: workload_args[{k!r}] is a {type(v).__name__}, not a JSON value "
-                             f"(they are stored with the job): pass {hint}") from None
+            raise BadValue(f"job {job.name!r}: workload_args[{k!r}] is a {type(v).__name__}, not a JSON value "
+                           f"(they are stored with the job): pass {hint}") from None
 
 
 def submit_when_ready(job: TrainingJob, inputs: dict[str, Future[Any]],
@@ -180,7 +181,7 @@ def check_same_spec(stored: TrainingJob, new: TrainingJob, state_dir: Path) -> N
     old, now = json.loads(json.dumps(asdict(stored))), json.loads(json.dumps(asdict(new)))
     if old != now:
         changed = ", ".join(f"{k} {old[k]!r} -> {now[k]!r}" for k in now if old.get(k) != now[k])
-        raise ValueError(f"job {new.name!r} already exists in {state_dir} with another spec ({changed}): "
-                         "give the changed job a new name, use another state directory, or start afresh "
-                         "with `parsl-bft run --new-run` (training_session(new_run=True)), which keeps the "
-                         "old state aside")
+        raise BadValue(f"job {new.name!r} already exists in {state_dir} with another spec ({changed}): "
+                       "give the changed job a new name, use another state directory, or start afresh "
+                       "with `parsl-bft run --new-run` (training_session(new_run=True)), which keeps the "
+                       "old state aside")

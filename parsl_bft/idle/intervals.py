@@ -14,7 +14,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from ..csvio import csv_reader, open_text
-from ..errors import BadRows, InputError
+from ..errors import BadRows, BadValue, InputError
 
 INTERVAL_COLUMNS = ["node", "idle_start", "idle_end"]
 MAX_TIME = 1e12                 # unix seconds (year 33658): a larger or non-finite time is a damaged row
@@ -92,7 +92,7 @@ class IdleIntervals:
         a = self.t0 if t_start is None else max(self.t0, t_start)
         b = self.t1 if t_end is None else min(self.t1, t_end)
         if b <= a:
-            raise ValueError(f"empty window: the data spans {self.t0:.0f}..{self.t1:.0f}, asked {t_start}..{t_end}")
+            raise BadValue(f"empty window: the data spans {self.t0:.0f}..{self.t1:.0f}, asked {t_start}..{t_end}")
         s = np.clip(self.start, a, b)
         e = np.clip(self.end, a, b)
         out = IdleIntervals.build(self.names, self.node, s, e, a, b, self.source)
@@ -102,7 +102,7 @@ class IdleIntervals:
     def first_nodes(self, n: int) -> IdleIntervals:
         """Keep the first n nodes (``names`` is in order of first appearance)."""
         if n < 1:
-            raise ValueError(f"--nodes must be >= 1, got {n}")
+            raise BadValue(f"--nodes must be >= 1, got {n}")
         n = min(n, self.n_nodes)
         keep = self.node < n
         out = IdleIntervals(self.names[:n], self.node[keep], self.start[keep], self.end[keep], self.t0, self.t1,

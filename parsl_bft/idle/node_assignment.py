@@ -11,7 +11,7 @@ from collections import deque
 
 import numpy as np
 
-from ..errors import InputError
+from ..errors import BadValue, InputError
 from .intervals import IdleIntervals
 from .schedule import Schedule
 
@@ -32,7 +32,7 @@ def assign_nodes(s: Schedule, *, t0: float | None = None, t1: float | None = Non
     beyond ``max_overflow`` of the jobs the schedule is rejected (replay it with EASY instead).
     """
     if len(s.start) == 0:
-        raise ValueError("empty schedule")
+        raise BadValue("empty schedule")
     t0 = float(s.start.min()) if t0 is None else t0
     t1 = float(s.submit.max()) if t1 is None else t1
     if t1 <= t0:

@@ -18,6 +18,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from ..errors import BadValue
+
 PREDICTORS = ("history", "easy", "clairvoyant", "none")
 
 
@@ -168,7 +170,7 @@ def make_predictor(kind: str, schedule: object = None) -> NoPrediction:
     if kind == "easy":
         tl = getattr(schedule, "reservation_timeline", None)
         if tl is None:
-            raise ValueError("--predict easy needs an SWF log replayed with --schedule easy (the reservations "
-                             "come from that replay); for idle-interval logs use --predict history")
+            raise BadValue("--predict easy needs an SWF log replayed with --schedule easy (the reservations "
+                           "come from that replay); for idle-interval logs use --predict history")
         return EasyReservations(*tl)
-    raise ValueError(f"unknown predictor {kind!r}; choose from {', '.join(PREDICTORS)}")
+    raise BadValue(f"unknown predictor {kind!r}; choose from {', '.join(PREDICTORS)}")

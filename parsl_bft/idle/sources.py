@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..errors import BadValue
 from .cache import cached
 from .intervals import IdleIntervals, read_idle_intervals
 from .swf import Schedule, assign_nodes, read_swf, recorded_schedule
@@ -39,7 +40,7 @@ def load_source(path: str | Path, *, schedule: str = "recorded", units: str = "a
         iv = read_idle_intervals(p, lenient=lenient)
         return IdleSource(iv, None, f"idle-interval log {Path(p).name}: {iv.n_nodes} nodes")
     if schedule not in ("recorded", "easy"):
-        raise ValueError(f"unknown schedule {schedule!r}: use recorded or easy")
+        raise BadValue(f"unknown schedule {schedule!r}: use recorded or easy")
     return cached(p, {"schedule": schedule, "units": units, "variant": variant, "lenient": lenient},
                   lambda: _load_swf(p, schedule, units, variant, lenient, progress))
 
@@ -69,7 +70,7 @@ def parse_duration(text: str) -> float:
     """'90', '90s', '15m', '24h', '3d', '1w' -> seconds."""
     m = _DUR.match(text.strip().lower())
     if not m:
-        raise ValueError(f"not a duration: {text!r} (use e.g. 3600, 90s, 15m, 24h, 3d, 1w)")
+        raise BadValue(f"not a duration: {text!r} (use e.g. 3600, 90s, 15m, 24h, 3d, 1w)")
     return float(m.group(1)) * _UNIT[m.group(2)]
 
 
@@ -84,13 +85,13 @@ def parse_time(text: str, origin: float) -> float:
         pass
     else:
         if not math.isfinite(t):          # nan replayed nothing, silently
-            raise ValueError(f"not a time: {text!r} (a finite number of unix seconds)")
+            raise BadValue(f"not a time: {text!r} (a finite number of unix seconds)")
         return t
     try:
         dt = datetime.fromisoformat(s)
     except ValueError:
-        raise ValueError(f"not a time: {text!r} (use unix seconds, 2022-03-01[T12:00], or +2d from the "
-                         "start)") from None
+        raise BadValue(f"not a time: {text!r} (use unix seconds, 2022-03-01[T12:00], or +2d from the "
+                       "start)") from None
     if dt.tzinfo is None:
         dt = dt.replace(tzinfo=UTC)
     return dt.timestamp()
@@ -104,7 +105,7 @@ def parse_window(text: str, t0: float) -> tuple[float, float | None]:
         return start, None
     end = start + parse_duration(b[1:]) if b.startswith("+") else parse_time(b, t0)
     if end <= start:
-        raise ValueError(f"window {text!r} ends before it starts")
+        raise BadValue(f"window {text!r} ends before it starts")
     return start, end
 
 

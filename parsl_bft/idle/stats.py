@@ -6,6 +6,7 @@ from typing import Any
 
 import numpy as np
 
+from ..extras import optional_imports
 from .intervals import IdleIntervals
 from .swf import Schedule
 
@@ -100,9 +101,10 @@ def idle_stats(raw: IdleIntervals, masked: IdleIntervals, schedule: Schedule | N
 
 def plot_idle(masked: IdleIntervals, path: str, schedule: Schedule | None = None, title: str = "") -> None:
     """Idle nodes over time, outages shaded, and jobs waiting on a second axis when known."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    with optional_imports():
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
 
     times, counts = masked.idle_count()
     t0 = masked.t0

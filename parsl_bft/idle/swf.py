@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from ..csvio import open_text
-from ..errors import BadRows, InputError
+from ..errors import BadRows, BadValue, InputError
 from .node_assignment import assign_nodes
 from .schedule import Schedule, peak_usage, recorded_schedule
 from .swf_format import (
@@ -172,7 +172,7 @@ def _choose_variant(variant: str, reqt: np.ndarray, f6: np.ndarray) -> str:
     if variant == "auto":
         variant = "walltime6" if (np.mean(reqt == -1) > 0.95 and np.mean(f6 > 0) > 0.5) else "standard"
     if variant not in ("standard", "walltime6"):
-        raise ValueError(f"unknown SWF variant {variant!r}: use standard, walltime6 or auto")
+        raise BadValue(f"unknown SWF variant {variant!r}: use standard, walltime6 or auto")
     return variant
 
 
@@ -187,7 +187,7 @@ def _choose_units(p: str, units: str, cores_per_node: int | None, max_nodes: int
                 raise InputError(p, 0, "MaxNodes", "units=cores needs cores_per_node (no MaxNodes/MaxProcs header)")
             cores_per_node = max_procs // max_nodes
     elif units != "nodes":
-        raise ValueError(f"unknown units {units!r}: use nodes, cores or auto")
+        raise BadValue(f"unknown units {units!r}: use nodes, cores or auto")
     return units, (cores_per_node if units == "cores" and cores_per_node is not None else 1)
 
 

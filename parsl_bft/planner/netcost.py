@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..errors import BadValue
 from ..topology import Topology
 from .contention.model import CommParams, contention, iteration_time
 
@@ -45,8 +46,8 @@ class NetworkCost:
 
     def __post_init__(self) -> None:
         if self.samples_per_node_iter <= 0 or self.default_gradient_gb < 0:
-            raise ValueError(f"NetworkCost: samples_per_node_iter must be > 0 and gradients >= 0, got "
-                             f"{self.samples_per_node_iter}, {self.default_gradient_gb}")
+            raise BadValue(f"NetworkCost: samples_per_node_iter must be > 0 and gradients >= 0, got "
+                           f"{self.samples_per_node_iter}, {self.default_gradient_gb}")
         p = CommParams(alpha=self.alpha, xi1=self.xi1, xi2=self.xi2, b_intra=self.topology.intra_gbps,
                        b_inter=self.topology.inter_gbps, reduce_speed=1e3, overhead=self.overhead_s)
         object.__setattr__(self, "params", p)

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..errors import BadValue
 from .problem import JobState
 
 
@@ -171,7 +172,7 @@ def make_objective(name: str | Objective) -> Objective:
     try:
         return OBJECTIVES[name]()
     except KeyError:
-        raise ValueError(f"unknown objective {name!r}; choose from {', '.join(OBJECTIVES)}") from None
+        raise BadValue(f"unknown objective {name!r}; choose from {', '.join(OBJECTIVES)}") from None
 
 
 __all__ = ["OBJECTIVES", "AverageJCT", "DeadlineAware", "MaxMinFair", "Objective", "ProportionalFair", "Speedup",

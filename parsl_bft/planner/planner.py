@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..errors import BadValue
 from .cohorts import CohortHazard, Cohorts
 from .freeze import best_levels
 from .methods import METHODS
@@ -163,13 +164,13 @@ class Planner:
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
-            raise ValueError(f"unknown planner method {self.method!r}; choose from {', '.join(METHODS)}")
+            raise BadValue(f"unknown planner method {self.method!r}; choose from {', '.join(METHODS)}")
         if not 0 < self.t_fwd < float("inf"):
-            raise ValueError(f"t_fwd must be a finite number > 0, got {self.t_fwd}")
+            raise BadValue(f"t_fwd must be a finite number > 0, got {self.t_fwd}")
         if not 0 < self.time_limit < float("inf"):
-            raise ValueError(f"time_limit must be a finite number > 0, got {self.time_limit}")
+            raise BadValue(f"time_limit must be a finite number > 0, got {self.time_limit}")
         if self.horizon_model not in ("hazard", "cut"):
-            raise ValueError(f"unknown horizon_model {self.horizon_model!r}: use hazard or cut")
+            raise BadValue(f"unknown horizon_model {self.horizon_model!r}: use hazard or cut")
         self.objective = make_objective(self.objective)
 
     def plan(self, jobs: list[JobState], pool: list[str], now: float = 0.0,
@@ -181,8 +182,8 @@ class Planner:
         for j in jobs:
             stray = [n for n in j.nodes if n not in pool_set]
             if stray:
-                raise ValueError(f"job {j.name} holds nodes outside the idle pool: {stray[:3]} (remove reclaimed "
-                                 "nodes before planning)")
+                raise BadValue(f"job {j.name} holds nodes outside the idle pool: {stray[:3]} (remove reclaimed "
+                               "nodes before planning)")
         levels: dict[str, dict[int, int]] = {}
         prob = self._problem(jobs, pool, now, remaining if self.horizon_aware else None, levels)
         notes: list[str] = []

@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 import numpy as np
 import pulp
 
+from ..errors import BadValue
 from .problem import SizeProblem
 
 T = TypeVar("T")
@@ -211,7 +212,7 @@ def solve_milp(p: SizeProblem, solver: str = "highs", time_limit: float = 10.0) 
     elif solver == "cbc":
         s = pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit, gapRel=0.0, gapAbs=1e-8)
     else:
-        raise ValueError(f"unknown MILP solver {solver!r}: use highs or cbc")
+        raise BadValue(f"unknown MILP solver {solver!r}: use highs or cbc")
     with _banner_to_stderr(solver == "highs"):
         prob.solve(s)
     if prob.sol_status not in (pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible):

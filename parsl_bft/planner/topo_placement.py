@@ -12,6 +12,7 @@ Both shrink like ``CompactPlacement``.
 """
 from __future__ import annotations
 
+from ..errors import BadValue
 from ..topology import Topology
 from .placement import Placement
 from .problem import JobState
@@ -56,7 +57,7 @@ class BcoPlacement(CompactPlacement):
 
     def __init__(self, topology: Topology, lam: float = 1.0) -> None:
         if lam < 1:
-            raise ValueError(f"lambda must be >= 1, got {lam}")
+            raise BadValue(f"lambda must be >= 1, got {lam}")
         super().__init__(topology)
         self.lam = lam
         self.alloc: dict[str, tuple[str, ...]] = {}
@@ -108,9 +109,9 @@ PLACEMENTS = ("oblivious", "compact", "sjf-bco")
 def make_placement(name: str, topology: Topology | None) -> Placement:
     """A placement by its name in ``PLACEMENTS`` (compact and sjf-bco need a ``topology``)."""
     if name not in PLACEMENTS:
-        raise ValueError(f"unknown placement {name!r}; choose from {', '.join(PLACEMENTS)}")
+        raise BadValue(f"unknown placement {name!r}; choose from {', '.join(PLACEMENTS)}")
     if name == "oblivious":
         return Placement()
     if topology is None:
-        raise ValueError(f"placement {name!r} needs a topology")
+        raise BadValue(f"placement {name!r} needs a topology")
     return CompactPlacement(topology) if name == "compact" else BcoPlacement(topology)

@@ -21,6 +21,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from ..errors import ParslBftError
+from ..extras import optional_imports
 from ..owned import link_of_another, untrusted
 from ..sites import RemoteRuns, Site, SiteError, load_site
 from . import answers, facility
@@ -55,9 +56,10 @@ _NOT_LOGGED_IN = ("not logged in to Globus Compute: set GLOBUS_COMPUTE_CLIENT_ID
 def check_login():
     """The SDK's own app, if it can work without a prompt: client credentials in the environment or tokens from
     an earlier login. Otherwise a clear error - never the interactive login the SDK would start by itself."""
-    from globus_compute_sdk.sdk.auth.globus_app import get_globus_app  # the SDK's own choice of identity
-    from globus_compute_sdk.sdk.compute_dir import get_compute_dir
-    from globus_sdk import UserApp
+    with optional_imports():
+        from globus_compute_sdk.sdk.auth.globus_app import get_globus_app  # the SDK's own choice of identity
+        from globus_compute_sdk.sdk.compute_dir import get_compute_dir
+        from globus_sdk import UserApp
 
     creds = [os.environ.get(k) for k in ("GLOBUS_COMPUTE_CLIENT_ID", "GLOBUS_COMPUTE_CLIENT_SECRET")]
     if not any(creds) and not (get_compute_dir() / "storage.db").exists():
@@ -86,12 +88,13 @@ def sdk_executor(endpoint_id: str):
     ``local``: the SDK's serialiser and a worker process on this machine instead of the cloud and an endpoint
     (the session a submit starts detaches from the worker, as at a facility)."""
     if endpoint_id == LOCAL_ENDPOINT:
-        from ..execution.globus import LocalEndpointExecutor, TaskProcesses
+        with optional_imports():
+            from ..execution.globus import LocalEndpointExecutor, TaskProcesses
         executor = LocalEndpointExecutor(pool=TaskProcesses())        # the nil endpoint id
         executor.client = _LocalService()  # type: ignore[assignment]  # answers the one query connect() asks
         return executor
-    from globus_compute_sdk import Client, Executor
-
+    with optional_imports():
+        from globus_compute_sdk import Client, Executor
     return Executor(endpoint_id=endpoint_id, client=Client(app=check_login()))
 
 

@@ -21,6 +21,7 @@ from types import FrameType
 from typing import Any
 
 from ..errors import ParslBftError
+from ..extras import optional_imports
 from .facility import write_in
 
 
@@ -61,8 +62,9 @@ def run(req: dict[str, Any]) -> int:
     if sites:
         print(f"sites: {sites[0].name}", flush=True)
     try:
-        run_workflow(req["workflow"], sites, args=req["args"], progress=True)
-    except (ParslBftError, ValueError) as e:
+        with optional_imports():
+            run_workflow(req["workflow"], sites, args=req["args"], progress=True)
+    except ParslBftError as e:
         print(f"parsl-bft run: error: {_one_line(e)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:       # Ctrl-C or SIGTERM (the session turns it into this): already cleaned up

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from ..csvio import parse_number, read_rows
-from ..errors import BadRows, InputError
+from ..errors import BadRows, BadValue, InputError
 from ..idle.intervals import IdleIntervals
 from ..idle.swf import MAX_NODES
 from ..jobs import JobSet, JobSpec
@@ -23,7 +23,7 @@ PHILLY_COLUMNS = ["timestamp", "duration", "num_gpus"]
 def dedicated_cluster(n: int, t0: float, t1: float) -> IdleIntervals:
     """n nodes, all free from t0 to t1: the simulator's input for a cluster that runs only these jobs."""
     if not 1 <= n <= MAX_NODES:      # per-node arrays: 1e10 nodes exhausted the memory
-        raise ValueError(f"--cluster needs 1 to {MAX_NODES:,} nodes, got {n:,}")
+        raise BadValue(f"--cluster needs 1 to {MAX_NODES:,} nodes, got {n:,}")
     return IdleIntervals.build([f"node{i}" for i in range(n)], np.arange(n), np.full(n, t0), np.full(n, t1), t0, t1,
                                source=f"dedicated cluster of {n} nodes")
 
@@ -46,8 +46,8 @@ def read_philly(path: str | Path, curves: dict[str, ScalingCurve], *, n_jobs: in
     freezing (``freeze="auto"`` within ``accuracy_budget``); each model gets ``synthetic_layers``.
     """
     if load is not None and not 0 < load < math.inf:
-        raise ValueError(f"load must be > 0 (the jobs' single-GPU seconds / the cluster's GPU-seconds over the "
-                         f"arrival span), got {load}")
+        raise BadValue(f"load must be > 0 (the jobs' single-GPU seconds / the cluster's GPU-seconds over the "
+                       f"arrival span), got {load}")
     p = str(path)
     bad = BadRows(False)
     rows = []

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..control import ActiveJob, Controller, Timeline
-from ..errors import ParslBftError
+from ..errors import BadValue, ParslBftError
 from ..idle.intervals import IdleEvent, IdleIntervals
 from ..idle.predict import Predictor, make_predictor
 from ..jobs import JobSet
@@ -127,7 +127,7 @@ def placed_in_window(jobset: JobSet, intervals: IdleIntervals, duration: float |
     gaps between jobs are kept - for a job set written for another log. Raises NoJobAdmitted, naming both
     spans and the option, when no job arrives before the window ends (rather than a replay of e_idle 0)."""
     if submits not in SUBMITS:
-        raise ValueError(f"submits must be one of {', '.join(SUBMITS)}, got {submits!r}")
+        raise BadValue(f"submits must be one of {', '.join(SUBMITS)}, got {submits!r}")
     if not jobset.jobs or not len(intervals.start):
         return jobset
     start = float(intervals.start.min())
@@ -184,7 +184,7 @@ def simulate(intervals: IdleIntervals, jobset: JobSet, planner: JobPlanner, *, m
                      until_done=until_done).metrics() if ceiling else None
     events = intervals.events()
     if (first := next(events, None)) is None:
-        raise ValueError("no idle capacity in the selected trace (no events)")
+        raise BadValue("no idle capacity in the selected trace (no events)")
     start = first.time
     end = intervals.t1 if duration is None else min(intervals.t1, start + duration)
     predictor = make_predictor(predict, schedule) if isinstance(predict, str) else predict

@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from ..errors import ParslBftError
+from ..errors import BadValue, ParslBftError
 
 
 class StopReason(StrEnum):
@@ -73,23 +73,23 @@ class FragmentConfig:
 
     def __post_init__(self) -> None:
         if self.world_size < 1:
-            raise ValueError(f"world_size must be >= 1, got {self.world_size}")
+            raise BadValue(f"world_size must be >= 1, got {self.world_size}")
         if self.global_batch < self.world_size:
-            raise ValueError(f"global_batch {self.global_batch} < world_size {self.world_size}: every rank needs "
-                             "at least one sample per step")
+            raise BadValue(f"global_batch {self.global_batch} < world_size {self.world_size}: every rank needs "
+                           "at least one sample per step")
         if self.steps is None and self.deadline_s is None and self.total_samples is None:
-            raise ValueError("a fragment needs a bound: steps, deadline_s or total_samples")
+            raise BadValue("a fragment needs a bound: steps, deadline_s or total_samples")
         if self.checkpoint_every_s is not None and self.checkpoint_every_s <= 0:
-            raise ValueError(f"checkpoint_every_s must be > 0, got {self.checkpoint_every_s}")
+            raise BadValue(f"checkpoint_every_s must be > 0, got {self.checkpoint_every_s}")
         if self.ranks_per_node < 1:
-            raise ValueError(f"ranks_per_node must be >= 1, got {self.ranks_per_node}")
+            raise BadValue(f"ranks_per_node must be >= 1, got {self.ranks_per_node}")
         try:
             self.precision = Precision(self.precision)          # from JSON: the plain value
         except ValueError:
-            raise ValueError(f"precision must be one of {', '.join(p.value for p in Precision)}, got "
-                             f"{str(self.precision)[:40]!r}") from None
+            raise BadValue(f"precision must be one of {', '.join(p.value for p in Precision)}, got "
+                           f"{str(self.precision)[:40]!r}") from None
         if self.compile == "":
-            raise ValueError("compile names a torch.compile backend (e.g. 'inductor'), or is None")
+            raise BadValue("compile names a torch.compile backend (e.g. 'inductor'), or is None")
         if not self.fragment_id:
             self.fragment_id = f"{self.job}-{uuid.uuid4().hex[:10]}"
 

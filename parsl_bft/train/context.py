@@ -46,6 +46,7 @@ from typing import Any
 
 import torch
 
+from ..errors import BadValue
 from .check import check_signature
 from .checkpoint import TrainingState, capture_rng, finite_weights, restore_rng
 from .config import FragmentConfig, FragmentFailed, FragmentResult, StopReason
@@ -129,8 +130,8 @@ class TrainContext:
         """Indices (a LongTensor) of this rank's share of each next global batch from a dataset of ``n`` items:
         epoch after epoch, from where the job stands; the remainder of an epoch is dropped."""
         if n < self.global_batch:
-            raise ValueError(f"job {self.job}: a dataset of {n} items cannot fill a global batch of "
-                             f"{self.global_batch}")
+            raise BadValue(f"job {self.job}: a dataset of {n} items cannot fill a global batch of "
+                           f"{self.global_batch}")
         return self._batches(n)
 
     def report(self, **metrics: float) -> None:

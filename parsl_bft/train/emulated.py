@@ -20,6 +20,7 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset, TensorDataset
 
+from ..errors import BadValue
 from .workloads import Workload
 
 
@@ -53,8 +54,8 @@ class EmulatedAccelerator(Workload):
                  n: int = 4096, **kw: Any) -> None:
         super().__init__(seed, lr, **kw)
         if not sample_ms > 0 or not params_mb > 0 or n < 1:
-            raise ValueError(f"emulated accelerator: sample_ms and params_mb must be > 0 and n >= 1, got "
-                             f"sample_ms={sample_ms}, params_mb={params_mb}, n={n}")
+            raise BadValue(f"emulated accelerator: sample_ms and params_mb must be > 0 and n >= 1, got "
+                           f"sample_ms={sample_ms}, params_mb={params_mb}, n={n}")
         self.sample_ms, self.params_mb, self.n = sample_ms, params_mb, n
 
     def dataset(self) -> Dataset[Any]:

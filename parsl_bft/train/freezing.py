@@ -15,6 +15,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..errors import BadValue
+
 INTERVAL = 50            # steps per statistics interval (FragmentConfig.grad_stats_interval)
 SAMPLES_PER_INTERVAL = 10    # gradient samples per interval: enough to tell a consistent gradient from noise
 
@@ -22,7 +24,7 @@ SAMPLES_PER_INTERVAL = 10    # gradient samples per interval: enough to tell a c
 def freeze_prefix(model: nn.Module, blocks: list[nn.Module], k: int) -> list[nn.Parameter]:
     """Freeze the first k blocks; returns the parameters left to train, in model order."""
     if not 0 <= k < max(len(blocks), 1) or (k and len(blocks) < 2):
-        raise ValueError(f"freeze_layers={k}: the model has {len(blocks)} layer(s) and at least one must train")
+        raise BadValue(f"freeze_layers={k}: the model has {len(blocks)} layer(s) and at least one must train")
     frozen = {id(p) for b in blocks[:k] for p in b.parameters()}
     for b in blocks[:k]:
         b.eval()

@@ -380,8 +380,10 @@ def _die_with_forkserver() -> None:
     # every forkserver child gets a copy of the write end of the pipe whose EOF tells the forkserver that its
     # worker is gone (CPython's forkserver passes it on for nested use): while a rank holds it, the forkserver
     # never sees its worker die. A rank that starts processes of its own makes its own forkserver.
-    fs: Any = getattr(forkserver, "_forkserver", None)
-    if getattr(fs, "_forkserver_alive_fd", None) is not None:
+    # Both names are CPython's own (tests/unit/test_upstream_contracts.py checks they still exist): read directly,
+    # so a rename fails here rather than silently letting ranks outlive their worker.
+    fs: Any = forkserver._forkserver
+    if fs._forkserver_alive_fd is not None:
         with contextlib.suppress(OSError):
             os.close(fs._forkserver_alive_fd)
         fs._forkserver_alive_fd = None

@@ -36,6 +36,7 @@ def _prepare_main() -> None:
         return
     from multiprocessing import process, spawn
 
+    # read by multiprocessing.spawn (a private name: tests/unit/test_upstream_contracts.py checks it still is)
     process.current_process()._inheriting = True  # type: ignore[attr-defined]   # as in a child: a main that starts processes is refused
     try:
         spawn.prepare(data)

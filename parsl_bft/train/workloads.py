@@ -50,32 +50,32 @@ def lr_schedule(optimizer: torch.optim.Optimizer, schedule: str | None, total_st
     if schedule in (None, "", "constant") and not warmup:
         return None
     if total_steps is None or total_steps < 1:
-        raise ValueError(f"schedule {schedule!r} / warmup needs the run's length: give the job its samples")
+        raise WorkloadError(f"schedule {schedule!r} / warmup needs the run's length: give the job its samples")
 
     def steps(mark: float | str) -> float:
         text = str(mark).strip()
         if text.endswith("e"):
             if not steps_per_epoch:
-                raise ValueError(f"{text!r} is in epochs, but the dataset's length is not known here")
+                raise WorkloadError(f"{text!r} is in epochs, but the dataset's length is not known here")
             return float(text[:-1]) * steps_per_epoch
         return float(text) * total_steps
 
     try:
         w = steps(warmup)
     except ValueError as e:
-        raise ValueError(f"warmup {warmup!r}: a fraction of the run in [0, 1) or epochs ('2e') ({e})") from None
+        raise WorkloadError(f"warmup {warmup!r}: a fraction of the run in [0, 1) or epochs ('2e') ({e})") from None
     if not 0 <= w < total_steps:
-        raise ValueError(f"warmup is a fraction of the run in [0, 1) (or epochs within it), got {warmup}")
+        raise WorkloadError(f"warmup is a fraction of the run in [0, 1) (or epochs within it), got {warmup}")
     kind, _, arg = (schedule or "constant").partition(":")
     if kind not in ("constant", "cosine", "linear", "step") or (arg and kind != "step"):
-        raise ValueError(f"unknown schedule {schedule!r}: use constant, cosine, linear or step:GAMMA@F1,F2")
+        raise WorkloadError(f"unknown schedule {schedule!r}: use constant, cosine, linear or step:GAMMA@F1,F2")
     if kind == "step":
         try:
             gamma_text, fracs = arg.split("@")
             gamma, marks = float(gamma_text), [steps(f) for f in fracs.split(",")]
         except ValueError as e:
-            raise ValueError(f"schedule {schedule!r}: write step:GAMMA@M1,M2 (fractions of the run, e.g. "
-                             f"step:0.1@0.5,0.75, or epochs, e.g. step:0.1@30e,60e): {e}") from None
+            raise WorkloadError(f"schedule {schedule!r}: write step:GAMMA@M1,M2 (fractions of the run, e.g. "
+                                f"step:0.1@0.5,0.75, or epochs, e.g. step:0.1@30e,60e): {e}") from None
 
     def factor(step: int) -> float:
         if step < w:
@@ -375,7 +375,7 @@ def workload_factory(spec: str) -> Callable[..., Workload]:
         return cast(Callable[..., Workload], load_attr(builtin) if isinstance(builtin, str) else builtin)
     if ":" not in spec:
         raise WorkloadError(f"unknown workload {spec!r}: use {', '.join(WORKLOADS)}, 'package.module:factory' "
-                         "or '/path/to/file.py:factory'")
+                            "or '/path/to/file.py:factory'")
     return cast(Callable[..., Workload], load_attr(spec))    # the user's factory, taken at its word
 
 

@@ -487,12 +487,15 @@ def test_the_runner_runs_a_workflow_as_parsl_bft_run_does(tmp_path, capsys, monk
     from parsl_bft.remote.runner import run
     monkeypatch.setattr(warnings, "formatwarning", warnings.formatwarning)     # run() sets the CLI's
     w = tmp_path / "w.py"
-    w.write_text("import sys\nprint('args', sys.argv[1:])\nif sys.argv[1:] == ['fail']:\n"
-                 "    raise ValueError('bad\\n  value')\n")
+    w.write_text("import sys\nfrom parsl_bft.errors import BadValue\nprint('args', sys.argv[1:])\n"
+                 "if sys.argv[1:] == ['fail']:\n    raise BadValue('bad\\n  value')\n"
+                 "if sys.argv[1:] == ['bug']:\n    raise ValueError('a bug')\n")
     assert run({"workflow": str(w), "args": ["a", "--b"]}) == 0
     assert "args ['a', '--b']" in capsys.readouterr().out
     assert run({"workflow": str(w), "args": ["fail"]}) == 2
     assert capsys.readouterr().err.strip() == "parsl-bft run: error: bad value"
+    with pytest.raises(ValueError, match="a bug"):            # not a deliberate error: main() logs its traceback
+        run({"workflow": str(w), "args": ["bug"]})
     assert run({"workflow": str(w), "args": [], "site": str(tmp_path / "nope.yaml")}) == 2
     assert capsys.readouterr().err.strip() == f"parsl-bft run: error: {tmp_path / 'nope.yaml'}: no such site file"
     assert run({"workflow": str(tmp_path / "gone.py"), "args": []}) == 2

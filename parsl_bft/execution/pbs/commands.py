@@ -12,7 +12,7 @@ from datetime import datetime
 from typing import Any
 
 from ...topology import Topology, parse_pbsnodes_topology
-from ..commands import SchedulerCommands, SchedulerError
+from ..commands import NoJobId, SchedulerCommands, SchedulerError
 
 
 class PBSError(SchedulerError):
@@ -151,10 +151,10 @@ def parse_user_caps(text: str) -> list[int]:
 
 
 def parse_qsub(text: str) -> str:
-    """The job id qsub printed; a ValueError when it printed none."""
+    """The job id qsub printed; NoJobId (a ValueError) when it printed none."""
     job = text.strip().splitlines()[-1].strip() if text.strip() else ""
     if not re.match(r"^\d+(\.\S+)?$", job):
-        raise ValueError(f"qsub printed no job id: {text.strip()[:200]!r}")
+        raise NoJobId("qsub", text)
     return job
 
 

@@ -9,7 +9,7 @@ from datetime import datetime
 
 from ...hostlist import expand_hostlist
 from ...topology import Topology, parse_slurm_topology
-from ..commands import Runner, SchedulerCommands, SchedulerError, run_local
+from ..commands import NoJobId, Runner, SchedulerCommands, SchedulerError, run_local
 from ..pilot import QueueJob
 
 
@@ -124,10 +124,10 @@ _TEST_ONLY = re.compile(r"Job \S+ to start at (\S+) using (\d+) processors on no
 
 
 def parse_sbatch(text: str) -> str:
-    """The job id sbatch printed; a ValueError when it printed none."""
+    """The job id sbatch printed; NoJobId (a ValueError) when it printed none."""
     m = _SUBMITTED.search(text)
     if not m:
-        raise ValueError(f"sbatch printed no job id: {text.strip()[:200]!r}")
+        raise NoJobId("sbatch", text)
     return m.group(1)
 
 

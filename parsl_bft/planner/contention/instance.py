@@ -7,6 +7,7 @@ from functools import cached_property
 
 import numpy as np
 
+from ...errors import BadValue
 from .model import CommParams, degradation, iteration_time, iterations_per_slot
 
 # section 7: 160 jobs scaled from the Philly trace's size distribution (GPUs -> count)
@@ -32,14 +33,14 @@ class Instance:
         n = len(self.gpus)
         for name in ("iters", "grad", "compute"):
             if len(getattr(self, name)) != n:
-                raise ValueError(f"Instance.{name} has {len(getattr(self, name))} entries for {n} jobs")
+                raise BadValue(f"Instance.{name} has {len(getattr(self, name))} entries for {n} jobs")
         if len(self.server_gpus) == 0 or np.any(np.asarray(self.server_gpus) < 1):
-            raise ValueError(f"Instance.server_gpus must be >= 1 each, got {list(self.server_gpus)}")
+            raise BadValue(f"Instance.server_gpus must be >= 1 each, got {list(self.server_gpus)}")
         if np.any(np.asarray(self.gpus) < 1) or np.any(np.asarray(self.gpus) > np.sum(self.server_gpus)):
-            raise ValueError(f"job sizes must be in 1..{int(np.sum(self.server_gpus))} GPUs, got "
-                             f"{sorted(set(np.asarray(self.gpus).tolist()))}")
+            raise BadValue(f"job sizes must be in 1..{int(np.sum(self.server_gpus))} GPUs, got "
+                           f"{sorted(set(np.asarray(self.gpus).tolist()))}")
         if np.any(np.asarray(self.iters) < 1):
-            raise ValueError("every job needs >= 1 iteration")
+            raise BadValue("every job needs >= 1 iteration")
         server_of = np.repeat(np.arange(len(self.server_gpus)), self.server_gpus)
         object.__setattr__(self, "server_of", server_of)
         object.__setattr__(self, "_slots", {})
@@ -113,12 +114,12 @@ def _calibrate(gpus: np.ndarray, tau1: np.ndarray, max_extra: float, ref_content
     per_grad = 2.0 * frac * (f_ref / params.b_inter - 1.0 / params.b_intra)
     room = max_extra * tau1 - overhead_extra
     if np.any(room <= 0):
-        raise ValueError("CommParams.overhead alone exceeds max_extra of the iteration time: lower it")
+        raise BadValue("CommParams.overhead alone exceeds max_extra of the iteration time: lower it")
     grad = np.where(w > 1, room / np.where(per_grad > 0, per_grad, 1.0), 0.0)
     one_server = frac * grad * (2.0 / params.b_intra + 1.0 / params.reduce_speed) + params.xi2 * params.overhead
     compute = tau1 - one_server
     if np.any(compute <= 0):
-        raise ValueError("communication alone exceeds the drawn iteration time: raise b_intra / reduce_speed")
+        raise BadValue("communication alone exceeds the drawn iteration time: raise b_intra / reduce_speed")
     return grad, compute
 
 
@@ -160,7 +161,7 @@ def faithful_instance(seed: int, servers: int = 20, *, mix: dict[int, int] | Non
     the cap, less costs less. The slotted time F_j / floor(1 / tau_j) is up to 5% above rho-hat_j.
     """
     if not (0 < tau[0] <= tau[1] and tau[0] * iters[0] <= rho[0] <= rho[1] <= tau[1] * iters[1]):
-        raise ValueError(f"rho-hat {rho} cannot be tau {tau} x F {iters} for every draw")
+        raise BadValue(f"rho-hat {rho} cannot be tau {tau} x F {iters} for every draw")
     rng = np.random.default_rng(seed)
     params = replace(params or CommParams(), max_extra=cap)
     gpus, server_gpus = _draw_cluster(rng, mix or PAPER_MIX, servers, server_choices)

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ...errors import BadValue
+
 
 @dataclass(frozen=True)
 class CommParams:
@@ -37,13 +39,13 @@ class CommParams:
     def __post_init__(self) -> None:
         for name in ("b_intra", "b_inter", "reduce_speed"):
             if not getattr(self, name) > 0:
-                raise ValueError(f"CommParams.{name} must be > 0, got {getattr(self, name)}")
+                raise BadValue(f"CommParams.{name} must be > 0, got {getattr(self, name)}")
         if not 0 < self.xi1 <= 1 or not 0 < self.xi2 <= 1:
-            raise ValueError(f"CommParams: xi1 and xi2 must be in (0, 1], got {self.xi1}, {self.xi2}")
+            raise BadValue(f"CommParams: xi1 and xi2 must be in (0, 1], got {self.xi1}, {self.xi2}")
         if self.max_extra is not None and not self.max_extra >= 0:
-            raise ValueError(f"CommParams.max_extra must be >= 0 or None, got {self.max_extra}")
+            raise BadValue(f"CommParams.max_extra must be >= 0 or None, got {self.max_extra}")
         if self.alpha < 0 or self.overhead < 0:
-            raise ValueError(f"CommParams: alpha and overhead must be >= 0, got {self.alpha}, {self.overhead}")
+            raise BadValue(f"CommParams: alpha and overhead must be >= 0, got {self.alpha}, {self.overhead}")
 
 
 def degradation(k, alpha: float) -> np.ndarray:

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ...errors import BadValue
 from .booking import Books, JobOrder, Judge, Start, bisect_theta, capped_schedule, job_order, least_busy
 from .engine import Outcome, Schedule
 from .instance import Instance
@@ -151,7 +152,7 @@ def sjf_bco(inst: Instance, *, horizon: int = 1200, kappas: list[int] | None = N
     ``lam`` is the lambda_j of LBSGF, the same for every job (the paper's evaluation: 1). ``order`` other than
     SJF is an ablation (SJF-BCO's placement in arrival order); ``start`` says when a placed job starts."""
     if lam < 1:
-        raise ValueError(f"lambda must be >= 1 (LBSGF looks at servers holding >= lambda * G_j GPUs), got {lam}")
+        raise BadValue(f"lambda must be >= 1 (LBSGF looks at servers holding >= lambda * G_j GPUs), got {lam}")
     ks = kappas or kappa_choices(inst)
     log: list[tuple[float, int, int | None]] = []
     judge = Judge(inst)

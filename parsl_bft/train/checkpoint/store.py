@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from ...errors import BadValue
 from .files import HOST, STALE_FOREIGN_S, temporary
 from .format import CheckpointError, NewerFormatError, TrainingState
 from .reader import load_checkpoint
@@ -33,7 +34,7 @@ class CheckpointStore:
 
     def __init__(self, directory: str | Path, keep: int = 3) -> None:
         if keep < 1:
-            raise ValueError(f"keep must be >= 1, got {keep}")
+            raise BadValue(f"keep must be >= 1, got {keep}")
         self.dir = Path(directory)
         self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         self.keep = keep
