@@ -68,7 +68,8 @@ class TrainContext:
     """What a user's training function receives: who it is, where it stands, and the calls that keep the
     fragment's guarantees."""
 
-    step: int                            # steps the job has done (counted by should_stop)
+    step: int                            # steps the job has done (counted by should_stop): 0 while the first
+                                         # trains; metrics are recorded under the count a step ends with
     epoch: int
     samples_done: int
     metrics: list[dict[str, float]]      # one entry per step (the last METRICS_KEPT or more): what ctx.report()
