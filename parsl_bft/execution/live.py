@@ -47,6 +47,8 @@ class LiveBars:
     def __enter__(self) -> Self:
         if self.plain is None:
             self.bar.start()
+        else:       # the workers' start-up is the quiet stretch before the first line (seconds to a minute)
+            print(f"parsl-bft {time.strftime('%H:%M:%S')} starting workers", file=self.plain, flush=True)
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,

@@ -46,15 +46,16 @@ def test_without_a_terminal_progress_is_plain_lines_at_an_interval_and_a_last_wo
     out = io.StringIO()
     orch = _orch(tmp_path)
     with LiveBars(Console(file=io.StringIO(), force_terminal=False), every_s=3600, plain_to=out) as bars:
+        assert out.getvalue().endswith(" starting workers\n")        # said before the quiet start-up
         bars(orch)
         bars(orch)                      # within the interval: nothing new
-        lines = out.getvalue().splitlines()
+        lines = out.getvalue().splitlines()[1:]
         assert len(lines) == 4
         now = {line.split()[2].rstrip(":"): line for line in lines}
         assert now["busy"].endswith("25.0% of 1,000 samples, running on 2 node(s), loss 0.5")
         assert now["cut"].endswith("50.0% of 1,000 samples, running on 2 node(s)")
         orch.db.record(ev.Stop("g1", "timeout", ["busy", "cut"]))     # the run's time cap
-    lines = out.getvalue().splitlines()
+    lines = out.getvalue().splitlines()[1:]
     assert len(lines) == 8              # the last word, at exit
     last = {line.split()[2].rstrip(":"): line for line in lines[4:]}
     assert last["ok"].endswith("100.0% of 1,000 samples, done")
