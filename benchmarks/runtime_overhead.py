@@ -51,7 +51,7 @@ pilot_walltime: {{min_minutes: 1, max_minutes: 3}}
 interchange_address: 127.0.0.1
 worker_init: "export SLURM_CONF={conf}"
 checkpoint_dir: {state}/checkpoints
-holes: {{max_pending_seconds: 20, notice_seconds: 20, max_pilots: 4}}
+holes: {{poll_seconds: 5, max_pending_seconds: 20, notice_seconds: 20, max_pilots: 4}}
 objective: {{name: throughput, t_fwd_seconds: 20}}
 """
 

@@ -107,8 +107,10 @@ class PilotWalltime(_Strict):
 class HoleDiscovery(_Strict):
     """How idle nodes (holes) are found through the scheduler and held with pilots."""
 
-    poll_seconds: float = Field(default=5.0, gt=0, description="seconds between scheduler surveys (2 queries "
-                                "each: sinfo + squeue, or pbsnodes + qstat, whatever the number of pilots)")
+    poll_seconds: float = Field(default=30.0, gt=0, description="seconds between scheduler surveys: 2 queries "
+                                "each (sinfo + squeue -t all, or pbsnodes + qstat), whatever the number of pilots, "
+                                "+ 1 a minute for reservations: 5 a minute at 30 s. Shorter finds holes sooner and "
+                                "costs the scheduler more: agree it with its admins")
     max_pending_seconds: float = Field(default=30.0, gt=0, description="a pilot still queued after this long is "
                                        "cancelled (the hole was taken)")
     notice_seconds: int = Field(default=60, ge=0, description="the reclaim notice: the scheduler signals a "

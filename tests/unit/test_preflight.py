@@ -64,6 +64,20 @@ def test_a_site_slurm_takes_says_what_slurm_said():
     assert said.endswith(" on n2")
 
 
+# `scontrol show config` lines as Slurm 22.05 prints them
+@pytest.mark.parametrize("config, hidden", [("PrivateData             = jobs,usage\n", True),
+                                            ("PrivateData             = none\n", False),
+                                            ("PrivateData             = usage\n", False)])
+def test_private_jobs_are_said_at_start_up(config, hidden):
+    """Under PrivateData=jobs squeue shows only our own jobs: holes then come from sinfo and reservations alone,
+    blind to other users' planned starts; the run says so before it starts, not silently."""
+    prov, _ = _slurm({"sinfo": (0, SINFO, ""), "sbatch --test-only": (0, "", TEST_ONLY),
+                      "scontrol show config": (0, "Configuration data as of now\n" + config, "")})
+    said = prov.preflight()
+    assert ("PrivateData=jobs: other users' queued jobs are hidden, so holes come from sinfo and reservations "
+            "alone" in said) is hidden, said
+
+
 @pytest.mark.parametrize("answer, words", [
     ((170, "", "qstat: Unknown queue nosuch\n"), "queue 'nosuch' is unknown to PBS (qstat -Q nosuch: qstat: "
                                                   "Unknown queue nosuch): check the site file's 'queue'"),

@@ -345,7 +345,7 @@ def test_the_site_file_reference_documents_every_field():
     from parsl_bft.site_schema import reference, undocumented
     assert undocumented() == []
     doc = reference()
-    assert "| `holes.poll_seconds` | float | `5.0` |" in doc and "| `node` | NodeShape or null | `null` |" in doc
+    assert "| `holes.poll_seconds` | float | `30.0` |" in doc and "| `node` | NodeShape or null | `null` |" in doc
 
 
 def test_validate_says_an_endpoint_site_is_remote(tmp_path, capsys):

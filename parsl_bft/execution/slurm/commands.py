@@ -202,6 +202,13 @@ class SlurmCommands(SchedulerCommands):
         m = re.search(r"\bGraceTime=(\d+)", out) if rc == 0 else None
         return int(m.group(1)) if m else None
 
+    def private_data(self) -> set[str]:
+        """What Slurm hides from other users (``scontrol show config``: PrivateData), e.g. {"jobs"}; empty where
+        nothing is hidden or scontrol does not say."""
+        rc, out, _ = self.runner(["scontrol", "show", "config"])
+        m = re.search(r"^PrivateData\s*=\s*(\S+)", out, re.M) if rc == 0 else None
+        return set() if m is None else {w.lower() for w in m.group(1).split(",")} - {"none"}
+
     def release(self, job_ids: list[str]) -> None:
         """Ask running pilots to end themselves: USR2 to their batch scripts (``scancel --batch --signal``), whose
         trap stops the worker and exits 0 (ids Slurm no longer knows are no error)."""

@@ -134,7 +134,8 @@ class SlurmPilotProvider(PilotProvider, RepresentationMixin):
         idle = sum(n.usable for n in nodes)
         when = f"would start at {time.strftime('%H:%M:%S', time.localtime(start))} on {where}" if start else \
             "takes a pilot"
-        return f"partition '{self.partition}': {len(nodes)} nodes, {idle} idle now; sbatch --test-only {when}"
+        return f"partition '{self.partition}': {len(nodes)} nodes, {idle} idle now; sbatch --test-only {when}" + \
+            _hidden_words(self.cmd.private_data())
 
     def job_limit(self) -> int | None:
         """The user's association cap (sacctmgr)."""
@@ -197,3 +198,11 @@ class SlurmPilotProvider(PilotProvider, RepresentationMixin):
                  f"setsid {self.on_each_node(command, self.pilot_nodes)} &",
                  *self.notice_trap("SLURM_JOB_ID", self.grace())]
         return "\n".join(line for line in lines if line) + "\n"
+
+
+def _hidden_words(hidden: set[str]) -> str:
+    """What Slurm's PrivateData means for the survey, said at start-up (nothing when it hides nothing we read)."""
+    if "jobs" not in hidden:
+        return ""
+    return ("; PrivateData=jobs: other users' queued jobs are hidden, so holes come from sinfo and reservations "
+            "alone and a pilot may take nodes a hidden job was planned on (pilots belong on a preemptable QOS)")
