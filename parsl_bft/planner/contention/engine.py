@@ -37,6 +37,11 @@ class Outcome:
         """The slot the last job ends in."""
         return int(self.end.max())
 
+    @property
+    def mean_jct(self) -> float:
+        """Mean job completion time (every job arrives at t = 0, so its end)."""
+        return float(self.end.mean())
+
 
 def layout(inst: Instance, gpus: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     """Per job: servers spanned, and split[j, s] (0 < y_js < G_j)."""
