@@ -607,20 +607,20 @@ def test_valid_interval_csv_rows_load(tmp_path, rows):
     assert float(np.sum(iv.end - iv.start)) >= max(d for _, _, d in rows)
 
 
-_VALID_JOB = st.tuples(st.sampled_from(["m", "n"]), st.integers(1, 2), st.integers(0, 2),
-                       st.floats(0, 100), st.floats(0, 100), st.integers(1, 10**6))
+_VALID_JOB = st.tuples(st.just("m"), st.integers(1, 2), st.integers(0, 2), st.floats(0, 100), st.floats(0, 100),
+                       st.integers(1, 10**6))
 
 
-@settings(FAST, max_examples=15)          # each job set fits its curves: ~0.1 s a load
+@settings(FAST, max_examples=10)          # a load fits the model's curve (~0.1 s): what varies here is the jobs
 @given(jobs=st.lists(_VALID_JOB, min_size=1, max_size=4))
 def test_valid_yaml_job_sets_load(tmp_path, jobs):
-    """(model, min_nodes, extra nodes, t_up, t_down, samples) per job; both models' curves given."""
+    """(model, min_nodes, extra nodes, t_up, t_down, samples) per job, the model's curve given."""
     import yaml
 
     from parsl_bft.jobs import read_jobset_yaml
     doc = {"jobs": [{"name": f"j{i}", "model": m, "min_nodes": lo, "max_nodes": lo + extra, "t_up": up,
                      "t_down": down, "samples": samples} for i, (m, lo, extra, up, down, samples) in enumerate(jobs)],
-           "scaling": {"m": {1: 10.0, 2: 19.0, 4: 35.0}, "n": {1: 5.0, 2: 9.5, 4: 18.0}}}
+           "scaling": {"m": {1: 10.0, 2: 19.0, 4: 35.0}}}
     f = tmp_path / "j.yaml"
     f.write_text(yaml.safe_dump(doc))
     js = read_jobset_yaml(f)
