@@ -30,12 +30,13 @@ from rich.console import Console
 
 from parsl_bft.execution.demo import run_demo
 from parsl_bft.execution.jobstore import JobStore
+from parsl_bft.execution.statedir import DATABASE
 
 
 def measure(warm_up: bool) -> dict:
     with tempfile.TemporaryDirectory() as d:
         summary = run_demo(d, console=Console(quiet=True), warm_up=warm_up)
-        db = JobStore(f"{d}/state/state.sqlite")
+        db = JobStore(Path(d) / "state" / DATABASE)
         lat = [e["train_started"] - e["launched"] for _, _, e in db.events("fragment-done")]
     return {"fragments": len(lat), "launch_to_training_p50_s": statistics.median(lat) if lat else None,
             "launch_to_training_max_s": max(lat) if lat else None, "train_share": summary["train_share"],
@@ -65,7 +66,7 @@ def _kill_a_pilot_under_a_rank(state: Path, after_s: float, killed: list) -> Non
 
     time.sleep(after_s)
     env = {**os.environ, "SLURM_TIME_FORMAT": "%s"}
-    db = JobStore(state / "state.sqlite", readonly=True)
+    db = JobStore(state / DATABASE, readonly=True)
     for _ in range(600):
         time.sleep(0.5)
         launches = db.events("launch")

@@ -111,10 +111,6 @@ class ScalingCurve:
         """P(n) / P(1): the normalisation that keeps slow models from being starved."""
         return self.rate(n) / self.rate(1)
 
-    def with_point(self, n: int, rate: float) -> ScalingCurve:
-        """A new curve with one measurement replaced or added (runtime feedback)."""
-        return ScalingCurve(self.model, {**self.points, n: rate})
-
 
 @dataclass
 class LayerProfile:

@@ -2,7 +2,8 @@
 are imported by name), hypothesis profiles, and the shared data fixture.
 
 Folders: unit/ (seconds each; a few marked slow), fuzz/ (hostile inputs), e2e/ (real Parsl executors, real
-torch.distributed ranks, real Slurm; all marked slow). The inner loop: pytest -m "not slow and not slurm"."""
+torch.distributed ranks, real Slurm; each such test marked slow). Fakes shared by several modules are in fakes.py
+(test modules never import each other). The inner loop: pytest -m "not slow and not slurm"."""
 import os
 import sys
 from pathlib import Path
@@ -29,3 +30,10 @@ def shared_data() -> Path:
         pytest.fail(f"shared data not found at {SHARED}: check out ../shared beside the project "
                     "or set PARSL_BFT_SHARED")
     return SHARED
+
+
+def pytest_collection_modifyitems(config, items):
+    """A test that needs the local Slurm is slow too: `-m slow` selects it, `-m "not slow"` leaves it out."""
+    for item in items:
+        if item.get_closest_marker("slurm") and not item.get_closest_marker("slow"):
+            item.add_marker(pytest.mark.slow)

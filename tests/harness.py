@@ -2,6 +2,7 @@
 still runs, and read the event log's chain of committed steps."""
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -278,3 +279,48 @@ class InlineRunner:
 
     def warm_up(self, *a):
         pass
+
+
+# what starts HDF5's own structures (object headers, B-trees, heaps, free-space and global heap records)
+_HDF5_SIGNATURES = (b"FRHP", b"FHDB", b"FHIB", b"BTHD", b"BTLF", b"BTIN", b"OHDR", b"OCHK", b"TREE", b"HEAP", b"SNOD",
+                    b"FSHD", b"FSSE", b"GCOL")
+
+
+def damage_checkpoint(path: Path) -> None:
+    """A single flipped byte that HDF5 itself trips over (RuntimeError inside h5py before issue 12) when there is
+    one, else one the checksums catch. The bytes that start HDF5's own structures (their signatures) are tried
+    first: flipping one trips HDF5 at once, where trying every 7th byte took hundreds of loads."""
+    import pytest
+
+    from parsl_bft.train.checkpoint import CheckpointError, load_checkpoint
+    data = path.read_bytes()
+    signatures = sorted(m.start() for sig in _HDF5_SIGNATURES for m in re.finditer(re.escape(sig), data))
+    for pos in [*signatures, *range(0, len(data), 7)]:
+        b = bytearray(data)
+        b[pos] ^= 0xFF
+        path.write_bytes(b)
+        try:
+            load_checkpoint(path)
+        except CheckpointError as e:
+            if "RuntimeError" in str(e):
+                return
+    b = bytearray(data)
+    b[len(b) // 2] ^= 0xFF
+    path.write_bytes(b)
+    with pytest.raises(CheckpointError):
+        load_checkpoint(path)
+
+
+def inline_orchestrator(state: Path, monkeypatch, **kw):
+    """An Orchestrator on ``state`` whose fragments run in this process (InlineRunner) on one emulated node."""
+    from parsl_bft.execution import orchestrator as orch_mod
+    from parsl_bft.execution.pool import EmulatedPool
+    from parsl_bft.planner import Planner
+    monkeypatch.setattr(orch_mod, "SiteRunner", InlineRunner)
+    pool = EmulatedPool.pattern(nodes=1, period_s=100_000.0, cycles=1, notice_s=2.0)
+    return orch_mod.Orchestrator(state, pool, Planner(method="dp", objective="throughput", t_fwd=20.0),
+                                 warm_up=False, settle_s=0.0, poll_s=0.01, **kw)
+
+
+IMG_JOB = dict(workload="images", samples=32 * 8, global_batch=32, min_nodes=1, max_nodes=1,
+               workload_args={"n": 256}, rate_guess=3000.0)

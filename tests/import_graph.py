@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1] / "parsl_bft"
@@ -29,6 +30,11 @@ def _type_checking_lines(tree: ast.AST) -> set[int]:
 
 def imports_of(path: Path) -> set[str]:
     """Every module ``path`` imports (resolved to absolute names)."""
+    return set(_imports_of(path))
+
+
+@functools.cache          # each module parsed once a session: the structure tests ask for every module twice or more
+def _imports_of(path: Path) -> frozenset[str]:
     tree = ast.parse(path.read_text())
     skip = _type_checking_lines(tree)
     me = module_name(path)
@@ -52,7 +58,7 @@ def imports_of(path: Path) -> set[str]:
                 if (ROOT.parent / cand.replace(".", "/")).with_suffix(".py").exists() or \
                         (ROOT.parent / cand.replace(".", "/") / "__init__.py").exists():
                     out.add(cand)
-    return out
+    return frozenset(out)
 
 
 def graph() -> dict[str, set[str]]:

@@ -24,6 +24,7 @@ from parsl.executors.high_throughput.errors import ManagerLost
 
 from ..train.checkpoint import CheckpointStore, NewerFormatError, TrainingState
 from ..train.config import FragmentConfig, FragmentResult, Precision, StopReason
+from ..train.config import new_fragment_id as new_fragment_id  # the orchestrator's, minted where FragmentConfig's is
 from ..train.leftovers import kill_share_processes, share_mark
 from ..train.protocol import JobDir
 from .events import Abandon, FragmentDone, FragmentFailedEvent, StopRequest
@@ -158,11 +159,6 @@ class Fragments:
         JobDir(self.job_dir(name)).kill_ranks(r.fragment)
 
 
-def new_fragment_id(job: str) -> str:
-    """A fresh fragment id: the job's name and a random suffix."""
-    return f"{job}-{uuid.uuid4().hex[:10]}"
-
-
 def fragment_config(job: TrainingJob, jd: JobDir, *, fragment: str, world_size: int, ranks_per_node: int,
                     generation: str, interval_s: float, freeze_layers: int) -> FragmentConfig:
     """What a fragment of ``job`` is launched with: train towards the job's budget from its newest checkpoint,
@@ -178,8 +174,7 @@ def fragment_config(job: TrainingJob, jd: JobDir, *, fragment: str, world_size: 
 
 def newest_step(d: Path) -> int:
     """The step of the newest checkpoint in a job directory (0: none)."""
-    paths = CheckpointStore(d).paths()
-    return int(paths[0].stem.split("-")[1]) if paths else 0
+    return CheckpointStore(d).newest_step()
 
 
 def collect(r: Running, jd: JobDir, *, lost: bool, job_samples: int, now: float) -> Collected:

@@ -1,9 +1,12 @@
-"""Remote submission through Globus Compute, and the stand-in for its cloud service used in tests.
+"""A local stand-in for the Globus Compute service and endpoint: ``LocalEndpointExecutor`` is the SDK's Executor
+with the cloud round trip replaced by worker processes on this machine (the SDK's serialiser is real).
 
-A facility user runs a Globus Compute endpoint on the login node, configured to start workers with the
-site's Parsl provider (see docs/tutorials/from-a-laptop.md); the scientist's site file names the endpoint id and
-``parsl_bft.execution.site_runtime`` wraps it in Parsl's GlobusComputeExecutor. Fragments then travel through
-the SDK's serialiser to the endpoint and run there like any other Parsl app.
+Fragments never travel through Globus Compute: a run naming a Globus Compute site is refused
+(``site_runtime.refuse_remote``); it is submitted instead (``parsl-bft submit``, parsl_bft.remote), and only the
+facility functions of parsl_bft.remote.facility (start a run's detached session, its status, logs, cancel,
+checkpoint chunks) go through the endpoint; the run's own orchestrator then launches its fragments at the
+facility. This module is that endpoint for the endpoint id ``local`` (``remote.client.sdk_executor``: a fresh
+process per task, ``TaskProcesses``) and for the tests (tests/globus_standin.py).
 """
 from __future__ import annotations
 

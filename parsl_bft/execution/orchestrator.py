@@ -50,7 +50,7 @@ from .htex import SiteRunner, check_run_helpers, serve_site_store
 from .jobstore import JobRow, JobStore, damaged_advice
 from .layers import fragment_reported, job_layers
 from .pool import MultiPool, PoolEvent, SitePool
-from .protocols import IdlePool, Planner
+from .protocols import IdlePool, JobPlanner
 from .report import live_progress, run_summary
 from .signals import sigterm_unwinds, stop_reason
 from .statedir import StateDir, lock_state_dir
@@ -67,7 +67,7 @@ class Orchestrator:
     its planned size (see the module's docstring). ``run()`` drives it in the calling thread; ``start()`` in the
     background, with ``submit()``, ``wait()`` and ``stop()`` from the workflow's thread."""
 
-    def __init__(self, state_dir: str | Path, pool: IdlePool | MultiPool, planner: Planner, *,
+    def __init__(self, state_dir: str | Path, pool: IdlePool | MultiPool, planner: JobPlanner, *,
                  executor: str = "bft_local", checkpoint_dir: str | Path | None = None, ranks_per_node: int = 1,
                  max_concurrent: int = 10, poll_s: float = 0.2, max_failures: int = 3, settle_s: float = 1.5,
                  warm_up: bool = True, weights: dict[str, float] | None = None,

@@ -1,5 +1,6 @@
-"""What the orchestrator needs of an idle pool and of a planner (the planner package knows nothing of Parsl;
-the runtime knows nothing of the MILP: it only calls ``plan``), and the events a pool reports."""
+"""What the orchestrator needs of an idle pool and of a planner, and the events a pool reports. The planner's is
+the planner package's own ``JobPlanner`` (one Protocol for the Controller, the simulator and the runtime): the
+planner package knows nothing of Parsl; the runtime knows nothing of the MILP: it only calls ``plan``."""
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
@@ -7,7 +8,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Protocol
 
-from ..planner.problem import JobState, Plan
+from ..planner.problem import JobPlanner as JobPlanner  # the runtime's seam to the planner, re-exported
 from ..topology import Topology
 
 
@@ -83,10 +84,3 @@ class PilotExecutor(Protocol):
 
     def connected_managers(self) -> list[dict[str, Any]]:
         """The worker pools connected now (``block_id`` says whose)."""
-
-
-class Planner(Protocol):
-    """Plans which job runs on which nodes."""
-
-    def plan(self, jobs: list[JobState], pool: list[str], now: float = 0.0, remaining: Any = None) -> Plan:
-        """The plan for ``jobs`` on the nodes of ``pool`` at ``now``."""

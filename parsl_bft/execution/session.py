@@ -60,8 +60,9 @@ def set_aside(state_dir: Path) -> Path | None:
     """A fresh run in ``state_dir``: the old state (jobs, checkpoints, event log) is renamed, not deleted, to
     ``<state_dir>.old-<time>``; refused while an orchestrator holds it."""
     from .orchestrator import lock_state_dir
+    from .statedir import DATABASE
 
-    if not (state_dir / "state.sqlite").exists():
+    if not (state_dir / DATABASE).exists():
         return None
     lock_state_dir(state_dir).close()
     old = state_dir.with_name(f"{state_dir.name}.old-{time.strftime('%Y%m%d-%H%M%S')}")

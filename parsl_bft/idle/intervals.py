@@ -5,7 +5,6 @@ the remaining idle time of each node (horizon awareness), statistics and plots.
 """
 from __future__ import annotations
 
-import csv
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -242,13 +241,3 @@ def _interval(row: list[str], line: int, cols: tuple[int, int, int, int], p: str
         bad.add(InputError(p, line, "node", "empty node name"))
         return None
     return name, s, e
-
-
-def write_idle_intervals(path: str | Path, iv: IdleIntervals) -> None:
-    """Write ``iv`` as ``node,idle_start,idle_end`` (what ``read_idle_intervals`` reads back)."""
-    with open(path, "w", newline="") as fh:
-        w = csv.writer(fh)
-        w.writerow(INTERVAL_COLUMNS)
-        for k, s, e in zip(iv.node, iv.start, iv.end):
-            w.writerow([iv.names[k], f"{s:.0f}" if s == int(s) else s, f"{e:.0f}" if e == int(e) else e])
-

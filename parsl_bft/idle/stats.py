@@ -35,13 +35,6 @@ class IdleStats:
 PCTS = (50, 90, 99)
 
 
-def _step_integral(times: np.ndarray, values: np.ndarray, t_end: float,
-                   weight_mask: np.ndarray | None = None) -> float:
-    dt = np.diff(np.append(times, t_end))
-    v = values if weight_mask is None else values * weight_mask
-    return float(np.sum(v * dt))
-
-
 def _weighted_percentiles(values: np.ndarray, weights: np.ndarray) -> dict[str, float]:
     if len(values) == 0 or weights.sum() <= 0:
         return {f"p{p}": 0.0 for p in PCTS}

@@ -5,17 +5,13 @@ import contextlib
 import heapq
 import os
 import sys
-import time
-from collections.abc import Callable, Iterator
-from typing import Any, TypeVar
+from collections.abc import Iterator
 
 import numpy as np
 import pulp
 
 from ..errors import BadValue
 from .problem import SizeProblem
-
-T = TypeVar("T")
 
 SMALL = 20_000           # capacity x sizes below which the reference DP is quickest
 CORE_TRY = 1e-5          # first core: sizes within this fraction of the bound of their job's priced choice
@@ -291,10 +287,3 @@ def solve_equal_share(p: SizeProblem, order: list[int] | None = None) -> tuple[d
         sizes[p.names[j]] = k
         left -= k - int(a[0])
     return {n: sizes[n] for n in p.names}, "heuristic"
-
-
-def timed(fn: Callable[..., T], *args: Any, **kw: Any) -> tuple[T, float]:
-    """``fn(*args, **kw)`` and the seconds it took (the benchmarks time solvers with it)."""
-    t = time.perf_counter()
-    out = fn(*args, **kw)
-    return out, time.perf_counter() - t

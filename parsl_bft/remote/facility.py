@@ -32,7 +32,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any, BinaryIO
 
 from ..errors import ParslBftError
-from ..execution.statedir import check_private, private_dir
+from ..execution.statedir import DATABASE, check_private, private_dir
 from ..safe_python import python_command
 
 END_STATES = ("finished", "failed", "cancelled", "lost")    # the run's session is over (run_status)
@@ -182,7 +182,7 @@ def _state_dirs(work: Path) -> list[Path]:
     """Every orchestrator state directory the workflow opened under its working directory."""
     found = []
     for root, dirs, names in os.walk(work):
-        if "state.sqlite" in names:
+        if DATABASE in names:
             found.append(Path(root))
             dirs[:] = []                # its jobs/ and runinfo/ hold no further state directory
         dirs.sort()
@@ -196,7 +196,7 @@ def _jobs(d: Path) -> list[dict]:
     rows = []
     work = d / "work"
     for sd in _state_dirs(work):
-        db = JobStore(sd / "state.sqlite", readonly=True)
+        db = JobStore(sd / DATABASE, readonly=True)
         try:
             for j in read_jobs(db, sd):
                 r = j.row
@@ -273,7 +273,7 @@ def _checkpoint(runs_dir: str, run_id: str, state: str, job: str) -> Path:
     raise FacilityError(f"run {run_id}: no checkpoint of job {job!r} in state directory {state!r}")
 
 
-_CKPT_NAME = re.compile(r"ckpt-\d+\.h5\Z")
+_CKPT_NAME = re.compile(r"ckpt-\d+\.h5\Z")       # train.checkpoint.store's names; not imported: that loads torch
 _HDF5 = b"\x89HDF\r\n\x1a\n"          # an HDF5 superblock's first bytes: at 0, or after a user block of 512 * 2**k
 #                                      bytes (checkpoint format 3 keeps its record there)
 

@@ -37,6 +37,11 @@ class Precision(StrEnum):
         return self.value
 
 
+def new_fragment_id(job: str) -> str:
+    """A fresh fragment id: the job's name and a random suffix (the one place fragment ids are minted)."""
+    return f"{job}-{uuid.uuid4().hex[:10]}"
+
+
 @dataclass
 class FragmentConfig:
     """One fragment of a job: where its checkpoints live, how many ranks, how long it may train."""
@@ -91,7 +96,7 @@ class FragmentConfig:
         if self.compile == "":
             raise BadValue("compile names a torch.compile backend (e.g. 'inductor'), or is None")
         if not self.fragment_id:
-            self.fragment_id = f"{self.job}-{uuid.uuid4().hex[:10]}"
+            self.fragment_id = new_fragment_id(self.job)
 
     def to_json(self) -> str:
         """The configuration as a JSON object (the rank processes read it back with ``from_json``)."""

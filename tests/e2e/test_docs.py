@@ -6,14 +6,12 @@ import sys
 from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from docs_pages import DOCS, blocks, runnable_pages, shown_lines_missing
 
-import test_slurm
 from paths import ROOT, SHARED
 
-slurm = test_slurm.slurm                 # the local Slurm (root; CI), for pages that submit to it
+pytestmark = pytest.mark.slow          # real Parsl, ranks or a whole benchmark: not in the inner loop
+
 BLOCK_TIMEOUT_S = 900
 
 

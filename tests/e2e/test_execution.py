@@ -77,6 +77,7 @@ def test_a_run_that_hits_its_time_cap_fails_as_out_of_time_not_as_a_wrong_status
 CHAOS_SEED = 20261122
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(1200)
 def test_chaos_embedded_default_kills_ranks_the_orchestrator_and_checkpoint_writes(tmp_path):
     """A seeded schedule kills, at random moments, a training rank (SIGKILL, no notice), the orchestrator
@@ -135,6 +136,7 @@ def test_chaos_embedded_default_kills_ranks_the_orchestrator_and_checkpoint_writ
     assert_nothing_left(state, 120)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_a_rank_killed_without_notice_loses_at_most_one_checkpoint_interval(tmp_path):
     """img trains alone on a node that stays idle; once its fragment has saved periodically, one of its ranks
@@ -170,6 +172,7 @@ def test_a_rank_killed_without_notice_loses_at_most_one_checkpoint_interval(tmp_
     check_chain(db, "img", 3_000)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_a_job_reclaimed_at_one_site_finishes_at_the_other_from_its_checkpoint(tmp_path):
     """Two sites, one executor each; site a is reclaimed for good; the job's checkpoint is staged to site b."""
@@ -197,6 +200,7 @@ def test_a_job_reclaimed_at_one_site_finishes_at_the_other_from_its_checkpoint(t
     assert all(torch.equal(final.model[k], ref[k]) for k in ref)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_cli_runs_a_workflow_on_two_sites(tmp_path):
     """`parsl-bft run WORKFLOW --site A --site B`: one executor per site, the multi-site planner, a trained model."""
@@ -235,6 +239,7 @@ emulation: {{trace: {trace}, speedup: 1, notice_seconds: 2}}
 """
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_futures_resolve_on_their_own_and_feed_parsl_apps(tmp_path, monkeypatch):
     """A session's loop runs in the background: a job's future resolves without run(), a Parsl app that takes it
@@ -274,6 +279,7 @@ def test_futures_resolve_on_their_own_and_feed_parsl_apps(tmp_path, monkeypatch)
     assert db.jobs()["c"].status != "done" and db.events("stop")[-1][2]["why"] == "stopped"
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_digits_sweep_a_parsl_pipeline_of_futures_reaches_its_accuracy(tmp_path):
     """workflows/digits_sweep.py as a user runs it: prepare -> 4 training jobs whose data is the prepare app's
@@ -295,6 +301,7 @@ def test_digits_sweep_a_parsl_pipeline_of_futures_reaches_its_accuracy(tmp_path)
                for n in db.jobs())
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("how", ["SIGTERM to the process", "Ctrl-C to the process group"])
 def test_one_signal_to_parsl_bft_run_checkpoints_and_leaves_nothing_behind(tmp_path, how):
@@ -339,6 +346,7 @@ def _interchanges(pid: int) -> list[int]:
     return [int(r[0]) for r in rows if len(r) == 3 and r[0] in below and "HTEX interchange" in r[2]]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("first", ["nothing", "the interchange dies"])
 def test_one_sigterm_to_the_process_group_ends_the_run_within_the_notice(tmp_path, first):
@@ -371,6 +379,7 @@ def test_one_sigterm_to_the_process_group_ends_the_run_within_the_notice(tmp_pat
     assert_nothing_left(state, 60)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_a_run_killed_outright_leaves_nothing_behind_and_resumes(tmp_path):
     """`kill -9` of `parsl-bft run` alone (no signal to anything else) on the embedded default: its interchange
@@ -429,6 +438,7 @@ def _descendants(pid: int) -> list[tuple[int, str]]:
     return [(c, args[c]) for c in below]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_a_dead_interchange_stops_the_run_with_the_reason(tmp_path):
     """The interchange killed: `status` kept saying "running on 3 node(s)" with no progress and no error. Now the
@@ -454,6 +464,7 @@ def test_a_dead_interchange_stops_the_run_with_the_reason(tmp_path):
     assert_nothing_left(state, 120)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_the_demo_runs_to_its_table_plot_and_json(tmp_path):
     """The README's first command, with two small jobs: live table, final table, plot and JSON."""
@@ -479,6 +490,7 @@ def test_the_demo_runs_to_its_table_plot_and_json(tmp_path):
     assert "demo finished" in out and "small: ckpt-000000150.h5" in out and "samples/s per node" in out
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_a_users_own_training_loop_trains_on_idle_nodes_like_the_same_fragments_replayed(tmp_path):
     """workflows/digits_loop.py's train(ctx), unchanged, as a job on the embedded default: a second node joins

@@ -29,6 +29,7 @@ def model_of(d):
     return CheckpointStore(d).latest().model
 
 
+@pytest.mark.slow
 def test_two_fragments_equal_one_bit_for_bit_in_process(tmp_path):
     one, two = tmp_path / "one", tmp_path / "two"
     train_rank(cfg(one, steps=12))
@@ -39,6 +40,7 @@ def test_two_fragments_equal_one_bit_for_bit_in_process(tmp_path):
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+@pytest.mark.slow
 def test_two_fragments_equal_one_bit_for_bit_on_two_ranks(tmp_path):
     one, two = tmp_path / "one", tmp_path / "two"
     run_fragment(cfg(one, steps=8, world_size=2))
@@ -49,6 +51,7 @@ def test_two_fragments_equal_one_bit_for_bit_on_two_ranks(tmp_path):
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+@pytest.mark.slow
 def test_a_gang_of_node_tasks_trains_exactly_like_one_launcher(tmp_path, monkeypatch):
     """Shares of a fragment placed by an executor (2 ranks on each of 2 'nodes') meet through the caller's
     TCPStore, say where they landed, and train the same steps as one launcher running all 4 ranks."""
@@ -73,12 +76,14 @@ def test_a_gang_of_node_tasks_trains_exactly_like_one_launcher(tmp_path, monkeyp
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+@pytest.mark.slow
 def test_a_gang_share_without_its_peers_gives_up_with_a_clear_error(tmp_path):
     server = serve_store()
     with pytest.raises(FragmentFailed, match=r"rank 1 on .* failed first: .*(Timeout|timed out|timeout)"):
         run_gang_task(cfg(tmp_path, steps=1, world_size=2, timeout_s=3), 1, server.address())
 
 
+@pytest.mark.slow
 def test_the_rank_that_failed_first_is_named_with_its_traceback(tmp_path):
     """A rank raising (a user's bug) is reported with its exception and traceback, not a peer's lost connection."""
     f = tmp_path / "bad.py"
@@ -94,6 +99,7 @@ def test_the_rank_that_failed_first_is_named_with_its_traceback(tmp_path):
     assert "rank 1 on" in msg and "ValueError: broken loss on rank one" in msg and "bad.py" in msg
 
 
+@pytest.mark.slow
 def test_periodic_checkpoints_bound_the_work_a_kill_without_notice_loses(tmp_path):
     """Saves every checkpoint_every_s while training; a rank SIGKILLed mid-fragment (no notice) loses only the
     steps since the newest periodic save, which the next fragment resumes from."""
@@ -109,6 +115,7 @@ def test_periodic_checkpoints_bound_the_work_a_kill_without_notice_loses(tmp_pat
     assert r.start_step == max(saved)
 
 
+@pytest.mark.slow
 def test_world_size_change_continues_the_same_training(tmp_path):
     """2 ranks then 1 rank == 1 rank throughout, up to float summation order (stated tolerance 1e-5)."""
     ref, mixed = tmp_path / "ref", tmp_path / "mixed"
@@ -123,12 +130,14 @@ def test_world_size_change_continues_the_same_training(tmp_path):
     assert max(abs(x - y) for x, y in zip(la, lb)) < 1e-4
 
 
+@pytest.mark.slow
 def test_training_learns(tmp_path):
     r = train_rank(cfg(tmp_path, steps=100, workload_args={"n": 1024}))
     losses = [m["loss"] for m in CheckpointStore(tmp_path).latest().metrics]
     assert r.stopped_by == "steps" and sum(losses[-10:]) / 10 < 0.4 * losses[0]
 
 
+@pytest.mark.slow
 def test_killed_rank_fails_cleanly_and_next_fragment_resumes(tmp_path):
     run_fragment(cfg(tmp_path, steps=3, world_size=2))
     with pytest.raises(FragmentFailed, match="rank 1 exited with -9"):     # the dead rank, not a peer timing out
@@ -138,6 +147,7 @@ def test_killed_rank_fails_cleanly_and_next_fragment_resumes(tmp_path):
     assert (r.start_step, r.end_step) == (3, 5)                  # resumed from the last good checkpoint
 
 
+@pytest.mark.slow
 def test_sigusr1_notice_checkpoints_promptly(tmp_path):
     """The launcher forwards a notice (Slurm's --signal) to its ranks; they stop at the same step and save it."""
     sent = {}
@@ -153,6 +163,7 @@ def test_sigusr1_notice_checkpoints_promptly(tmp_path):
     assert CheckpointStore(tmp_path).latest().step == r.end_step
 
 
+@pytest.mark.slow
 def test_deadline_and_total_samples_bounds(tmp_path):
     r = train_rank(cfg(tmp_path, total_samples=5 * 32))
     assert r.stopped_by == "done" and r.end_step == 5
@@ -172,6 +183,7 @@ def test_layer_freezing_has_no_gradients_or_optimizer_state(tmp_path):
     assert len(st.optimizer["state"]) == n_trainable                               # no state for frozen ones
 
 
+@pytest.mark.slow
 def test_language_model_workload(tmp_path):
     r = train_rank(cfg(tmp_path, workload="lm", workload_args={"n_chars": 20_000}, steps=30, global_batch=16))
     losses = [m["loss"] for m in CheckpointStore(tmp_path).latest().metrics]
@@ -220,6 +232,7 @@ class MapStyle(SyntheticImages):
 '''
 
 
+@pytest.mark.slow
 def test_an_ordinary_map_style_dataset_and_a_stated_schedule_train_like_the_built_in(tmp_path):
     """A plain map-style Dataset (``__getitem__(int) -> (x, y)``, collated item by item) trains exactly like the
     same data as a TensorDataset, across two fragments on two ranks; a cosine schedule with warm-up, stated in
@@ -279,6 +292,7 @@ def loop_cfg(d, **kw):
     return cfg(d, workload="unused", loop=LOOP, global_batch=64, workload_args={}, **kw)
 
 
+@pytest.mark.slow
 def test_a_users_own_training_loop_resumes_exactly_across_fragments_and_world_sizes(tmp_path):
     """workflows/digits_loop.py's train(ctx) (an ordinary PyTorch loop plus ctx calls, a map-style Dataset):
     three fragments on 1, 2 and 1 ranks, stopped by step bounds and by a notice, give the model of one
@@ -304,6 +318,7 @@ def test_a_users_own_training_loop_resumes_exactly_across_fragments_and_world_si
     assert [m["step"] for m in b.metrics] == list(range(1, 31)) and {m["world"] for m in b.metrics} == {1, 2}
 
 
+@pytest.mark.slow
 def test_a_training_loop_that_forgets_to_save_fails_with_what_to_do(tmp_path):
     (tmp_path / "bad.py").write_text(
         "def train(ctx):\n"
@@ -316,6 +331,7 @@ def test_a_training_loop_that_forgets_to_save_fails_with_what_to_do(tmp_path):
         train_rank(cfg(tmp_path / "k", loop=f"{tmp_path / 'bad.py'}:nope", steps=3))
 
 
+@pytest.mark.slow
 def test_a_loop_may_let_go_of_what_was_restored(tmp_path):
     """``ctx.restored = None`` frees the restored state (on a GPU rank it sits in GPU memory); a save at the
     restored step still writes nothing, and the next one is written as usual."""
@@ -340,6 +356,7 @@ def test_a_loop_may_let_go_of_what_was_restored(tmp_path):
     assert torch.equal(CheckpointStore(tmp_path / "j").latest().model["w"], torch.full((3,), 4.0))
 
 
+@pytest.mark.slow
 def test_a_failed_ranks_whole_traceback_and_output_reach_the_error_and_stay_on_disk(tmp_path):
     (tmp_path / "user.py").write_text(
         "def check(lr):\n"
@@ -378,6 +395,7 @@ class Hooked(SyntheticImages):
 """
 
 
+@pytest.mark.slow
 def test_a_workloads_evaluate_and_log_hooks_run_on_rank_0_and_their_metrics_are_kept(tmp_path):
     (tmp_path / "hooked.py").write_text(HOOKED)
     d = tmp_path / "j"
@@ -391,6 +409,7 @@ def test_a_workloads_evaluate_and_log_hooks_run_on_rank_0_and_their_metrics_are_
     assert "metrics" not in next((d / "logs").glob("*-rank1.log")).read_text()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_ranks_die_with_the_worker_that_launched_them(tmp_path):
     """A pilot's worker pool that exits (its interchange gone) or is SIGKILLed takes its ranks along: the
@@ -417,6 +436,7 @@ def test_ranks_die_with_the_worker_that_launched_them(tmp_path):
             os.kill(p, signal.SIGKILL)
 
 
+@pytest.mark.slow
 def test_a_fragment_given_up_for_lost_may_not_save_once_the_job_runs_as_another(tmp_path):
     """The orchestrator names the fragment that runs the job (JobDir.run_fragment) before it launches it: an
     older one of the same orchestrator life - given up for lost while a rank of it still ran - saves nothing."""
@@ -429,6 +449,7 @@ def test_a_fragment_given_up_for_lost_may_not_save_once_the_job_runs_as_another(
     assert run_fragment(cfg(d, steps=2, world_size=1, generation="g1", fragment_id="a-new")).end_step == 4
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)      # a fence that fails would train 10,000,000 steps
 def test_a_fenced_off_fragment_stops_training_at_its_next_progress_report(tmp_path):
     """Given up for lost while its ranks still ran (a network split from its worker pool), a fragment learns at
@@ -478,6 +499,7 @@ def train(ctx):
 '''
 
 
+@pytest.mark.slow
 def test_a_dataloader_with_workers_in_your_own_loop_resumes_exactly(tmp_path):
     """DataLoader(num_workers=2) over ctx.batches(), its Dataset defined in the loop file: the workers find the
     class (the file is imported under its own name), and the batches they prefetched but the loop never trained
@@ -497,6 +519,7 @@ def test_a_dataloader_with_workers_in_your_own_loop_resumes_exactly(tmp_path):
         assert torch.equal(a.model["model"][k], b.model["model"][k]), k
 
 
+@pytest.mark.slow
 def test_a_rank_printing_without_end_does_not_fill_the_disk(tmp_path, monkeypatch):
     """A loop printing 2 MB a step (20 MB in all), each step waiting until its log is cut back: the cap
     (PARSL_BFT_RANK_LOG_MAX, 64 MiB by default) cuts it once a second, under a note, and the training is not
@@ -529,6 +552,7 @@ def _alive(pid: int) -> bool:
         return False
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="finds processes through /proc")
 def test_what_a_loop_starts_in_a_session_of_its_own_ends_with_its_fragment(tmp_path):
     """A loop that starts a helper in a session of its own (setsid) and a daemon whose parent exits at once:

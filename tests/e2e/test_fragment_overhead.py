@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import h5py
+import pytest
 
 from parsl_bft.train.checkpoint import TrainingState, capture_rng, load_checkpoint, restore_rng, save_checkpoint
 from parsl_bft.train.rank_preload import _gpu_node
@@ -29,6 +30,7 @@ if __name__ == "__main__":
 '''
 
 
+@pytest.mark.slow
 def test_ranks_find_the_main_script_run_once_in_their_forkserver(tmp_path):
     script, runs = tmp_path / "workflow.py", tmp_path / "runs.txt"
     script.write_text(MAIN)

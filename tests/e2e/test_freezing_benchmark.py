@@ -10,6 +10,8 @@ import pytest
 
 from paths import ROOT
 
+pytestmark = pytest.mark.slow          # real Parsl, ranks or a whole benchmark: not in the inner loop
+
 
 @pytest.mark.timeout(600)
 def test_the_freezing_benchmark_runs_every_section(tmp_path, shared_data):

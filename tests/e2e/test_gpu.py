@@ -17,8 +17,8 @@ from parsl_bft.train.launcher import run_fragment
 from parsl_bft.train.rank_preload import _gpu_node
 from parsl_bft.train.workloads import SyntheticImages
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
-                                reason="NOT RUN: needs a CUDA GPU (CI has none; run on a GPU node)")
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(not torch.cuda.is_available(),
+                                                  reason="NOT RUN: needs a CUDA GPU (CI has none; run on a GPU node)")]
 
 
 def cfg(d, **kw) -> FragmentConfig:

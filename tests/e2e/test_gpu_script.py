@@ -10,6 +10,8 @@ import pytest
 
 from paths import ROOT
 
+pytestmark = pytest.mark.slow          # real Parsl, ranks or a whole benchmark: not in the inner loop
+
 
 @pytest.mark.timeout(900)
 def test_the_gpu_benchmark_runs_every_part_on_cpu(tmp_path):

@@ -15,6 +15,8 @@ from parsl_bft.execution.protocols import NoticeReason, PoolEventKind
 
 from harness import wait_for
 
+pytestmark = pytest.mark.slow          # real Parsl, ranks or a whole benchmark: not in the inner loop
+
 
 class LocalPilots(LocalProvider):
     """A LocalProvider whose blocks the pool takes for one-node pilots on this host: running blocks run on

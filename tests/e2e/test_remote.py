@@ -19,11 +19,8 @@ from parsl_bft.sites import SiteError, load_site
 
 HERE = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(HERE))
-import test_slurm  # noqa: E402
 from globus_standin import ENDPOINT_ID, StandInEndpoint  # noqa: E402
 from harness import wait_for  # noqa: E402
-
-slurm = test_slurm.slurm                  # the local Slurm, started (fresh) by the fixture
 
 WORKFLOW = HERE / "data" / "remote" / "tiny_train.py"
 STEPS = 40
@@ -251,6 +248,7 @@ def test_a_run_resumed_in_the_same_session_is_waited_for_again(tmp_path, monkeyp
     remote.close()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_closing_a_session_does_not_wait_for_a_busy_endpoint(tmp_path, endpoint):
     """A poll sent while the endpoint cannot answer (offline, or its workers busy: tasks queue at the service)
@@ -270,6 +268,7 @@ def test_closing_a_session_does_not_wait_for_a_busy_endpoint(tmp_path, endpoint)
     busy.result()
 
 
+@pytest.mark.slow
 def test_submits_from_several_shells_at_once_keep_every_run(tmp_path, monkeypatch):
     """remote-runs.json is read, changed and replaced by each submit: at once, they lost each other's runs
     and crashed on each other's temporary file (after the run had started)."""
@@ -397,6 +396,7 @@ def assert_same_model(path: Path, ref) -> None:
     assert all(got.model[k].equal(ref.model[k]) for k in ref.model)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_submit_watch_cancel_resume_fetch_equals_a_local_run(tmp_path, endpoint, local_model, capsys, monkeypatch):
     """From the laptop's CLI, each command a fresh connection (the laptop may have gone away in between):
@@ -479,6 +479,7 @@ def test_a_run_submitted_to_the_local_slurm_trains_on_a_pilot(slurm, tmp_path, e
     wait_for(lambda: not [j for j in slurm.queue() if j.state in ("RUNNING", "PENDING")], what="the pilots to end")
 
 
+@pytest.mark.slow
 def test_the_runner_runs_a_workflow_as_parsl_bft_run_does(tmp_path, capsys, monkeypatch):
     """The detached session runs the request through run_workflow (no CLI): the workflow's arguments, and the
     messages and exit codes `parsl-bft run` gives for a bad site file, a missing workflow and a deliberate error."""

@@ -9,10 +9,7 @@ import json
 import os
 import signal
 import stat
-import sys
-from concurrent.futures import Future
 from contextlib import redirect_stderr, redirect_stdout, suppress
-from dataclasses import replace
 from pathlib import Path
 
 import h5py
@@ -25,9 +22,8 @@ from hypothesis import strategies as st
 from parsl_bft.errors import InputError, ParslBftError
 from parsl_bft.train.checkpoint import CheckpointError, CheckpointStore, TrainingState, load_checkpoint, save_checkpoint
 
-HERE = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(HERE))
-from harness import InlineRunner, assert_same  # noqa: E402
+from harness import assert_same, damage_checkpoint
+from paths import FIXTURES
 
 FAST = settings(deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                         HealthCheck.too_slow], derandomize=True)
@@ -176,26 +172,6 @@ def test_not_a_checkpoint_file(tmp_path, what):
         load_checkpoint(p)
 
 
-def _damage(path: Path) -> None:
-    """A single flipped byte that HDF5 itself trips over (RuntimeError inside h5py before issue 12) when there is
-    one, else one the checksums catch."""
-    data = path.read_bytes()
-    for pos in range(0, len(data), 7):
-        b = bytearray(data)
-        b[pos] ^= 0xFF
-        path.write_bytes(b)
-        try:
-            load_checkpoint(path)
-        except CheckpointError as e:
-            if "RuntimeError" in str(e):
-                return
-    b = bytearray(data)
-    b[len(b) // 2] ^= 0xFF
-    path.write_bytes(b)
-    with pytest.raises(CheckpointError):
-        load_checkpoint(path)
-
-
 def test_keep_last_k_never_deletes_the_newest_good_nor_the_one_just_written(tmp_path):
     """K damaged checkpoints newer than the job (it fell back behind them): the next save keeps itself and the
     last good one; the damaged files are moved aside into damaged/, not counted and not deleted."""
@@ -204,14 +180,14 @@ def test_keep_last_k_never_deletes_the_newest_good_nor_the_one_just_written(tmp_
         store.save(small_state(s), fsync=False)
     for s in (10, 11):
         p = save_checkpoint(tmp_path / f"ckpt-{s:09d}.h5", small_state(s), fsync=False)
-        _damage(p)
+        damage_checkpoint(p)
     new = store.save(small_state(3), fsync=False)                   # without a latest() first
     assert new.exists()
     assert [p.name for p in store.paths()] == ["ckpt-000000003.h5", "ckpt-000000002.h5"]
     assert len(list((tmp_path / "damaged").iterdir())) == 2
     same_state(small_state(3), store.latest())
     # ... and after a fallback (latest() sets the damaged newest aside at once)
-    _damage(tmp_path / "ckpt-000000003.h5")
+    damage_checkpoint(tmp_path / "ckpt-000000003.h5")
     assert store.latest().step == 2 and len(store.skipped) == 1
     assert [p.name for p in store.paths()] == ["ckpt-000000002.h5"]
     store.save(small_state(4), fsync=False)
@@ -247,373 +223,6 @@ def test_non_finite_loss_or_weights_fail_the_fragment_and_keep_the_last_finite_c
     finally:
         for s, h in handlers.items():
             signal.signal(s, h)
-
-
-def inline_orchestrator(state: Path, monkeypatch, **kw):
-    from parsl_bft.execution import orchestrator as orch_mod
-    from parsl_bft.execution.pool import EmulatedPool
-    from parsl_bft.planner import Planner
-    monkeypatch.setattr(orch_mod, "SiteRunner", InlineRunner)
-    pool = EmulatedPool.pattern(nodes=1, period_s=100_000.0, cycles=1, notice_s=2.0)
-    return orch_mod.Orchestrator(state, pool, Planner(method="dp", objective="throughput", t_fwd=20.0),
-                                 warm_up=False, settle_s=0.0, poll_s=0.01, **kw)
-
-
-IMG_JOB = dict(workload="images", samples=32 * 8, global_batch=32, min_nodes=1, max_nodes=1,
-               workload_args={"n": 256}, rate_guess=3000.0)
-
-
-def test_orchestrator_given_a_damaged_newest_checkpoint_finishes_from_the_previous_one(tmp_path, monkeypatch):
-    from parsl_bft.execution.orchestrator import TrainingJob
-    from parsl_bft.train.fragment import FragmentConfig, train_rank
-    state = tmp_path / "state"
-    jobdir = state / "jobs" / "img"
-    handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1)}
-    base = dict(job="img", workload="images", checkpoint_dir=str(jobdir), global_batch=32, fsync=False,
-                deterministic=False, workload_args={"n": 256})
-    try:
-        train_rank(FragmentConfig(steps=2, **base))
-        train_rank(FragmentConfig(steps=1, **base))
-    finally:
-        for s, h in handlers.items():
-            signal.signal(s, h)
-    _damage(jobdir / "ckpt-000000003.h5")
-    orch = inline_orchestrator(state, monkeypatch)
-    fut = orch.submit(TrainingJob("img", **IMG_JOB))
-    orch.run(timeout_s=120)
-    final = Path(fut.result(timeout=0))
-    assert final.exists() and load_checkpoint(final).step == 8
-    done = [d for _, _, d in orch.db.events("fragment-done")]
-    assert done[0]["start_step"] == 2 and done[-1]["end_step"] == 8       # resumed from the previous good one
-    assert not orch.db.events("fragment-failed")
-    assert (jobdir / "damaged").is_dir() and not (jobdir / "ckpt-000000003.h5").exists()
-    # the database stores the path relative to the state directory
-    assert orch.db.job("img").checkpoint == "jobs/img/ckpt-000000008.h5"
-    orch.close()
-
-
-def node_a_then_b(tmp_path, monkeypatch, runner):
-    """An orchestrator whose fragments go through ``runner``, on node a (reclaimed at 5 s, notice 1 s ahead: time
-    for a loaded machine to launch there first) and then node b (from 6 s on), run on a 64-sample img job:
-    (orchestrator, the job's future)."""
-    from parsl_bft.execution import orchestrator as orch_mod
-    from parsl_bft.execution.orchestrator import TrainingJob
-    from parsl_bft.execution.pool import EmulatedPool
-    from parsl_bft.idle.intervals import IdleIntervals
-    from parsl_bft.planner import Planner
-    monkeypatch.setattr(orch_mod, "SiteRunner", runner)
-    idle = IdleIntervals.build(["a", "b"], [0, 1], [0.0, 6.0], [5.0, 10_000.0], 0.0, 10_000.0)
-    orch = orch_mod.Orchestrator(tmp_path / "s", EmulatedPool(idle, speedup=1.0, notice_s=1.0),
-                                 Planner(method="dp", objective="throughput", t_fwd=20.0), warm_up=False,
-                                 settle_s=0.0, poll_s=0.01)
-    fut = orch.submit(TrainingJob("img", **{**IMG_JOB, "samples": 64}))
-    orch.run(timeout_s=60)
-    return orch, fut
-
-
-class StuckFirstRunner(InlineRunner):
-    """The first fragment is a gang whose two node shares wait for a worker that never comes (their lane's
-    pilots were reclaimed); later ones run inline."""
-
-    def __init__(self, name, site, store):
-        super().__init__(name, site, store)
-        self.store, self.stuck = store, None
-
-    def launch(self, cfg, nodes):
-        from parsl_bft.execution.htex import FragmentHandle
-        if self.stuck is None:
-            self.stuck = FragmentHandle([Future(), Future()], self.store, cfg.fragment_id)
-            return self.stuck
-        return super().launch(cfg, nodes)
-
-
-@pytest.mark.slow
-def test_a_fragment_still_waiting_for_a_worker_when_its_nodes_are_reclaimed_is_given_up(tmp_path, monkeypatch):
-    """It used to wait in its lane for a new pilot of that group (a minute or more of no training). Given up at
-    the notice, it never starts even if a worker picks it up later; the job trains on elsewhere and finishes."""
-    from parsl_bft.train.fragment import FragmentConfig
-    from parsl_bft.train.launcher import run_gang_task
-    orch, fut = node_a_then_b(tmp_path, monkeypatch, StuckFirstRunner)
-    assert orch.db.events("stop")[-1][2]["why"] == "done"
-    assert load_checkpoint(Path(fut.result(timeout=0))).samples_done == 64
-    stuck = orch._runners[""].stuck
-    (launch, *_), (gave_up,) = orch.db.events("launch"), orch.db.events("abandon")
-    assert launch[2]["nodes"] == ["a"] and gave_up[2] == {"job": "img", "fragment": stuck.fragment, "shares": 2}
-    (failed,) = [d for _, _, d in orch.db.events("fragment-failed")]
-    assert failed["reclaimed"] and "never started" in failed["error"] and orch.failures.get("img", 0) == 0
-    # a worker that picks a given-up share up later returns at once: no rank starts, nothing is written
-    before = sorted(p.name for p in (tmp_path / "s" / "jobs" / "img").iterdir())
-    cfg = FragmentConfig(job="img", workload="images", checkpoint_dir=str(tmp_path / "s" / "jobs" / "img"),
-                         global_batch=32, world_size=2, fragment_id=stuck.fragment, timeout_s=5, steps=1)
-    assert run_gang_task(cfg, 1, orch._store.address("127.0.0.1")) is None
-    assert sorted(p.name for p in (tmp_path / "s" / "jobs" / "img").iterdir()) == before
-    orch.close()
-
-
-class HungGangRunner(InlineRunner):
-    """The first fragment is a one-node gang whose share started on its node and then hangs: its pilot is gone,
-    and the executor has not noticed (HTEX notices a heartbeat threshold later). Later ones run inline."""
-
-    def __init__(self, name, site, store):
-        super().__init__(name, site, store)
-        self.gang, self.store, self.hung = True, store, None
-
-    def launch(self, cfg, nodes):
-        from parsl_bft.execution.htex import FragmentHandle
-        if self.hung is None:
-            self.store.set(f"{cfg.fragment_id}/share/0", "started")
-            self.store.set(f"{cfg.fragment_id}/node/0", nodes[0])
-            self.hung = FragmentHandle([Future()], self.store, cfg.fragment_id)
-            return self.hung
-        return super().launch(cfg, nodes)
-
-    def placed(self, fragment, nodes):
-        key = f"{fragment}/node/0"
-        return {0: self.store.get(key).decode()} if self.store.check([key]) else {}
-
-
-@pytest.mark.slow
-def test_a_gang_whose_nodes_all_left_is_collected_without_waiting_for_the_executor(tmp_path, monkeypatch):
-    """Once every node a gang's started shares run on has left, it is collected at once (its ranks are dead, or
-    fenced off: only the job's newer fragment may save), and the job goes on elsewhere."""
-    from parsl_bft.train.protocol import JobDir
-    orch, fut = node_a_then_b(tmp_path, monkeypatch, HungGangRunner)
-    assert orch.db.events("stop")[-1][2]["why"] == "done"
-    assert load_checkpoint(Path(fut.result(timeout=0))).samples_done == 64
-    hung = orch._runners[""].hung
-    assert not hung.done()                              # the executor never answered for it
-    (failed,) = [d for _, _, d in orch.db.events("fragment-failed")]
-    assert failed["fragment"] == hung.fragment and failed["reclaimed"] and "every node it ran on has left (a)" in \
-        failed["error"] and orch.failures.get("img", 0) == 0
-    launches = [d for _, _, d in orch.db.events("launch")]
-    assert launches[-1]["nodes"] == ["b"] and JobDir(tmp_path / "s" / "jobs" / "img").current_fragment() == \
-        launches[-1]["fragment"]
-    orch.close()
-
-
-class FailingRunner(InlineRunner):
-    """Fragments whose rank is SIGKILLed from outside: the first ``killed`` ones after saving a step of progress
-    (``progress``) or before training at all; later ones run inline."""
-
-    killed, progress = 0, False
-
-    def launch(self, cfg, nodes):
-        from parsl_bft.execution.htex import FragmentHandle
-        from parsl_bft.train.fragment import FragmentFailed
-        if FailingRunner.killed <= 0:
-            return super().launch(cfg, nodes)
-        FailingRunner.killed -= 1
-        if FailingRunner.progress:
-            super().launch(replace(cfg, steps=1, total_samples=None), nodes)      # saves one step more
-        fut: Future = Future()
-        fut.set_exception(FragmentFailed(f"fragment of {cfg.job}: rank 0 exited with -9"))
-        return FragmentHandle([fut])
-
-
-@pytest.mark.parametrize("progress", [False, True], ids=["a crash loop", "killed after saving progress"])
-def test_a_job_gives_up_on_a_crash_loop_not_on_failures_that_saved_progress(tmp_path, monkeypatch, progress):
-    """max_failures (3) fragments failing in a row without a newer checkpoint is a crash loop: the job fails,
-    its future says why. A fragment that saved progress before it died (a rank killed from outside, 3 times
-    here) starts a new row: the job goes on and finishes."""
-    from parsl_bft.execution import orchestrator as orch_mod
-    from parsl_bft.execution.orchestrator import JobFailed, TrainingJob
-    monkeypatch.setattr(FailingRunner, "killed", 3 if progress else 100)
-    monkeypatch.setattr(FailingRunner, "progress", progress)
-    orch = inline_orchestrator(tmp_path / "s", monkeypatch)
-    monkeypatch.setattr(orch_mod, "SiteRunner", FailingRunner)
-    fut = orch.submit(TrainingJob("img", **{**IMG_JOB, "samples": 32 * 6}))
-    orch.run(timeout_s=60)
-    failed = [d for _, _, d in orch.db.events("fragment-failed")]
-    if progress:
-        assert len(failed) == 3 and all(d["saved_step"] == d["resume_step"] + 1 for d in failed)
-        assert load_checkpoint(Path(fut.result(timeout=0))).step == 6
-    else:
-        assert len(failed) == 3 and orch.db.jobs()["img"].status == "failed"
-        with pytest.raises(JobFailed, match="job img: 3 fragments failed in a row without progress; last: "
-                                            "fragment of img: rank 0 exited with -9"):
-            fut.result(timeout=0)
-    orch.close()
-
-
-# --- the state directory -----------------------------------------------------------------------------
-def test_a_second_orchestrator_on_a_state_directory_is_refused(tmp_path, monkeypatch):
-    from parsl_bft.execution.orchestrator import StateLocked
-    first = inline_orchestrator(tmp_path / "s", monkeypatch)
-    with pytest.raises(StateLocked, match=r"in use by another orchestrator .*pid"):
-        inline_orchestrator(tmp_path / "s", monkeypatch)
-    first.close()
-    inline_orchestrator(tmp_path / "s", monkeypatch).close()       # free again once the first is gone
-    assert stat.S_IMODE(os.stat(tmp_path / "s").st_mode) == 0o700
-    assert stat.S_IMODE(os.stat(tmp_path / "s" / "state.sqlite").st_mode) == 0o600
-
-
-@pytest.mark.parametrize("name", ["../../x", "/etc", "..", ".", "./a", "x/../a", "a/b", "a\nb", "a\x00", "", " a",
-                                  "-rf", "a" * 200, "ä"])
-def test_job_names_that_would_escape_or_alias_a_directory_are_refused(name):
-    from parsl_bft.execution.orchestrator import TrainingJob
-    with pytest.raises(ValueError, match="job name"):
-        TrainingJob(name)
-
-
-def test_global_batch_below_max_nodes_is_refused_at_submit(tmp_path, monkeypatch):
-    from parsl_bft.execution.orchestrator import TrainingJob
-    orch = inline_orchestrator(tmp_path / "s", monkeypatch)
-    with pytest.raises(ValueError, match="global_batch 2 < max_nodes 4"):
-        orch.submit(TrainingJob("small", global_batch=2, max_nodes=4))
-    assert not orch.db.jobs()
-    orch.close()
-
-
-@pytest.mark.parametrize("kw, named", [
-    ({"rate_guess": 0}, "rate_guess must be a number > 0, got 0"),
-    ({"rate_guess": float("nan")}, "rate_guess must be a number > 0, got nan"),
-    ({"global_batch": 0.5}, "global_batch must be an integer > 0, got 0.5"),
-    ({"samples": 0}, "samples: must be > 0"),
-    ({"t_down": -1}, "t_down: must be >= 0"),
-    ({"max_nodes": 0}, "max_nodes: min_nodes 1 > max_nodes 0"),
-])
-def test_a_bad_number_in_a_training_job_is_refused_at_submit_naming_its_field(tmp_path, monkeypatch, kw, named):
-    """rate_guess=0 was refused deep in the planner as a bad scaling curve; samples=0 without naming the field."""
-    from parsl_bft.execution.orchestrator import TrainingJob
-    orch = inline_orchestrator(tmp_path / "s", monkeypatch)
-    with pytest.raises(ValueError) as err:
-        orch.submit(TrainingJob("j", **kw))
-    assert str(err.value).startswith(f"job 'j': {named}")
-    assert not orch.db.jobs()
-    orch.close()
-
-
-def test_a_tampered_job_row_is_refused_on_restart(tmp_path, monkeypatch):
-    from parsl_bft.execution.jobstore import JobStore, StateError
-    db = JobStore(tmp_path / "s" / "state.sqlite")
-    db.add("../../x", {"name": "../../x"})
-    db.close()
-    with pytest.raises(StateError, match=r"damaged .*job name"):
-        inline_orchestrator(tmp_path / "s", monkeypatch)
-
-
-def test_a_moved_state_directory_still_finds_its_checkpoints(tmp_path, monkeypatch):
-    from parsl_bft.execution.orchestrator import TrainingJob
-    orch = inline_orchestrator(tmp_path / "a", monkeypatch)
-    job = TrainingJob("img", **{**IMG_JOB, "samples": 64})
-    fut = orch.submit(job)
-    orch.run(timeout_s=120)
-    assert Path(fut.result(timeout=0)).parent == tmp_path / "a" / "jobs" / "img"
-    orch.close()
-    (tmp_path / "a").rename(tmp_path / "b")
-    again = inline_orchestrator(tmp_path / "b", monkeypatch)
-    moved = Path(again.submit(job).result(timeout=0))
-    assert moved.parent == tmp_path / "b" / "jobs" / "img" and load_checkpoint(moved).samples_done == 64
-    again.close()
-
-
-def _listening_on(port: int) -> list[str]:
-    listening = [line.split() for line in Path("/proc/net/tcp").read_text().splitlines()[1:]]
-    return [f[1] for f in listening if f[3] == "0A" and int(f[1].split(":")[1], 16) == port]
-
-
-def test_loopback_rendezvous_store_listens_on_loopback_only():
-    from parsl_bft.train.launcher import serve_store
-    store = serve_store()
-    assert _listening_on(store.port) == [f"0100007F:{store.port:04X}"]
-    store.close()
-
-
-def test_a_pilots_rendezvous_store_listens_on_the_interchange_address_only():
-    """It listened on every interface; now on the address the pilots reach this host on (an address of this
-    host that is not loopback, when there is one)."""
-    import ipaddress
-    import socket
-
-    from parsl_bft.train.launcher import serve_store
-    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    try:
-        probe.connect(("192.0.2.1", 9))                 # no packet is sent: the kernel picks the source address
-        mine = [probe.getsockname()[0]]
-    except OSError:
-        mine = []
-    finally:
-        probe.close()
-    if not mine or ipaddress.ip_address(mine[0]).is_loopback:
-        pytest.skip("this host has no IPv4 address but loopback")
-    store = serve_store(mine[0])
-    hexed = "".join(f"{int(b):02X}" for b in reversed(mine[0].split(".")))
-    assert _listening_on(store.port) == [f"{hexed}:{store.port:04X}"]
-    assert store.address().endswith(f"@{mine[0]}:{store.port}")
-    store.close()
-
-
-def test_the_rendezvous_store_keeps_its_keys_from_clients_without_the_secret_and_its_memory_apart():
-    """A client with no credentials stored 190 x 8 MB keys in the orchestrator's own process. Now: the store is a
-    process of its own whose memory is capped (the flood is cut off there, the store goes on serving the run),
-    and every key of the run is under a secret: a client without it neither sees nor changes them."""
-    import resource
-    from datetime import timedelta
-
-    from torch._C._distributed_c10d import TCPStore
-
-    from parsl_bft.train.launcher import RendezvousStore
-    from parsl_bft.train.rank import open_store
-    store = RendezvousStore(memory=64 << 20)
-    store.set("f1/result", "ours")
-    rank = open_store(store.address(), 30)              # what a rank is handed: SECRET@HOST:PORT
-    assert rank.get("f1/result") == b"ours"
-    stranger = TCPStore("127.0.0.1", store.port, is_master=False, timeout=timedelta(seconds=30))
-    assert not stranger.check(["f1/result"])
-    stranger.set("f1/result", "theirs")
-    assert store.get("f1/result") == b"ours"
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    with pytest.raises(Exception, match=r"(?i)broken pipe|reset|closed"):
-        for i in range(40):                             # 320 MB, five times the store's memory
-            stranger.set(f"k{i}", b"x" * (8 << 20))
-    assert store.alive() and store.get("f1/result") == b"ours"
-    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 100 << 10     # KiB: not here
-    store.close()
-    assert not store.alive()
-
-
-def test_a_flood_of_keys_prints_nothing_into_the_users_terminal():
-    """The store cut a flooding client off, but printed C++ stack traces into the terminal of the run (its
-    stderr was the orchestrator's). The orchestrator here is a process whose stderr is a pipe; the flooding
-    client silences its own; what is left there is the store's."""
-    import subprocess
-    script = """
-import os, time
-from datetime import timedelta
-from torch._C._distributed_c10d import TCPStore
-from parsl_bft.train.launcher import RendezvousStore
-store = RendezvousStore(memory=64 << 20)
-stranger = TCPStore("127.0.0.1", store.port, is_master=False, timeout=timedelta(seconds=30))
-os.dup2(os.open(os.devnull, os.O_WRONLY), 2)          # the flooding client's own complaints
-try:
-    for i in range(40):
-        stranger.set(f"k{i}", b"x" * (8 << 20))
-except Exception:
-    pass
-store.set("after", "flood")
-print(store.get("after").decode(), store.alive(), flush=True)
-store.close()
-"""
-    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
-    assert r.stdout.split() == ["flood", "True"], r.stderr[-2000:]
-    assert "frame #" not in r.stderr and "TCPStore" not in r.stderr, r.stderr[-2000:]
-
-
-def test_the_rendezvous_store_dies_with_the_process_that_serves_it(tmp_path):
-    """Like the interchange: a SIGKILLed orchestrator leaves no store process behind."""
-    import subprocess
-
-    from harness import wait_for
-    script = ("import os, sys; from parsl_bft.train.launcher import serve_store; s = serve_store(); "
-              "print(s._proc.pid, flush=True); sys.stdin.read()")
-    parent = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    assert parent.stdout is not None
-    pid = int(parent.stdout.readline())
-    assert Path(f"/proc/{pid}").exists()
-    parent.kill()
-    parent.wait()
-    wait_for(lambda: not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2],
-             60, 0.1, what="the store's process to end")
 
 
 # --- site files --------------------------------------------------------------------------------------
@@ -654,12 +263,11 @@ def test_secrets_are_refused_in_every_string_field_and_list_item_and_never_print
 
 
 def test_pilot_scripts_are_private_and_quote_paths(tmp_path):
-    sys.path.insert(0, str(HERE / "unit"))
-    from parsl_bft.execution.pbs import PBSCommands, PBSPilotProvider
+    from fakes import canned_pbs
 
-    from test_pbs import canned
+    from parsl_bft.execution.pbs import PBSCommands, PBSPilotProvider
     d = tmp_path / "dir with space"
-    prov = PBSPilotProvider("preemptable", commands=PBSCommands(canned([])), script_dir=str(d))
+    prov = PBSPilotProvider("preemptable", commands=PBSCommands(canned_pbs([])), script_dir=str(d))
     prov.submit("process_worker_pool.py", 1, "pilot")
     script = next(d.glob("pilot.*.sh"))
     assert stat.S_IMODE(script.stat().st_mode) == 0o700 and stat.S_IMODE(d.stat().st_mode) == 0o700
@@ -729,7 +337,7 @@ def bad(tmp_path_factory):
     return d
 
 
-OK_CSV = str(HERE / "data" / "summit_idle_head.csv")
+OK_CSV = str(FIXTURES / "summit_idle_head.csv")
 CLI_CASES = {     # name: (argv with {d} for the folder of bad files, what the one line must say)
     "swf NaN run time": (["idle", "{d}/nan.swf"], "nan.swf:4: field '4 (run time)' not a finite number"),
     "swf NaN, easy replay": (["idle", "{d}/nan.swf", "--schedule", "easy"], "nan.swf:4: field '4 (run time)'"),
@@ -961,3 +569,80 @@ def test_a_file_that_is_not_csv_is_not_echoed_in_the_error(tmp_path):
     p.write_text("name,model\na,m\n")                # a CSV header is named, to say what is missing
     with pytest.raises(InputError, match=r"missing column.*; header is name,model$"):
         read_jobs_csv(p)
+
+
+# --- property-based, valid inputs: each loader above also loads what is well formed (a loader that refused
+# everything would pass the tests above) ----------------------------------------------------------------
+_SWF_JOB = st.tuples(st.integers(0, 500), st.integers(0, 300), st.integers(1, 500), st.integers(1, 4))
+
+
+@settings(FAST, max_examples=40)
+@given(jobs=st.lists(_SWF_JOB, min_size=1, max_size=6), schedule=st.sampled_from(["recorded", "easy"]))
+def test_valid_swf_logs_load(tmp_path, jobs, schedule):
+    """(gap after the previous job's end, wait, run time, nodes) per job on a 4-node machine: one job at a time,
+    so the recorded starts fit the machine too."""
+    from parsl_bft.idle.sources import load_source
+    from parsl_bft.idle.stats import idle_stats
+    free_at, lines = 0, []
+    for i, (gap, wait, run, n) in enumerate(jobs, 1):
+        lines.append(_row(i, free_at + gap, wait, run, n))
+        free_at += gap + wait + run
+    f = tmp_path / "v.swf"
+    f.write_text("; MaxNodes: 4\n; MaxProcs: 4\n" + "".join(lines))
+    src = load_source(f, schedule=schedule, lenient=False)
+    stats = idle_stats(src.intervals, src.intervals, src.schedule)
+    assert 1 <= src.intervals.n_nodes <= 4 and 0.0 <= stats.idle_fraction <= 1.0
+
+
+@settings(FAST, max_examples=40)
+@given(rows=st.lists(st.tuples(st.sampled_from(["a", "b", "c"]), st.integers(0, 10**6), st.integers(1, 10**5)),
+                     min_size=1, max_size=8))
+def test_valid_interval_csv_rows_load(tmp_path, rows):
+    """(node, idle start, length) rows: every node is read, with at least its longest interval's idle time."""
+    from parsl_bft.idle.intervals import read_idle_intervals
+    f = tmp_path / "i.csv"
+    f.write_text("node,idle_start,idle_end\n" + "".join(f"{n},{s},{s + d}\n" for n, s, d in rows))
+    iv = read_idle_intervals(f, lenient=False)
+    assert sorted(iv.names) == sorted({n for n, _, _ in rows})
+    assert float(np.sum(iv.end - iv.start)) >= max(d for _, _, d in rows)
+
+
+_VALID_JOB = st.tuples(st.just("m"), st.integers(1, 2), st.integers(0, 2), st.floats(0, 100), st.floats(0, 100),
+                       st.integers(1, 10**6))
+
+
+@settings(FAST, max_examples=10)          # a load fits the model's curve (~0.1 s): what varies here is the jobs
+@given(jobs=st.lists(_VALID_JOB, min_size=1, max_size=4))
+def test_valid_yaml_job_sets_load(tmp_path, jobs):
+    """(model, min_nodes, extra nodes, t_up, t_down, samples) per job, the model's curve given."""
+    import yaml
+
+    from parsl_bft.jobs import read_jobset_yaml
+    doc = {"jobs": [{"name": f"j{i}", "model": m, "min_nodes": lo, "max_nodes": lo + extra, "t_up": up,
+                     "t_down": down, "samples": samples} for i, (m, lo, extra, up, down, samples) in enumerate(jobs)],
+           "scaling": {"m": {1: 10.0, 2: 19.0, 4: 35.0}}}
+    f = tmp_path / "j.yaml"
+    f.write_text(yaml.safe_dump(doc))
+    js = read_jobset_yaml(f)
+    assert [(j.name, j.model, j.min_nodes, j.max_nodes, j.samples) for j in js.jobs] == \
+        [(d["name"], d["model"], d["min_nodes"], d["max_nodes"], d["samples"]) for d in doc["jobs"]]
+    assert {d["model"] for d in doc["jobs"]} <= set(js.curves)
+
+
+_TOKEN = st.from_regex(r"[a-z][a-z0-9_-]{0,7}", fullmatch=True)
+
+
+@settings(FAST, max_examples=40)
+@given(name=_TOKEN, partition=_TOKEN, account=st.none() | _TOKEN, cores=st.integers(1, 256),
+       gpus=st.integers(0, 8), max_pilots=st.integers(1, 64))
+def test_valid_site_files_load(tmp_path, name, partition, account, cores, gpus, max_pilots):
+    import yaml
+
+    from parsl_bft.sites import load_site
+    doc = {"name": name, "scheduler": "slurm", "partition": partition, "node": {"cores": cores, "gpus": gpus},
+           "holes": {"max_pilots": max_pilots}, **({"account": account} if account else {})}
+    f = tmp_path / "s.yaml"
+    f.write_text(yaml.safe_dump(doc))
+    s = load_site(f)
+    assert (s.name, s.partition, s.account, s.node.cores, s.node.gpus, s.holes.max_pilots) == \
+        (name, partition, account, cores, gpus, max_pilots)

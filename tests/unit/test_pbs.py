@@ -4,27 +4,13 @@ from datetime import datetime
 from pathlib import Path
 
 import pytest
+from fakes import PBS_NODES, PBS_QSTAT, canned_pbs
 from parsl.jobs.states import JobState
 
 from parsl_bft.execution.pbs import PBSCommands, PBSPilotProvider
 from parsl_bft.execution.pbs.commands import PBSError, parse_pbsnodes, parse_qstat, parse_qsub, parse_user_caps
 
-DATA = Path(__file__).resolve().parents[1] / "data" / "pbs"
-NODES = (DATA / "pbsnodes.json").read_text()
-QSTAT = (DATA / "qstat.json").read_text()
-
-
-def canned(calls):
-    def run(argv):
-        calls.append(argv)
-        if argv[0] == "pbsnodes":
-            return 0, NODES, ""
-        if argv[0] == "qstat":
-            return 0, QSTAT, ""
-        if argv[0] == "qsub":
-            return 0, "1010.polaris-pbs-01\n", ""
-        return 0, "", ""
-    return run
+NODES, QSTAT = PBS_NODES, PBS_QSTAT
 
 
 def test_parsers():
@@ -44,7 +30,7 @@ def test_parsers():
 
 def test_holes_and_pilot_script(tmp_path):
     calls = []
-    cmd = PBSCommands(canned(calls))
+    cmd = PBSCommands(canned_pbs(calls))
     prov = PBSPilotProvider("preemptable", account="proj", select="1:ncpus=64:ngpus=4", commands=cmd,
                             script_dir=str(tmp_path), scheduler_options=["-l filesystems=home:eagle"])
     prov.clock = lambda: 1795291800 - 30 * 60          # the recorded queue, 30 minutes before its planned start
@@ -67,7 +53,7 @@ def test_holes_and_pilot_script(tmp_path):
 
 
 def test_finished_pilots_are_timeout_or_scaled_in_never_failed_for_reclaims(tmp_path):
-    prov = PBSPilotProvider("preemptable", commands=PBSCommands(canned([])), script_dir=str(tmp_path),
+    prov = PBSPilotProvider("preemptable", commands=PBSCommands(canned_pbs([])), script_dir=str(tmp_path),
                             max_pending_s=60)
     ids = ["1003.polaris-pbs-01", "1004.polaris-pbs-01", "1005.polaris-pbs-01", "1006.polaris-pbs-01",
            "1007.polaris-pbs-01", "9999.polaris-pbs-01"]
@@ -97,7 +83,7 @@ def test_placement_sets_are_asked_once_and_pilots_name_their_host(tmp_path):
 
     def run(argv):
         calls.append(argv)
-        return (0, tiers, "") if argv[0] == "pbsnodes" else canned([])(argv)
+        return (0, tiers, "") if argv[0] == "pbsnodes" else canned_pbs([])(argv)
     prov = PBSPilotProvider("preemptable", select="1:ncpus=64:ngpus=4", commands=PBSCommands(run),
                             script_dir=str(tmp_path))
     topo = prov.topology()
@@ -107,7 +93,7 @@ def test_placement_sets_are_asked_once_and_pilots_name_their_host(tmp_path):
     assert "#PBS -l select=1:ncpus=64:ngpus=4:host=x3001c0s1b1n0" in next(tmp_path.glob("pilot.*.sh")).read_text()
     assert prov.targets == {"1010.polaris-pbs-01": ("x3001c0s1b1n0",)}
     # vnodes without a placement set: no topology (logged), and the pilots go wherever PBS puts them
-    assert PBSPilotProvider("q", commands=PBSCommands(canned([])), script_dir=str(tmp_path)).topology() is None
+    assert PBSPilotProvider("q", commands=PBSCommands(canned_pbs([])), script_dir=str(tmp_path)).topology() is None
 
 
 @pytest.mark.parametrize("text", ['{"nodes": ["n1", "n2"]}', '["nodes"]', "not json",

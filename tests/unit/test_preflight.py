@@ -8,6 +8,7 @@ import sys
 import time
 
 import pytest
+from fakes import Canned
 
 from parsl_bft.cli import main
 from parsl_bft.execution.pbs import PBSCommands, PBSPilotProvider
@@ -22,13 +23,10 @@ NO_MEM = ("", "allocation failure: Requested node configuration is not available
 
 
 def _canned(answers, calls):
-    def run(argv):
-        calls.append(argv)
-        for prefix, ans in answers.items():
-            if " ".join(argv).startswith(prefix):
-                return ans
-        return 0, "", ""
-    return run
+    """fakes.Canned logging into ``calls``."""
+    runner = Canned(answers)
+    runner.calls = calls
+    return runner
 
 
 def _slurm(answers, **kw):

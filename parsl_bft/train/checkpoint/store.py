@@ -61,6 +61,12 @@ class CheckpointStore:
         """Checkpoint files, newest (highest step) first."""
         return sorted((p for p in self.dir.iterdir() if _NAME.match(p.name) and p.is_file()), reverse=True)
 
+    def newest_step(self) -> int:
+        """The step of the newest checkpoint file, by its name (0: none); read nothing, verify nothing."""
+        paths = self.paths()
+        m = _NAME.match(paths[0].name) if paths else None
+        return int(m.group(1)) if m else 0
+
     def _set_aside(self, p: Path, err: CheckpointError) -> None:
         """Move a checkpoint that does not verify out of the way (not deleted: it may be wanted for a post-mortem,
         and a file that failed to read over a flaky file system is still there)."""
