@@ -43,22 +43,29 @@ def test_orchestrator_given_a_damaged_newest_checkpoint_finishes_from_the_previo
 
 
 def node_a_then_b(tmp_path, monkeypatch, runner):
-    """An orchestrator whose fragments go through ``runner``, on node a (reclaimed at 5 s, notice 1 s ahead: time
-    for a loaded machine to launch there first) and then node b (from 6 s on), run on a 64-sample img job:
-    (orchestrator, the job's future)."""
+    """An orchestrator whose fragments go through ``runner``, on node a (reclaimed at 30 s, notice 1 s ahead: time
+    for a loaded machine to launch there first; at 5 s, a first launch that took 5.4 s under load went to b) and
+    then node b (from 31 s on), run on a 64-sample img job: (orchestrator, the job's future)."""
     from parsl_bft.execution import orchestrator as orch_mod
     from parsl_bft.execution.orchestrator import TrainingJob
     from parsl_bft.execution.pool import EmulatedPool
     from parsl_bft.idle.intervals import IdleIntervals
     from parsl_bft.planner import Planner
     monkeypatch.setattr(orch_mod, "SiteRunner", runner)
-    idle = IdleIntervals.build(["a", "b"], [0, 1], [0.0, 6.0], [5.0, 10_000.0], 0.0, 10_000.0)
+    idle = IdleIntervals.build(["a", "b"], [0, 1], [0.0, 31.0], [30.0, 10_000.0], 0.0, 10_000.0)
     orch = orch_mod.Orchestrator(tmp_path / "s", EmulatedPool(idle, speedup=1.0, notice_s=1.0),
                                  Planner(method="dp", objective="throughput", t_fwd=20.0), warm_up=False,
                                  settle_s=0.0, poll_s=0.01)
     fut = orch.submit(TrainingJob("img", **{**IMG_JOB, "samples": 64}))
-    orch.run(timeout_s=60)
+    run_within(orch, 600, "training img on node b once a was reclaimed")
     return orch, fut
+
+
+def run_within(orch, budget_s, what):
+    """``orch.run()`` with a budget: on a loaded machine a wrong "timeout" assertion said nothing about why."""
+    orch.run(timeout_s=budget_s)
+    if orch.db.events("stop")[-1][2]["why"] == "timeout":
+        pytest.fail(f"ran out of time ({budget_s} s) at: {what}")
 
 
 class StuckFirstRunner(InlineRunner):
@@ -172,7 +179,7 @@ def test_a_job_gives_up_on_a_crash_loop_not_on_failures_that_saved_progress(tmp_
     orch = inline_orchestrator(tmp_path / "s", monkeypatch)
     monkeypatch.setattr(orch_mod, "SiteRunner", FailingRunner)
     fut = orch.submit(TrainingJob("img", **{**IMG_JOB, "samples": 32 * 6}))
-    orch.run(timeout_s=60)
+    run_within(orch, 600, "the job's fragments failing, then training (or giving up)")
     failed = [d for _, _, d in orch.db.events("fragment-failed")]
     if progress:
         assert len(failed) == 3 and all(d["saved_step"] == d["resume_step"] + 1 for d in failed)
