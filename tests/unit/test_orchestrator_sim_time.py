@@ -138,7 +138,7 @@ def test_a_notice_stops_the_fragment_on_that_node_and_the_jobs_finish_on_what_is
     summary = orch.run(timeout_s=10_000)
     assert time.monotonic() - real < 60, "simulated time should cost little real time"
     assert all(f.done() and f.exception() is None for f in futs)
-    assert {r["job"]: r["status"] for r in summary["jobs"]} == {"x": "done", "y": "done"}
+    assert {r.job: r.status for r in summary.jobs} == {"x": "done", "y": "done"}
     reclaims = [d for _, _, d in orch.db.events("reclaim")]
     assert [(d["by"], d["nodes"]) for d in reclaims][:1] == [("notice", ["d"])]
     hit = reclaims[0]["job"]
@@ -179,9 +179,9 @@ def test_a_run_cut_short_leaves_its_jobs_waiting_and_the_next_run_counts_on(tmp_
     first = _orchestrator(tmp_path, clock, ScriptedPool(clock, [(0, "join", ("a", "b"))]), SimulatedFragments(clock))
     first.submit(job)
     cut = first.run(timeout_s=300)
-    assert cut["ended"] == "timeout" and [(r["status"], r["state"]) for r in cut["jobs"]] == [
+    assert cut.ended == "timeout" and [(r.status, r.state) for r in cut.jobs] == [
         ("stopped", "stopped: time cap reached")]
-    assert 0 < cut["jobs"][0]["e_used"] <= 1 and cut["e_used"] <= 1 and cut["train_share"] <= 1
+    assert 0 < cut.jobs[0].e_used <= 1 and cut.e_used <= 1 and cut.train_share <= 1
     row = first.db.job("x")
     assert (row.status, row.size) == ("waiting", 0) and row.node_s >= 500
     held_before = row.node_s
@@ -224,8 +224,8 @@ def test_a_loop_that_never_reports_fails_its_own_job_and_a_deaf_one_is_only_recl
     assert [d["reclaimed"] for d in failed if d["job"] == "mute"] == [False] * 3
     deaf_failed = [d["reclaimed"] for d in failed if d["job"] == "deaf"]
     assert len(deaf_failed) == 3 and all(deaf_failed) and not deaf.done()
-    assert summary["ended"] == "timeout"
-    assert {r["job"]: r["status"] for r in summary["jobs"]} == {"mute": "failed", "deaf": "stopped"}
+    assert summary.ended == "timeout"
+    assert {r.job: r.status for r in summary.jobs} == {"mute": "failed", "deaf": "stopped"}
     assert len(frags.helpers) == 3 and [h.wait(timeout=30) for h in frags.helpers] == [-signal.SIGKILL] * 3
     orch.close()
 
