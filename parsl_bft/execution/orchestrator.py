@@ -199,8 +199,9 @@ class Orchestrator:
 
     def job_dir(self, name: str, site: str | None = None) -> Path:
         """A job's checkpoints and protocol files at a site (by default: the site it last ran at): under the
-        site's checkpoint_dir when it names one, else under the state directory."""
-        site = self.job_site[name] if site is None else site
+        site's checkpoint_dir when it names one, else under the state directory. Any thread may ask (one key's
+        read); a job submitted but not added by the loop yet is at the first site."""
+        site = self.job_site.get(name, next(iter(self.sites))) if site is None else site
         return self.state.jobs_root(site, self.sites[site].checkpoint_dir) / name
 
     # --- the loop ------------------------------------------------------------------------------------
