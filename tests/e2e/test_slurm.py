@@ -1,4 +1,5 @@
 """Slurm back end: parsers on recorded output, the provider on canned commands, and a real local Slurm."""
+import contextlib
 import json
 import math
 import os
@@ -613,6 +614,10 @@ class FakePilots:
 
     def hold(self, executor, block):
         self.held.append(block)
+
+    def pilots(self, shape):                 # the pool's pilots of this shape (PilotProvider.pilots)
+        self.pilot_nodes = shape.nodes
+        return contextlib.nullcontext()
 
     def topology(self):
         return None
