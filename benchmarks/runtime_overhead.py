@@ -39,8 +39,8 @@ def measure(warm_up: bool) -> dict:
         db = JobStore(Path(d) / "state" / DATABASE)
         lat = [e["train_started"] - e["launched"] for _, _, e in db.events("fragment-done")]
     return {"fragments": len(lat), "launch_to_training_p50_s": statistics.median(lat) if lat else None,
-            "launch_to_training_max_s": max(lat) if lat else None, "train_share": summary["train_share"],
-            "wall_s": summary["wall_s"], "warm_up_s": summary["warm_up_s"]}
+            "launch_to_training_max_s": max(lat) if lat else None, "train_share": summary.train_share,
+            "wall_s": summary.wall_s, "warm_up_s": summary.warm_up_s}
 
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -133,9 +133,9 @@ def measure_slurm(run_s: float = 300.0) -> dict:
             "by_command_per_min": {k: round(v, 1) for k, v in sorted(calls.items())},
             "launch_to_training_p50_s": statistics.median(lat) if lat else None,
             "launch_to_training_max_s": max(lat) if lat else None,
-            "train_share": summary["train_share"],
-            "pilot_time_training": (sum(r["train_node_s"] for r in summary["jobs"]) / summary["pool_node_s"]
-                                    if summary["pool_node_s"] else 0.0),
+            "train_share": summary.train_share,
+            "pilot_time_training": (sum(r.train_node_s for r in summary.jobs) / summary.pool_node_s
+                                    if summary.pool_node_s else 0.0),
             "killed": len(killed), "fragments_lost": len(lost),
             "lost_s": [e.get("lost_s") for e in lost], "checkpoint_every_s": [e["checkpoint_every_s"] for e in lost]}
 

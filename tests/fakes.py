@@ -1,6 +1,7 @@
 """Fakes shared by the test folders (one place, so test modules never import each other): scheduler command
 runners answering from canned output (tests/data/slurm, tests/data/pbs), a canned Slurm cluster with its own state,
 and the provider and executor sides PilotPool talks to."""
+import contextlib
 import math
 from pathlib import Path
 
@@ -63,6 +64,10 @@ class FakePilots:
 
     def hold(self, executor, block):
         self.held.append(block)
+
+    def pilots(self, shape):                 # the pool's pilots of this shape (PilotProvider.pilots)
+        self.pilot_nodes = shape.nodes
+        return contextlib.nullcontext()
 
     def topology(self):
         return None

@@ -50,7 +50,7 @@ def _run(orch, timeout_s, img_steps=600, img_max_nodes=2):
     futs = {j.name: orch.submit(j) for j in jobs(img_steps, img_max_nodes)}
     summary = orch.run(timeout_s=timeout_s)
     results = {n: f.result() if f.done() and f.exception() is None else None for n, f in futs.items()}
-    print(json.dumps({"summary": summary, "results": results}), flush=True)
+    print(json.dumps({"summary": summary.as_dict(), "results": results}), flush=True)
 
 
 def two_sites(state_dir: str, timeout_s: float, img_steps: int) -> None:
@@ -76,7 +76,8 @@ def two_sites(state_dir: str, timeout_s: float, img_steps: int) -> None:
         orch = Orchestrator(state_dir, sites, planner)
         fut = orch.submit(jobs(img_steps)[0])
         summary = orch.run(timeout_s=timeout_s)
-        print(json.dumps({"summary": summary, "results": {"img": fut.result() if fut.done() else None}}), flush=True)
+        print(json.dumps({"summary": summary.as_dict(), "results": {"img": fut.result() if fut.done() else None}}),
+              flush=True)
 
 
 def main(state_dir: str, timeout_s: float = 300.0, site: str | None = None, img_steps: int = 600) -> None:
@@ -90,7 +91,7 @@ def main(state_dir: str, timeout_s: float = 300.0, site: str | None = None, img_
                                 checkpoint_policy=CheckpointPolicy(**FAST_SAVES))
             fut = orch.submit(jobs(img_steps, 1)[0])
             summary = orch.run(timeout_s=timeout_s)
-            print(json.dumps({"summary": summary, "results": {"img": fut.result() if fut.done() else None}}),
+            print(json.dumps({"summary": summary.as_dict(), "results": {"img": fut.result() if fut.done() else None}}),
                   flush=True)
         return
     if site:

@@ -4,11 +4,14 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from rich.console import Console
+
+    from .report import RunSummary
 
 DEMO_JOBS: list[dict[str, Any]] = [
     dict(name="cnn-a", workload="images", samples=240_000, min_nodes=1, max_nodes=3, global_batch=64,
@@ -21,7 +24,7 @@ DEMO_JOBS: list[dict[str, Any]] = [
 
 
 def run_demo(out: str | Path, *, speedup: float = 30.0, console: Console | None = None, fresh: bool = True,
-             warm_up: bool = True, jobs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+             warm_up: bool = True, jobs: list[dict[str, Any]] | None = None) -> RunSummary:
     """The demo's run; ``jobs`` (TrainingJob fields) replaces its three models (tests use small ones)."""
     import parsl
     from rich.console import Console
@@ -56,26 +59,27 @@ def run_demo(out: str | Path, *, speedup: float = 30.0, console: Console | None 
                 summary = orch.run(progress=bars, timeout_s=600)
         finally:
             orch.close()            # the state directory's lock file and database (else: "unclosed file")
-    results = {r["job"]: r["checkpoint"] for r in summary["jobs"]}       # the newest, done or not
-    ended = summary.get("ended")
-    t = Table(title=f"demo finished in {summary['wall_s']:.0f} s" if ended == "done" else
-              f"demo stopped after {summary['wall_s']:.0f} s: {stop_words(ended or 'stopped')}")
+    results = {r.job: r.checkpoint for r in summary.jobs}       # the newest, done or not
+    ended = summary.ended
+    t = Table(title=f"demo finished in {summary.wall_s:.0f} s" if ended == "done" else
+              f"demo stopped after {summary.wall_s:.0f} s: {stop_words(ended or 'stopped')}")
     for c in ("job", "status", "samples", "fragments", "rescales", "reclaims", "node-s held", "E_used"):
         t.add_column(c, justify="right")
-    for r in summary["jobs"]:
-        t.add_row(r["job"], r["status"], f"{r['samples']:,}", str(r["fragments"]), str(r["rescales"]),
-                  str(r["reclaims"]), f"{r['node_s']:.0f}", "-" if r["e_used"] is None else f"{r['e_used']:.2f}")
+    for r in summary.jobs:
+        t.add_row(r.job, r.status, f"{r.samples:,}", str(r.fragments), str(r.rescales), str(r.reclaims),
+                  f"{r.node_s:.0f}", "-" if r.e_used is None else f"{r.e_used:.2f}")
     console.print(t)
     console.print("E_used: samples kept at the job's reference rate per node-second held; reference: "
-                  + ", ".join(f"{r['job']}: {ref_words(r['ref_rate'])}" for r in summary["jobs"]))
-    console.print(f"held node-time spent training: {summary['train_share']:.1%} (workers warmed up first: "
-                  f"{summary['warm_up_s']:.0f} s); final checkpoints: "
+                  + ", ".join(f"{r.job}: {ref_words(asdict(r.ref_rate) if r.ref_rate else None)}"
+                              for r in summary.jobs))
+    console.print(f"held node-time spent training: {summary.train_share:.1%} (workers warmed up first: "
+                  f"{summary.warm_up_s:.0f} s); final checkpoints: "
                   + ", ".join(f"{n}: {Path(p).name if p else '-'}" for n, p in results.items()))
     console.print(f"the {pool.intervals.n_nodes} emulated nodes share this machine's {os.cpu_count()} cores, so E_used "
                   "here also measures their crowding; the README's e_idle figures are a different measure")
     tl = orch.timeline
-    plot_allocation(tl.t, tl.idle, tl.held, summary["wall_s"], str(out / "demo.png"),
+    plot_allocation(tl.t, tl.idle, tl.held, summary.wall_s, str(out / "demo.png"),
                     title="parsl-bft demo: nodes per job on the emulated idle pool", xlabel="seconds", scale=1.0)
-    (out / "demo.json").write_text(json.dumps({**summary, "final_checkpoints": results}, indent=1))
+    (out / "demo.json").write_text(json.dumps({**summary.as_dict(), "final_checkpoints": results}, indent=1))
     console.print(f"wrote {out / 'demo.png'} and {out / 'demo.json'}")
     return summary

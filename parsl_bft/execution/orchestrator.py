@@ -7,14 +7,12 @@ a normal event, no retry is spent). State lives in SQLite, so a restarted orches
 stale fragments of a dead orchestrator are killed and fenced off (GENERATION file) before anything restarts.
 On pilots (a pool with ``gang``) a fragment is one Parsl task per rank and the books follow where they landed;
 with a MultiPool each site has its executor and checkpoint directory, and a job that moves takes its newest
-good checkpoint along.
+good checkpoint along. The loop's thread owns all this state; other threads reach it through the inbox (inbox.py).
 """
 from __future__ import annotations
 
 import logging
 import math
-import threading
-import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import asdict, replace
@@ -30,6 +28,7 @@ from ..train.checkpoint import CheckpointStore
 from ..train.launcher import RendezvousStore
 from ..train.protocol import JobDir, Progress
 from . import events
+from .background import BackgroundLoop
 from .checkpoint_policy import CheckpointPolicy
 from .clock import Clock, SystemClock
 from .errors import JobFailed, RunStopped, StateError, StateLocked
@@ -47,14 +46,15 @@ from .fragments import (
     newest_step,
 )
 from .htex import SiteRunner, check_run_helpers, serve_site_store
+from .inbox import Inbox, Submit
 from .jobstore import JobRow, JobStore, damaged_advice
 from .layers import fragment_reported, job_layers
 from .pool import MultiPool, PoolEvent, SitePool
 from .protocols import IdlePool, JobPlanner
-from .report import live_progress, run_summary
+from .report import RunSummary, live_progress, run_summary
 from .signals import sigterm_unwinds, stop_reason
 from .statedir import StateDir, lock_state_dir
-from .training_job import TrainingJob, check_job_name, check_same_spec, submit_when_ready
+from .training_job import TrainingJob, check_job_name, submit_when_ready
 
 __all__ = ["JobFailed", "Orchestrator", "RunStopped", "StateLocked", "TrainingJob", "check_job_name",
            "lock_state_dir"]
@@ -98,6 +98,7 @@ class Orchestrator:
         self.curves: dict[str, ScalingCurve] = {}
         self.layers: dict[str, LayerThroughput] = {}       # freezable jobs' (execution/layers.py)
         self.futures: dict[str, Future[str | None]] = {}
+        self._inbox = Inbox(self.dir)                  # how other threads reach this state (inbox.py)
         self.fragments = Fragments(self.db, self.job_dir)
         self.running: dict[str, Running] = self.fragments.running
         self.generation = self.fragments.generation
@@ -106,22 +107,20 @@ class Orchestrator:
         self.warm_up_s = 0.0
         self._runners: dict[str, FragmentRunner] = {}
         self._store: RendezvousStore | None = None
-        self._thread: threading.Thread | None = None   # the loop, when it runs in the background (start())
-        self._stopping = threading.Event()
-        self._stop_why = "stopped"
-        self._arrivals: list[str] = []                 # jobs submitted while the loop runs
+        self._bg = BackgroundLoop(self._inbox, self.dir)   # the loop, when it runs in the background (start())
+        self._stopping = self._inbox.stopping
+        self._arrivals: list[str] = []                 # jobs added since the loop's last turn
         self._noticed: set[str] = set()                # nodes on notice whose pilots we have not let go yet
-        self._summary: dict[str, Any] | None = None
-        self._error: BaseException | None = None
         self.job_site: dict[str, str] = {}     # where each job's checkpoints are (the site it last ran at)
-        for name, row in self.db.jobs().items():        # a restart: everything the last orchestrator had
-            try:
-                job = TrainingJob(**row.spec)
-                if job.name != name:
-                    raise ValueError(f"row {name!r} holds the spec of {job.name!r}")
-            except (TypeError, ValueError) as e:
-                raise StateError(damaged_advice(self.db.path, e)) from None
-            self._add(job, row)
+        with self._inbox.direct():
+            for name, row in self.db.jobs().items():        # a restart: everything the last orchestrator had
+                try:
+                    job = TrainingJob(**row.spec)
+                    if job.name != name:
+                        raise ValueError(f"row {name!r} holds the spec of {job.name!r}")
+                except (TypeError, ValueError) as e:
+                    raise StateError(damaged_advice(self.db.path, e)) from None
+                self._add(job, row)
 
     def close(self) -> None:
         """Give the state directory up (its lock, the database); the process ending does the same."""
@@ -136,17 +135,20 @@ class Orchestrator:
     def submit(self, job: TrainingJob) -> Future[str | None]:
         """Declare a job; the future resolves to the path of its final checkpoint. ``workload_args`` values may
         be futures (a Parsl app preparing the data, another job's checkpoint): the job is declared when they
-        have resolved."""
+        have resolved. Any thread may call it: while a loop runs, the job joins at its next turn (inbox.py)."""
         inputs = {k: v for k, v in job.workload_args.items() if isinstance(v, Future)}
         if inputs:
             return self._submit_after(job, inputs)
-        if job.name in self.jobs:
-            check_same_spec(self.jobs[job.name], job, self.dir)
-            return self.futures[job.name]
+        known = self._inbox.known(job)
+        if known is not None:
+            return known
         job.check_submit(max(s.ranks_per_node for s in self.sites.values()))
-        fut = self._add(job, None)
-        self._arrivals.append(job.name)     # the running loop (if any) picks it up at its next turn
-        return fut
+        return self._inbox.submit(job, self._apply)
+
+    def _apply(self, msg: Submit) -> None:
+        """The owner adds a submitted job; the running loop (if any) plans it at its next turn."""
+        self._add(msg.job, None, msg.future)
+        self._arrivals.append(msg.job.name)
 
     def _submit_after(self, job: TrainingJob, inputs: dict[str, Future[Any]]) -> Future[str | None]:
         return submit_when_ready(job, inputs, self.submit,
@@ -156,62 +158,37 @@ class Orchestrator:
     def start(self, *, progress: Callable[[Orchestrator], object] | None = None) -> Orchestrator:
         """Run the loop in the background: futures resolve on their own, Parsl apps can wait on them, and jobs
         submitted later join the running plan. ``wait()`` for the jobs, ``stop()`` to checkpoint and leave."""
-        if self._thread is None:
-            def loop() -> None:
-                try:
-                    self._summary = self.run(progress=progress, _background=True)
-                except BaseException as e:  # reaches every waiting future instead
-                    self._error = e
-                    for f in self.futures.values():
-                        if not f.done():
-                            f.set_exception(e)
-            self._thread = threading.Thread(target=loop, name="parsl-bft-orchestrator", daemon=True)
-            self._started_at = self.clock.monotonic()
-            self._thread.start()
+        self._bg.start(lambda: self.run(progress=progress, _background=True), self.clock.monotonic())
         return self
 
     def wait(self, timeout_s: float | None = None) -> bool:
         """Until every submitted job is done (True) or ``timeout_s`` passed (False)."""
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        while not all(f.done() for f in self.futures.values()):
-            if self._thread is not None and not self._thread.is_alive():
-                break
-            if deadline is not None and time.monotonic() >= deadline:
-                return False
-            time.sleep(0.1)
-        return all(f.done() for f in self.futures.values())
+        return self._bg.wait(timeout_s)
 
-    def stop(self, why: str | None = None) -> dict[str, Any] | None:
+    def stop(self, why: str | None = None) -> RunSummary | None:
         """Leave the background loop: running fragments checkpoint, pilots are given back; futures of jobs not
         done get ``RunStopped`` (nothing waits forever on them). ``why``: the event log's reason (default
         "stopped"; a session passes "interrupted", "SIGTERM" or the error it unwinds with). Returns the summary."""
-        self._stop_why = why or "stopped"
-        self._stopping.set()
-        if self._thread is not None:
-            self._thread.join()
-        for name, f in self.futures.items():
-            if not f.done():
-                f.set_exception(RunStopped(f"job {name!r} was not done when the run stopped; its newest checkpoint "
-                                           f"is kept: run again with state directory {self.dir} to continue"))
-        if self._error is not None and not isinstance(self._error, KeyboardInterrupt):
-            raise self._error
-        return self._summary
+        return self._bg.stop(why)
 
-    def _add(self, job: TrainingJob, row: JobRow | None) -> Future[str | None]:
-        """Track a job: a new one (``row`` None: persist it) or one found in the state database."""
+    def _add(self, job: TrainingJob, row: JobRow | None, fut: Future[str | None] | None = None) -> None:
+        """Track a job: a new one (``row`` None: persist it; ``fut``: the future submit returned) or one found in
+        the state database."""
+        self._inbox.check_owner("Orchestrator._add")
         self.jobs[job.name] = job
         self.job_site[job.name] = self.db.meta(f"site:{job.name}") or next(iter(self.sites))
         self.curves[job.name] = self.db.curve(job.name, job.rate_guess)
         if job.freeze != "off":
             self.layers[job.name] = job_layers(job.name, job.workload, job.global_batch, job.workload_args,
                                                self.curves[job.name])
-        fut: Future[str | None] = Future()
+        if fut is None:
+            fut = Future()
+            self._inbox.register(job, fut)
         self.futures[job.name] = fut
         if row is None:
             self.db.add(job.name, asdict(job))
         if row and row.status == "done":
             fut.set_result(self.state.abs(row.checkpoint))
-        return fut
 
     def pending_specs(self) -> list[JobSpec]:
         """What the planner sees of the jobs not done yet (with the site's weights)."""
@@ -222,21 +199,27 @@ class Orchestrator:
 
     def job_dir(self, name: str, site: str | None = None) -> Path:
         """A job's checkpoints and protocol files at a site (by default: the site it last ran at): under the
-        site's checkpoint_dir when it names one, else under the state directory."""
-        site = self.job_site[name] if site is None else site
+        site's checkpoint_dir when it names one, else under the state directory. Any thread may ask (one key's
+        read); a job submitted but not added by the loop yet is at the first site."""
+        site = self.job_site.get(name, next(iter(self.sites))) if site is None else site
         return self.state.jobs_root(site, self.sites[site].checkpoint_dir) / name
 
     # --- the loop ------------------------------------------------------------------------------------
     def run(self, *, progress: Callable[[Orchestrator], object] | None = None, timeout_s: float | None = None,
-            _background: bool = False) -> dict[str, Any]:
+            _background: bool = False) -> RunSummary:
         """Drive every job to completion (or until ``timeout_s``); returns the run's summary. However it is
         left - done, timeout, an exception, Ctrl-C or SIGTERM - running fragments are asked to checkpoint and
         collected, and every pilot is given back. After ``start()``: wait for the jobs (then, on timeout,
         stop) instead."""
-        if self._thread is not None and not _background:
+        if self._bg.thread is not None and not _background:
             if not self.wait(timeout_s):
-                return self.stop() or {}
-            return self.summary(self.clock.monotonic() - self._started_at)
+                return self.stop() or self.summary(self.clock.monotonic() - self._bg.started_at)
+            return self.summary(self.clock.monotonic() - self._bg.started_at)
+        with self._inbox.own(self._apply):       # this thread owns the state until the loop has ended
+            return self._run(progress, timeout_s, _background)
+
+    def _run(self, progress: Callable[[Orchestrator], object] | None, timeout_s: float | None,
+             stay: bool) -> RunSummary:
         self._runners = self._make_runners(self.sites)
         self._arrivals.clear()
         pending = self.pending_specs()
@@ -258,7 +241,7 @@ class Orchestrator:
                 self.warm_up_s = self.clock.monotonic() - t_warm
                 self.pool.start()
                 t_start = self.clock.monotonic()
-                why = self._loop(ctl, t_start, progress, timeout_s, _background)
+                why = self._loop(ctl, t_start, progress, timeout_s, stay)
             except BaseException as e:
                 why = stop_reason(e)
                 raise
@@ -280,7 +263,7 @@ class Orchestrator:
         changed, joined_at = True, None
         while ctl.active or ctl.waiting or (stay and not self._stopping.is_set()):
             if self._stopping.is_set():
-                return self._stop_why
+                return self._inbox.stop_reason
             check_run_helpers(self._store, self.sites)
             changed |= self._take_arrivals(ctl)
             for site in self.sites.values():             # no pilots for nodes no job could use
@@ -310,10 +293,13 @@ class Orchestrator:
             if timeout_s is not None and now - t_start > timeout_s:
                 return "timeout"
             self.clock.sleep(self.poll_s)
-        return self._stop_why if self._stopping.is_set() else "done"
+        return self._inbox.stop_reason if self._stopping.is_set() else "done"
 
     def _take_arrivals(self, ctl: Controller) -> bool:
         """Jobs submitted while the loop runs join the plan; True if any did."""
+        self._inbox.check_owner("Orchestrator._take_arrivals")
+        for msg in self._inbox.take():
+            self._apply(msg)
         changed = False
         while self._arrivals:
             name = self._arrivals.pop(0)
@@ -324,6 +310,7 @@ class Orchestrator:
         return changed
 
     def _nodes_joined(self, ctl: Controller, ev: PoolEvent, t_start: float) -> None:
+        self._inbox.check_owner("Orchestrator._nodes_joined")
         for r in self.running.values():
             r.gone.difference_update(ev.nodes)     # a new pilot there: a share may start on it
         ctl.nodes_joined(ev.nodes, [t_start + u for u in ev.until] if ev.until else ())
@@ -332,6 +319,7 @@ class Orchestrator:
 
     def _nodes_reclaimed(self, ctl: Controller, ev: PoolEvent) -> None:
         """A notice: checkpoint now, and plan without these nodes already; a leave: kill what still runs."""
+        self._inbox.check_owner("Orchestrator._nodes_reclaimed")
         for a in list(ctl.active.values()):
             r = self.running.get(a.name)
             if r is not None and set(ev.nodes) & set(a.state.nodes):
@@ -357,6 +345,7 @@ class Orchestrator:
             self.pool.release(done_with)
 
     def _shutdown(self, ctl: Controller, why: str) -> None:
+        self._inbox.check_owner("Orchestrator._shutdown")
         for name in list(self.running):
             self.fragments.request_stop(name, "shutdown")
             self.fragments.abandon_waiting(name, all_or_none=True)      # nothing to save: no waiting for a worker
@@ -375,6 +364,7 @@ class Orchestrator:
 
     # --- fragments -----------------------------------------------------------------------------------
     def _launch(self, ctl: Controller, name: str, nodes: tuple[str, ...], site: str) -> None:
+        self._inbox.check_owner("Orchestrator._launch")
         if site != self.job_site[name]:      # the job moves: its newest good checkpoint goes with it
             staged = CheckpointStore(self.job_dir(name)).stage_to(self.job_dir(name, site))
             self.db.record(events.Stage(name, site, str(staged) if staged else None))
@@ -417,6 +407,7 @@ class Orchestrator:
     def _collect(self, ctl: Controller) -> bool:
         """Collect every fragment that has ended (or lost all its nodes), account for it and settle its job;
         True if any ended."""
+        self._inbox.check_owner("Orchestrator._collect")
         changed = False
         for name, r in list(self.running.items()):
             lost = not r.handle.done() and r.lost(self._runners[r.site].gang)
@@ -438,6 +429,7 @@ class Orchestrator:
     def _account(self, ctl: Controller, name: str, r: Running, c: Collected, jd: JobDir) -> bool:
         """Record an ended fragment (event log, checkpoint policy, measured curve, crash-loop count); False if
         its job gives up here (a crash loop)."""
+        self._inbox.check_owner("Orchestrator._account")
         row = self.db.job(name)
         held_s = max(self.clock.time() - r.launched, 0.0) * r.nodes
         if c.result is not None:
@@ -470,6 +462,7 @@ class Orchestrator:
 
     def _settle(self, ctl: Controller, name: str, jd: JobDir, c: Collected) -> None:
         """Where the job stands after its fragment: progress, newest checkpoint, and done when it is."""
+        self._inbox.check_owner("Orchestrator._settle")
         ckpt = c.checkpoint
         if not ckpt:
             store = CheckpointStore(jd.path)
@@ -491,6 +484,7 @@ class Orchestrator:
         """A job whose fragments fail on their own (not by reclaims) max_failures times in a row, none saving a
         newer checkpoint than it started from (a crash loop), or whose checkpoint a newer parsl-bft wrote
         (``refused``), stops; its checkpoints stay, the error reaches the scientist through the future."""
+        self._inbox.check_owner("Orchestrator._give_up")
         if name in ctl.active:
             ctl.job_finished(name, self.clock.monotonic())
         self.db.update(name, status="failed", size=0)
@@ -504,6 +498,7 @@ class Orchestrator:
 
     def _reconcile(self, ctl: Controller) -> None:
         """Make the fragments match the plan: stop those whose size changed, start those that should run."""
+        self._inbox.check_owner("Orchestrator._reconcile")
         rows = self.db.jobs()
         for a in ctl.active.values():
             want = a.state.size
@@ -519,12 +514,12 @@ class Orchestrator:
     # --- reporting -----------------------------------------------------------------------------------
     def live_progress(self) -> dict[str, float]:
         """Samples done per job, including what running fragments have reported since they started."""
-        return live_progress(self.db, {n: (j.samples, self.job_dir(n)) for n, j in list(self.jobs.items())})
+        return live_progress(self.db, {n: (j.samples, self.job_dir(n)) for n, j in self._inbox.jobs().items()})
 
     def last_report(self, name: str) -> Progress | None:
         """The newest progress report of the job's fragments (step, samples, loss, ranks), or None."""
         return JobDir(self.job_dir(name)).progress()
 
-    def summary(self, wall_s: float) -> dict[str, Any]:
+    def summary(self, wall_s: float) -> RunSummary:
         """The run's table (``report.run_summary``)."""
         return run_summary(self.db, self.dir, wall_s=wall_s, warm_up_s=self.warm_up_s, pool_node_s=self.pool_node_s)

@@ -5,6 +5,14 @@ Subclasses (one sub-package per scheduler) set ``self.cmd`` (their command seam,
 base sizes pilots to the current hole, withdraws pilots that do not start promptly (a queued pilot competes
 with the facility's jobs) and reports every normal end of an idle window - reclaimed, preempted, out of its
 hole - as TIMEOUT or SCALED_IN, never FAILED (Parsl marks an executor broken when all its blocks fail).
+
+Two threads call a provider: the orchestrator's loop (through the pilot pool) and Parsl's JobStatusPoller
+(``status``, every ``poll_s``). The survey and the book-keeping (pilots submitted, their sizes and targets,
+those withdrawn, final states, refusals) are therefore behind one lock (``_lock``) that every public method
+holds. A pilot's shape (``PilotShape``: its nodes, and those it is aimed at) is an argument down to the batch
+script; only at Parsl's ``scale_out_facade``, whose ``submit(command, tasks_per_node, job_name)`` has no room
+for it, does it travel beside the call: ``with provider.pilots(shape): executor.scale_out_facade(n)`` holds
+the lock across, so no other thread's submission can see (or change) it.
 """
 from __future__ import annotations
 
@@ -14,12 +22,15 @@ import os
 import re
 import shlex
 import subprocess
+import threading
 import time
 from abc import abstractmethod
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import wraps
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar, cast
 
 from parsl.jobs.states import JobState, JobStatus
 from parsl.launchers import SingleNodeLauncher
@@ -90,6 +101,26 @@ class Snapshot:
         return [Hole(n, min(until, self.reserved.get(n, math.inf))) for n in self.idle]
 
 
+@dataclass(frozen=True, kw_only=True)
+class PilotShape:
+    """One pilot's size, and the idle nodes it is aimed at (empty: wherever the scheduler puts it)."""
+
+    nodes: int = 1
+    target: tuple[str, ...] = ()
+
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def locked(method: _F) -> _F:
+    """A provider method that holds the provider's lock (the module's docstring says why)."""
+    @wraps(method)
+    def under_lock(self: PilotProvider, *args: Any, **kwargs: Any) -> Any:
+        with self._lock:
+            return method(self, *args, **kwargs)
+    return cast(_F, under_lock)
+
+
 def _hhmmss(minutes: int) -> str:
     return f"{minutes // 60:02d}:{minutes % 60:02d}:00"
 
@@ -144,8 +175,8 @@ class PilotProvider(ClusterProvider):
         self.max_pending_s, self.worker_init = max_pending_s, worker_init
         # absolute: pilot scripts run in whatever directory the scheduler starts them in
         self.script_dir = str(Path(script_dir).resolve())
-        self.pilot_nodes = nodes_per_block     # the next pilot's size (PilotPool packs holes when jobs are capped)
-        self.pilot_target: tuple[str, ...] = ()   # the next pilot's nodes, when aimed (``can_target``)
+        self._lock = threading.RLock()         # the survey and the book-keeping below (the module's docstring)
+        self._next: PilotShape | None = None   # the shape of the pilots ``pilots()`` submits
         self.targets: dict[str, tuple[str, ...]] = {}   # job id -> the nodes it was aimed at
         self._topology: tuple[Topology | None] | None = None
         self.sizes: dict[str, int] = {}        # job id -> nodes
@@ -175,8 +206,25 @@ class PilotProvider(ClusterProvider):
         """Final (state, reason) of jobs the scheduler no longer lists in its queue."""
 
     @abstractmethod
-    def script(self, command: str, job_name: str, minutes: int) -> str:
-        """The batch script of the next pilot: ``command`` started on each of its nodes, ``minutes`` long."""
+    def script(self, command: str, job_name: str, minutes: int, shape: PilotShape | None = None) -> str:
+        """The batch script of a pilot of ``shape`` (default: ``default_shape``): ``command`` started on each of
+        its nodes, ``minutes`` long."""
+
+    def default_shape(self) -> PilotShape:
+        """A pilot of ``nodes_per_block`` nodes, not aimed (what a submission outside ``pilots()`` gets)."""
+        return PilotShape(nodes=self.nodes_per_block)
+
+    @contextmanager
+    def pilots(self, shape: PilotShape) -> Iterator[None]:
+        """The pilots submitted within the block have this shape (PilotPool packs holes into bigger pilots when
+        jobs are capped, and aims pilots at a group's nodes). Parsl's ``scale_out_facade`` calls ``submit`` with
+        no room for it, so the lock is held across: no other thread submits meanwhile."""
+        with self._lock:
+            self._next = shape
+            try:
+                yield
+            finally:
+                self._next = None
 
     def job_limit(self) -> int | None:
         """The facility's cap on this user's jobs in the queue; None: none known."""
@@ -192,6 +240,7 @@ class PilotProvider(ClusterProvider):
         if not, else one line of what it said."""
         return "no check for this scheduler"
 
+    @locked
     def topology(self) -> Topology | None:
         """The network's groups as the scheduler knows them, asked once (they change only when the admins
         reconfigure the machine); None where unknown or when the query fails (logged: the pilots then go
@@ -219,6 +268,7 @@ class PilotProvider(ClusterProvider):
     def _status(self) -> None:
         """Unused: ``status`` reads the survey (Parsl's ClusterProvider.status would call this)."""
 
+    @locked
     def snapshot(self, max_age_s: float | None = None) -> Snapshot:
         """The latest survey, taken anew only when older than ``max_age_s`` (default: ``poll_s``)."""
         age = self.poll_s if max_age_s is None else max_age_s
@@ -227,6 +277,7 @@ class PilotProvider(ClusterProvider):
             self._snapshot = self.survey()
         return self._snapshot
 
+    @locked
     def job_slots(self) -> int | None:
         """How many jobs we may have in the queue: the scheduler's ``job_limit()`` (asked once) or the site
         file's ``max_jobs``, the smaller; None: no cap."""
@@ -235,6 +286,7 @@ class PilotProvider(ClusterProvider):
             self._job_limit = (min(caps) if caps else None,)
         return self._job_limit[0]
 
+    @locked
     def current_holes(self) -> list[Hole]:
         """The holes of the latest survey (our own pilots' planned starts do not end them) that are at least as
         long as the shortest pilot: a pilot in a shorter hole would outlast it and hold back the facility job
@@ -242,10 +294,12 @@ class PilotProvider(ClusterProvider):
         shortest = self.clock() + self.walltime_min_min * 60
         return [h for h in self.snapshot().holes(self.submitted) if h.until >= shortest]
 
+    @locked
     def waiting(self) -> list[QueueJob]:
         """The scheduler's waiting jobs (anyone's)."""
         return self.snapshot().waiting()
 
+    @locked
     def where(self, job_ids: list[str]) -> dict[str, tuple[tuple[str, ...], float | None]]:
         """job id -> (its nodes, unix time its walltime ends) for the pilots that run now. A state this provider
         does not know (a newer scheduler's) counts as running where the job holds nodes: taking a live pilot
@@ -277,8 +331,10 @@ class PilotProvider(ClusterProvider):
         seen.update({j: self._ended[j] for j in job_ids if j not in seen and j in self._ended})
         return seen
 
-    def walltime_minutes(self, now: float | None = None) -> int:
-        """The pilot's walltime: the current hole's length in whole minutes, within the configured bounds."""
+    @locked
+    def walltime_minutes(self, now: float | None = None, shape: PilotShape | None = None) -> int:
+        """A pilot's walltime: the current hole's length in whole minutes, within the configured bounds (``shape``:
+        the pilot's, where the scheduler is asked whether it would start now)."""
         now = self.clock() if now is None else now
         left = min((h.until for h in self.current_holes()), default=math.inf) - now
         minutes = self.walltime_max_min if math.isinf(left) else int(left // 60)
@@ -316,6 +372,7 @@ class PilotProvider(ClusterProvider):
                 "while kill -0 $CHILD 2>/dev/null; do wait $CHILD; rc=$?; done",
                 f"[ -e {mark} ] && exit 0", "exit $rc"]
 
+    @locked
     def claimed(self, within_s: float, now: float | None = None) -> set[str]:
         """Nodes a waiting facility job (not one of our pilots) is planned to start on within ``within_s``, or
         on a running pilot's node no later than that pilot's walltime ends: then the pilot is what the job
@@ -357,16 +414,19 @@ class PilotProvider(ClusterProvider):
                 "SITE.yaml` prints the script that was submitted)")
 
     # --- Parsl's provider interface ---------------------------------------------------------------------------
+    @locked
     def submit(self, command: str, tasks_per_node: int, job_name: str = "parsl.bft") -> str:
-        """Write the next pilot's script (owner-only: shared file systems) and submit it; its job id."""
+        """Write the next pilot's script (owner-only: shared file systems) and submit it; its job id. Its shape:
+        that of the ``pilots()`` block it is submitted in, else ``default_shape()``."""
         if self.refused is not None:          # the same refusal again and again: ask no more
             raise self.refused
+        shape = self._next or self.default_shape()
         d = self._dir
         d.mkdir(mode=0o700, parents=True, exist_ok=True)
         path = d / f"{job_name}.{time.monotonic_ns()}.sh"
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o700)
         with os.fdopen(fd, "w") as fh:
-            fh.write(self.script(command, job_name, self.walltime_minutes()))
+            fh.write(self.script(command, job_name, self.walltime_minutes(shape=shape), shape))
         os.chmod(path, 0o700)
         try:
             job_id = self.cmd.submit(str(path))
@@ -375,11 +435,12 @@ class PilotProvider(ClusterProvider):
             raise
         self._refusals = []
         self.submitted[job_id] = self.clock()
-        self.sizes[job_id] = self.pilot_nodes
-        if self.pilot_target:
-            self.targets[job_id] = self.pilot_target
+        self.sizes[job_id] = shape.nodes
+        if shape.target:
+            self.targets[job_id] = shape.target
         return job_id
 
+    @locked
     def status(self, job_ids: Sequence[object]) -> list[JobStatus]:
         """The pilots' states from the survey (ended ones asked once); pilots queued longer than
         ``max_pending_s`` are withdrawn (SCALED_IN), one that ended at its notice is TIMEOUT."""
@@ -408,6 +469,7 @@ class PilotProvider(ClusterProvider):
     def _state(self, raw: str) -> JobState:
         return JobState.PENDING if raw == _JUST_SUBMITTED else self.STATES.get(raw, JobState.UNKNOWN)
 
+    @locked
     def cancel(self, job_ids: Sequence[object]) -> list[bool]:
         """Cancel these pilots (one command); they count as withdrawn from now on."""
         self.cmd.cancel([str(j) for j in job_ids])

@@ -31,7 +31,7 @@ from ..errors import BadValue
 from ..topology import Topology
 from .commands import NoJobId, SchedulerError
 from .lanes import Lanes
-from .pilot import Hole, PilotProvider, PilotsRefused
+from .pilot import Hole, PilotProvider, PilotShape, PilotsRefused
 from .protocols import NoticeReason, PilotExecutor, PoolEvent, PoolEventKind
 
 logger = logging.getLogger(__name__)
@@ -461,8 +461,8 @@ class PilotPool:
                 per = math.ceil(want / free)
             pilots_n = min(free, math.ceil(want / per))
         if self.lanes is None:
-            self.provider.pilot_nodes = per
-            self.executor.scale_out_facade(pilots_n)
+            with self.provider.pilots(PilotShape(nodes=per)):      # Parsl's scale-out has no room for it
+                self.executor.scale_out_facade(pilots_n)
         else:
             self._soak_lanes(self.lanes, pilots, holes, want, per, pilots_n)
 
@@ -472,11 +472,8 @@ class PilotPool:
         held = {lanes.group(n) for p in self._joined().values() if p.state is PilotState.RUNNING for n in p.nodes}
         busy = {lane for j, (lane, _) in pilots.items() if self._state(j) not in _OVER}
         for group, nodes in lanes.pilots(holes, want, per, pilots_n, held):
-            self.provider.pilot_nodes, self.provider.pilot_target = len(nodes), nodes
-            try:
+            with self.provider.pilots(PilotShape(nodes=len(nodes), target=nodes)):
                 lanes.executor(group, busy).scale_out_facade(1)
-            finally:
-                self.provider.pilot_target = ()
             busy.add(group)
 
     # --- the orchestrator's calls ---------------------------------------------------------------------------

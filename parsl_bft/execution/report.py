@@ -14,7 +14,7 @@ from ..train.metrics import FILENAME as METRICS_FILE
 from ..train.protocol import JobDir, Progress
 from .errors import StateError
 from .jobstore import JobRow, JobStore, damaged_advice
-from .ledger import JobLedger, Phase, RunLedger, ref_words
+from .ledger import JobLedger, Phase, RefRate, RunLedger, ref_words
 from .statedir import DATABASE, StateDir, holder_gone
 
 
@@ -174,11 +174,46 @@ def metrics_file(root: str | Path, job: str | None = None) -> tuple[str, Path]:
         db.close()
 
 
-def run_summary(db: JobStore, root: Path, *, wall_s: float, warm_up_s: float, pool_node_s: float) -> dict[str, Any]:
-    """A run's table: per job where it stands (``status``: done, failed, stopped, ...; ``state`` in words),
-    samples, node-seconds held and spent training, fragments, rescales, reclaims, final checkpoint, E_used and
-    the reference rate it is measured against (ledger.py; None before the job held nodes); and the run's totals
-    (``train_share``: held node-time spent training) and ``ended``: why the run ended ('timeout': its time cap)."""
+@dataclass(frozen=True, kw_only=True)
+class JobSummary:
+    """One job's line of a run's summary."""
+
+    job: str
+    status: str                 # the event log's phase (done, failed, stopped, running, waiting) or the row's
+    state: str                  # where it stands, in words
+    samples: int                # samples done
+    node_s: float               # node-seconds held
+    train_node_s: float         # node-seconds spent training
+    fragments: int
+    rescales: int
+    reclaims: int
+    checkpoint: str | None      # absolute: the final one, or the newest kept
+    e_used: float | None        # None before the job held nodes
+    ref_rate: RefRate | None    # what E_used is measured against (ledger.py)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunSummary:
+    """What ``Orchestrator.run()`` (and ``stop()``) return: each job's line and the run's totals."""
+
+    wall_s: float
+    warm_up_s: float
+    jobs: tuple[JobSummary, ...]
+    pool_node_s: float          # node-seconds the idle pool offered
+    held_node_s: float          # node-seconds the jobs held
+    train_share: float          # of the held node-time, the share spent training
+    e_used: float
+    ended: str | None           # why the run ended ('done', 'timeout': its time cap, ...); None: it goes on
+
+    def as_dict(self) -> dict[str, Any]:
+        """As JSON holds it: the jobs a list of their fields, ``ref_rate`` one of its fields."""
+        return {**asdict(self), "jobs": [asdict(j) for j in self.jobs]}
+
+
+def run_summary(db: JobStore, root: Path, *, wall_s: float, warm_up_s: float, pool_node_s: float) -> RunSummary:
+    """A run's table (``RunSummary``): per job where it stands, samples, node-seconds held and spent training,
+    fragments, rescales, reclaims, final checkpoint, E_used and the reference rate it is measured against; and
+    the run's totals and why it ended."""
     rows = []
     held = trained = work = 0.0
     reclaims = [d["job"] for _, _, d in db.events("reclaim")]
@@ -188,18 +223,17 @@ def run_summary(db: JobStore, root: Path, *, wall_s: float, warm_up_s: float, po
     for j in jobs:
         r, lj = j.row, j.ledger
         job_held = max(r.node_s, lj.held_node_s if lj else 0.0)
-        rows.append({"job": j.name, "status": lj.phase.value if lj else r.status, "state": j.state,
-                     "samples": r.samples_done, "node_s": job_held, "train_node_s": r.train_node_s,
-                     "fragments": r.fragments, "rescales": r.rescales, "reclaims": reclaims.count(j.name),
-                     "checkpoint": j.checkpoint, "e_used": j.e_used,
-                     "ref_rate": asdict(lj.ref) if lj and lj.ref else None})
+        rows.append(JobSummary(job=j.name, status=lj.phase.value if lj else r.status, state=j.state,
+                               samples=r.samples_done, node_s=job_held, train_node_s=r.train_node_s,
+                               fragments=r.fragments, rescales=r.rescales, reclaims=reclaims.count(j.name),
+                               checkpoint=j.checkpoint, e_used=j.e_used, ref_rate=lj.ref if lj else None))
         held += job_held
         trained += min(r.train_node_s, job_held)
         if lj is not None and lj.ref is not None:
             work += min(r.samples_done, lj.kept) / lj.ref.per_node_s
-    return {"wall_s": wall_s, "warm_up_s": warm_up_s, "jobs": rows, "pool_node_s": pool_node_s,
-            "held_node_s": held, "train_share": trained / held if held else 0.0, "e_used": work / held if held else 0.0,
-            "ended": ledger.ended}
+    return RunSummary(wall_s=wall_s, warm_up_s=warm_up_s, jobs=tuple(rows), pool_node_s=pool_node_s,
+                      held_node_s=held, train_share=trained / held if held else 0.0,
+                      e_used=work / held if held else 0.0, ended=ledger.ended)
 
 
 def live_progress(db: JobStore, jobs: dict[str, tuple[int, Path]]) -> dict[str, float]:

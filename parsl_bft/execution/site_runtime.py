@@ -296,8 +296,8 @@ def show_pilot_script(site: Site) -> str:
         # Parsl formats it when the executor starts (and {{block_id}} per block)
         command = str(getattr(ex, "launch_cmd", "")).replace("{{", "{").replace("}}", "}")
         head = (f"# the next pilot of executor {ex.label} (site {site.name}): {site.pilot_walltime.max_minutes} "
-                f"minutes, {provider.pilot_nodes} node(s); at run time a pilot's walltime is its hole's length "
-                f"within pilot_walltime, it may be aimed at the hole's node, its name is its Parsl block's, and "
+                f"minutes, {provider.default_shape().nodes} node(s); at run time a pilot's walltime is its hole's "
+                f"length within pilot_walltime, it may be aimed at the hole's node, its name is its Parsl block's, and "
                 f"Parsl fills in the {{...}} when the executor starts")
         scripts.append(head + "\n" + provider.script(command, "parsl.bft", site.pilot_walltime.max_minutes)
                        + _not_in_the_script(site))

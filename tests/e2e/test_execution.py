@@ -483,8 +483,8 @@ def test_the_demo_runs_to_its_table_plot_and_json(tmp_path):
         summary = run_demo(tmp_path, console=Console(file=text, width=120), warm_up=False, jobs=jobs)
         gc.collect()
     assert not [w for w in caught if "unclosed file" in str(w.message)], [str(w.message) for w in caught]
-    assert {r["job"]: r["status"] for r in summary["jobs"]} == {"small": "done", "other": "done"}
-    assert all(0 < r["e_used"] <= 1 and r["ref_rate"]["per_node_s"] > 0 for r in summary["jobs"]), summary["jobs"]
+    assert {r.job: r.status for r in summary.jobs} == {"small": "done", "other": "done"}
+    assert all(0 < r.e_used <= 1 and r.ref_rate.per_node_s > 0 for r in summary.jobs), summary.jobs
     assert (tmp_path / "demo.png").stat().st_size > 0 and "final_checkpoints" in (tmp_path / "demo.json").read_text()
     out = text.getvalue()
     assert "demo finished" in out and "small: ckpt-000000150.h5" in out and "samples/s per node" in out

@@ -1,5 +1,6 @@
 """PilotPool on a real HighThroughputExecutor: a pilot that gets its notice has its block held, so the real
 interchange sends its worker pool no new task (what ``hold_block`` does through Parsl's own scale-in path)."""
+import contextlib
 import time
 
 import parsl
@@ -33,6 +34,9 @@ class LocalPilots(LocalProvider):
 
     def topology(self):
         return None
+
+    def pilots(self, shape):                 # one-node pilots only (PilotProvider.pilots)
+        return contextlib.nullcontext()
 
     def claimed(self, within_s, now=None):
         return set()

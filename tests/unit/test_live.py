@@ -81,10 +81,11 @@ def test_e_used_is_at_most_one_against_the_fastest_rate_the_job_measured(tmp_pat
     assert j.held_node_s == 300.0 and j.kept == 2000
     assert j.e_used(2000, 250.0) == pytest.approx(2000 / 10.0 / 300.0)
     summary = run_summary(db, tmp_path, wall_s=300.0, warm_up_s=0.0, pool_node_s=600.0)
-    (row,) = summary["jobs"]
-    assert row["e_used"] == pytest.approx(2 / 3) and summary["e_used"] == pytest.approx(2 / 3)
-    assert row["ref_rate"]["fragment"] == "j-1" and row["node_s"] == 300.0 and summary["train_share"] <= 1.0
-    assert row["status"] == "waiting" and summary["ended"] is None        # the run goes on
+    (row,) = summary.jobs
+    assert row.e_used == pytest.approx(2 / 3) and summary.e_used == pytest.approx(2 / 3)
+    assert row.ref_rate.fragment == "j-1" and row.node_s == 300.0 and summary.train_share <= 1.0
+    assert row.status == "waiting" and summary.ended is None        # the run goes on
+    assert summary.as_dict()["jobs"][0]["ref_rate"]["fragment"] == "j-1"     # as JSON holds it
 
 
 def test_a_new_life_starts_from_where_the_log_stands(tmp_path):

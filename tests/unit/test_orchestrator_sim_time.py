@@ -5,126 +5,14 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import time
-from concurrent.futures import Future
-from pathlib import Path
 
 import pytest
+from simulated import RATE, ScriptedPool, SimulatedFragments, _orchestrator
 
 from parsl_bft.execution.clock import SimulatedClock
 from parsl_bft.execution.errors import JobFailed
-from parsl_bft.execution.htex import FragmentHandle
-from parsl_bft.execution.orchestrator import Orchestrator, TrainingJob
-from parsl_bft.execution.protocols import PoolEvent
-from parsl_bft.planner import Planner
-from parsl_bft.train.config import FragmentConfig, FragmentFailed, FragmentResult, StopReason
-from parsl_bft.train.leftovers import SHARE_ENV, share_mark
-from parsl_bft.train.protocol import JobDir, Progress
-
-RATE = 100.0          # samples/s per node
-
-
-class ScriptedPool:
-    """Idle nodes that join, get a notice and leave at scripted simulated seconds after start()."""
-
-    gang = False
-    demand: int | None = None
-    topology = None
-
-    def __init__(self, clock: SimulatedClock, script: list[tuple[float, str, tuple[str, ...]]]):
-        self.clock, self.script, self.released = clock, sorted(script), []
-        self.t0 = 0.0
-        self.left: set[str] = set()
-
-    def start(self) -> None:
-        self.t0 = self.clock.monotonic()
-
-    def poll(self) -> list[PoolEvent]:
-        wall = self.clock.monotonic() - self.t0
-        due = [e for e in self.script if e[0] <= wall]
-        self.script = self.script[len(due):]
-        for _, kind, nodes in due:
-            (self.left.update if kind == "leave" else self.left.difference_update if kind == "join" else len)(nodes)
-        return [PoolEvent(kind, nodes, t) for t, kind, nodes in due]
-
-    def release(self, nodes) -> None:
-        self.released.extend(nodes)
-
-    def stop(self) -> None:
-        pass
-
-    def executor_label(self, node: str) -> str | None:
-        return None
-
-
-class SimulatedFragments:
-    """Fragments that advance RATE samples/s per node of simulated time, end at their job's budget or at the job
-    directory's STOP file (saving what they did), and fail at once for jobs listed in ``crash``. Jobs in ``deaf``
-    report progress but never stop, those in ``silent`` never report either: both die when a node of theirs
-    leaves (``pool.left``)."""
-
-    gang = False
-
-    def __init__(self, clock: SimulatedClock, crash: tuple[str, ...] = (), deaf: tuple[str, ...] = (),
-                 silent: tuple[str, ...] = (), pool: ScriptedPool | None = None):
-        self.clock, self.crash, self.deaf, self.silent, self.pool = clock, crash, deaf, silent, pool
-        self.nodes: dict[str, tuple[str, ...]] = {}
-        self.helpers: list[subprocess.Popen] = []
-        self.saved: dict[str, int] = {}
-        self.live: list[tuple[FragmentConfig, float, Future]] = []
-        self.launches: list[tuple[str, int]] = []
-        clock.on_sleep.append(lambda _: self.advance())
-
-    def launch(self, cfg: FragmentConfig, nodes: tuple[str, ...]) -> FragmentHandle:
-        fut: Future = Future()
-        self.launches.append((cfg.job, len(nodes)))
-        self.nodes[cfg.fragment_id] = nodes
-        if cfg.job in self.silent:        # what its loop started in a session of its own, marked as a rank's is
-            self.helpers.append(subprocess.Popen(
-                [sys.executable, "-c", "import signal; signal.pause()"], start_new_session=True,
-                env={**os.environ, SHARE_ENV: share_mark(cfg.fragment_id, 0)}))
-        if cfg.job in self.crash:
-            fut.set_exception(FragmentFailed(f"{cfg.job}: ImportError in the user's model"))
-        else:
-            self.live.append((cfg, self.clock.monotonic(), fut))
-        return FragmentHandle([fut])
-
-    def advance(self) -> None:
-        for item in list(self.live):
-            cfg, t0, fut = item
-            if cfg.job in self.deaf + self.silent:
-                if cfg.job in self.deaf:
-                    JobDir(cfg.checkpoint_dir).write_progress(Progress(1, 8, 0.5, 1, 0, time.time(), time.time()))
-                if self.pool is not None and set(self.nodes[cfg.fragment_id]) & self.pool.left:
-                    self.live.remove(item)
-                    fut.set_exception(FragmentFailed(f"{cfg.job}: rank 0 exited with -9"))
-                continue
-            start = self.saved.get(cfg.job, 0)
-            done = min(int(start + RATE * cfg.world_size * (self.clock.monotonic() - t0)), cfg.total_samples)
-            stop = JobDir(cfg.checkpoint_dir).stop_file.exists()
-            if done >= cfg.total_samples or stop:
-                self.saved[cfg.job] = done
-                self.live.remove(item)
-                fut.set_result(FragmentResult(
-                    cfg.job, cfg.world_size, 0, 1, done - start, done, 1.0, 0.0, 0.0, 0.0, 0.0,
-                    StopReason.DONE if done >= cfg.total_samples else StopReason.SIGNAL, 0.5, ""))
-
-    def prime(self, nodes) -> None:
-        pass
-
-    def placed(self, fragment: str, nodes: int) -> dict[int, str]:
-        return {}
-
-    def warm_up(self, barrier_dir: Path, log, stop) -> None:
-        pass
-
-
-def _orchestrator(tmp_path, clock, pool, fragments, **kw) -> Orchestrator:
-    return Orchestrator(tmp_path / "state", pool, Planner(method="dp", objective="throughput"), warm_up=False,
-                        clock=clock, runners=lambda sites: {n: fragments for n in sites},
-                        **{"poll_s": 1.0, "settle_s": 2.0, **kw})
+from parsl_bft.execution.orchestrator import TrainingJob
 
 
 def test_a_notice_stops_the_fragment_on_that_node_and_the_jobs_finish_on_what_is_left(tmp_path):
@@ -138,7 +26,7 @@ def test_a_notice_stops_the_fragment_on_that_node_and_the_jobs_finish_on_what_is
     summary = orch.run(timeout_s=10_000)
     assert time.monotonic() - real < 60, "simulated time should cost little real time"
     assert all(f.done() and f.exception() is None for f in futs)
-    assert {r["job"]: r["status"] for r in summary["jobs"]} == {"x": "done", "y": "done"}
+    assert {r.job: r.status for r in summary.jobs} == {"x": "done", "y": "done"}
     reclaims = [d for _, _, d in orch.db.events("reclaim")]
     assert [(d["by"], d["nodes"]) for d in reclaims][:1] == [("notice", ["d"])]
     hit = reclaims[0]["job"]
@@ -179,9 +67,9 @@ def test_a_run_cut_short_leaves_its_jobs_waiting_and_the_next_run_counts_on(tmp_
     first = _orchestrator(tmp_path, clock, ScriptedPool(clock, [(0, "join", ("a", "b"))]), SimulatedFragments(clock))
     first.submit(job)
     cut = first.run(timeout_s=300)
-    assert cut["ended"] == "timeout" and [(r["status"], r["state"]) for r in cut["jobs"]] == [
+    assert cut.ended == "timeout" and [(r.status, r.state) for r in cut.jobs] == [
         ("stopped", "stopped: time cap reached")]
-    assert 0 < cut["jobs"][0]["e_used"] <= 1 and cut["e_used"] <= 1 and cut["train_share"] <= 1
+    assert 0 < cut.jobs[0].e_used <= 1 and cut.e_used <= 1 and cut.train_share <= 1
     row = first.db.job("x")
     assert (row.status, row.size) == ("waiting", 0) and row.node_s >= 500
     held_before = row.node_s
@@ -224,8 +112,8 @@ def test_a_loop_that_never_reports_fails_its_own_job_and_a_deaf_one_is_only_recl
     assert [d["reclaimed"] for d in failed if d["job"] == "mute"] == [False] * 3
     deaf_failed = [d["reclaimed"] for d in failed if d["job"] == "deaf"]
     assert len(deaf_failed) == 3 and all(deaf_failed) and not deaf.done()
-    assert summary["ended"] == "timeout"
-    assert {r["job"]: r["status"] for r in summary["jobs"]} == {"mute": "failed", "deaf": "stopped"}
+    assert summary.ended == "timeout"
+    assert {r.job: r.status for r in summary.jobs} == {"mute": "failed", "deaf": "stopped"}
     assert len(frags.helpers) == 3 and [h.wait(timeout=30) for h in frags.helpers] == [-signal.SIGKILL] * 3
     orch.close()
 

@@ -9,6 +9,7 @@ from parsl.jobs.states import JobState
 
 from parsl_bft.execution.pbs import PBSCommands, PBSPilotProvider
 from parsl_bft.execution.pbs.commands import PBSError, parse_pbsnodes, parse_qstat, parse_qsub, parse_user_caps
+from parsl_bft.execution.pilot import PilotShape
 
 NODES, QSTAT = PBS_NODES, PBS_QSTAT
 
@@ -88,8 +89,8 @@ def test_placement_sets_are_asked_once_and_pilots_name_their_host(tmp_path):
                             script_dir=str(tmp_path))
     topo = prov.topology()
     assert topo.group("x3001c0s1b1n0") == "x3001-g0" and prov.topology() is topo and len(calls) == 1
-    prov.pilot_target = ("x3001c0s1b1n0",)
-    prov.submit("process_worker_pool.py", 1, "pilot")
+    with prov.pilots(PilotShape(target=("x3001c0s1b1n0",))):
+        prov.submit("process_worker_pool.py", 1, "pilot")
     assert "#PBS -l select=1:ncpus=64:ngpus=4:host=x3001c0s1b1n0" in next(tmp_path.glob("pilot.*.sh")).read_text()
     assert prov.targets == {"1010.polaris-pbs-01": ("x3001c0s1b1n0",)}
     # vnodes without a placement set: no topology (logged), and the pilots go wherever PBS puts them

@@ -77,8 +77,9 @@ def test_a_state_directory_whose_orchestrator_died_without_a_stop_shows_no_job_w
 
 def test_a_run_stopped_by_ctrl_c_says_interrupted(tmp_path):
     """A session passes the reason it unwinds with to stop(); the background loop recorded 'stopped'."""
+    from simulated import RATE, ScriptedPool, SimulatedFragments, _orchestrator
+
     from parsl_bft.execution.clock import SimulatedClock
-    from tests.unit.test_orchestrator_sim_time import RATE, ScriptedPool, SimulatedFragments, _orchestrator
 
     clock = SimulatedClock()
     orch = _orchestrator(tmp_path, clock, ScriptedPool(clock, []), SimulatedFragments(clock), poll_s=0.05)

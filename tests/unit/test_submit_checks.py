@@ -146,12 +146,13 @@ def test_a_rank_that_cannot_load_the_job_s_code_fails_the_job_without_retries(tm
     at its first such fragment, not after max_failures of them."""
     from concurrent.futures import Future
 
+    from simulated import RATE, ScriptedPool, SimulatedFragments, _orchestrator
+
     from parsl_bft.execution.clock import SimulatedClock
     from parsl_bft.execution.errors import JobFailed
     from parsl_bft.execution.htex import FragmentHandle
     from parsl_bft.train.config import FragmentFailed
     from parsl_bft.train.protocol import JobDir
-    from tests.unit.test_orchestrator_sim_time import RATE, ScriptedPool, SimulatedFragments, _orchestrator
 
     class CodeGone(SimulatedFragments):
         def launch(self, cfg, nodes):

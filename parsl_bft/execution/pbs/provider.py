@@ -9,7 +9,7 @@ from parsl.utils import RepresentationMixin
 
 from ...sites import SiteError
 from ...topology import Topology
-from ..pilot import PilotProvider, QueueJob, Snapshot, node_name
+from ..pilot import PilotProvider, PilotShape, QueueJob, Snapshot, node_name
 from .commands import PBSCommands, PBSJob
 
 
@@ -86,18 +86,19 @@ class PBSPilotProvider(PilotProvider, RepresentationMixin):
         """The vnodes' placement sets (``pbsnodes -a -F json``: switch, tier0, ...)."""
         return self.cmd.topology()
 
-    def script(self, command: str, job_name: str, minutes: int) -> str:
-        """The qsub script of the next pilot (its chunk names its host when ``pilot_target`` is set)."""
+    def script(self, command: str, job_name: str, minutes: int, shape: PilotShape | None = None) -> str:
+        """The qsub script of a pilot (its chunk names its host when the pilot is aimed: ``shape.target``)."""
+        shape = shape or self.default_shape()
         select = self.select
-        if self.pilot_target:             # one-node pilots: the chunk names its host
-            (node,) = self.pilot_target
+        if shape.target:             # one-node pilots: the chunk names its host
+            (node,) = shape.target
             select += f":host={node_name(node)}"
         opts = [f"-N {job_name}", f"-q {self.queue}", f"-l select={select}",
                 f"-l walltime={minutes // 60:02d}:{minutes % 60:02d}:00", "-j oe", "-r n",   # never rerun
                 f"-o {self.directive_path(f'{self.script_dir}/')}"]
         opts += [f"-A {self.account}"] if self.account else []
         lines = ["#!/bin/bash", *[f"#PBS {o}" for o in opts + self.scheduler_options], self.worker_init,
-                 f"setsid {self.on_each_node(command, self.pilot_nodes)} &", *self.notice_trap("PBS_JOBID")]
+                 f"setsid {self.on_each_node(command, shape.nodes)} &", *self.notice_trap("PBS_JOBID")]
         return "\n".join(line for line in lines if line) + "\n"
 
 

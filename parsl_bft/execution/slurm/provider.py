@@ -17,7 +17,7 @@ from parsl.utils import RepresentationMixin
 from ...sites import SiteError
 from ...topology import Topology
 from ..commands import SchedulerError
-from ..pilot import PilotProvider, Snapshot, node_name
+from ..pilot import PilotProvider, PilotShape, Snapshot, locked, node_name
 from .commands import ReservationRecord, SlurmCommands, parse_test_only
 
 
@@ -83,7 +83,7 @@ class SlurmPilotProvider(PilotProvider, RepresentationMixin):
         self.commands = commands
         self.cmd: SlurmCommands = commands or SlurmCommands()
         self._reservations: tuple[float, list[ReservationRecord]] | None = None
-        self._test_only: tuple[float, int, int, bool] | None = None
+        self._test_only: tuple[float, int, PilotShape, bool] | None = None
 
     def survey(self) -> Snapshot:
         """sinfo (the partition's nodes) + squeue (the whole queue), and scontrol's reservations once a
@@ -104,17 +104,19 @@ class SlurmPilotProvider(PilotProvider, RepresentationMixin):
         """Final states from sacct (or the job-completion log)."""
         return {r.job_id: (r.state, r.reason) for r in self.cmd.finished(job_ids) if r.job_id in job_ids}
 
-    def walltime_minutes(self, now: float | None = None) -> int:
+    @locked
+    def walltime_minutes(self, now: float | None = None, shape: PilotShape | None = None) -> int:
         """The hole's length, confirmed with ``sbatch --test-only`` once per survey (one scale-out's pilots
         share it): a pilot that would not start now at that length gets the shortest walltime (backfill may
         still fit it; otherwise it is withdrawn)."""
-        minutes = super().walltime_minutes(now)
+        shape = shape or self.default_shape()
+        minutes = super().walltime_minutes(now, shape)
         taken = self.snapshot().taken
-        if self._test_only is None or self._test_only[:3] != (taken, minutes, self.pilot_nodes):
+        if self._test_only is None or self._test_only[:3] != (taken, minutes, shape):
             # the job the pilot would be, as command-line arguments (a directive "-C gpu" is two of them)
-            start, _ = self.cmd.test_only([a for o in self.job_options(minutes) for a in shlex.split(o)])
+            start, _ = self.cmd.test_only([a for o in self.job_options(minutes, shape) for a in shlex.split(o)])
             late = start is not None and start > (self.clock() if now is None else now) + 60
-            self._test_only = (taken, minutes, self.pilot_nodes, late)
+            self._test_only = (taken, minutes, shape, late)
         return self.walltime_min_min if self._test_only[3] else minutes
 
     def preflight(self) -> str:
@@ -149,13 +151,14 @@ class SlurmPilotProvider(PilotProvider, RepresentationMixin):
         """One task per node through srun (a one-node pilot runs the command itself)."""
         return command if nodes == 1 else f"srun --nodes={nodes} --ntasks={nodes} --ntasks-per-node=1 {command}"
 
-    def job_options(self, minutes: int) -> list[str]:
-        """What a pilot asks Slurm for, ``minutes`` long: partition, nodes, time, QOS, account, constraint, memory,
-        reservation, GPUs and the site's options. The pilot's script and the ``--test-only`` probe both use it, so
-        the probe tests the job that is submitted."""
-        opts = [f"--partition={self.partition}", f"--nodes={self.pilot_nodes}", f"--time={minutes}",
+    def job_options(self, minutes: int, shape: PilotShape | None = None) -> list[str]:
+        """What a pilot of ``shape`` (default: ``default_shape``) asks Slurm for, ``minutes`` long: partition,
+        nodes, time, QOS, account, constraint, memory, reservation, GPUs and the site's options. The pilot's script
+        and the ``--test-only`` probe both use it, so the probe tests the job that is submitted."""
+        shape = shape or self.default_shape()
+        opts = [f"--partition={self.partition}", f"--nodes={shape.nodes}", f"--time={minutes}",
                 f"--time-min={minutes}", "--exclusive"]
-        opts += [f"--nodelist={','.join(map(node_name, self.pilot_target))}"] if self.pilot_target else []
+        opts += [f"--nodelist={','.join(map(node_name, shape.target))}"] if shape.target else []
         opts += [f"--qos={self.qos}"] if self.qos else []
         opts += [f"--account={self.account}"] if self.account else []
         opts += [f"--{k}={v}" for k, v in (("constraint", self.constraint), ("mem", self.mem),
@@ -178,6 +181,7 @@ class SlurmPilotProvider(PilotProvider, RepresentationMixin):
             self._grace = found or 3
         return self._grace
 
+    @locked
     def cancel(self, job_ids: Sequence[object]) -> list[bool]:
         """Give pilots back: running ones are asked to end themselves (``SlurmCommands.release``: their script
         stops the worker and exits 0, so accounting says COMPLETED, not CANCELLED; the trap bounds that by
@@ -189,13 +193,14 @@ class SlurmPilotProvider(PilotProvider, RepresentationMixin):
         self.withdrawn.update(ids)
         return [True] * len(ids)
 
-    def script(self, command: str, job_name: str, minutes: int) -> str:
-        """The sbatch script of the next pilot (aimed with --nodelist when ``pilot_target`` is set): never
+    def script(self, command: str, job_name: str, minutes: int, shape: PilotShape | None = None) -> str:
+        """The sbatch script of a pilot of ``shape`` (aimed with --nodelist when it has a target): never
         requeued (a requeued pilot would start again for nobody, its fragment's ranks gone)."""
-        opts = [f"--job-name={job_name}", *self.job_options(minutes), f"--signal=B:USR1@{self.notice_s}",
+        shape = shape or self.default_shape()
+        opts = [f"--job-name={job_name}", *self.job_options(minutes, shape), f"--signal=B:USR1@{self.notice_s}",
                 "--no-requeue", f"--output={self.directive_path(f'{self.script_dir}/%j.out')}"]
         lines = ["#!/bin/bash", *[f"#SBATCH {o}" for o in opts], self.worker_init,
-                 f"setsid {self.on_each_node(command, self.pilot_nodes)} &",
+                 f"setsid {self.on_each_node(command, shape.nodes)} &",
                  *self.notice_trap("SLURM_JOB_ID", self.grace())]
         return "\n".join(line for line in lines if line) + "\n"
 
