@@ -47,7 +47,7 @@ from .fragments import (
     newest_step,
 )
 from .htex import SiteRunner, check_run_helpers, serve_site_store
-from .jobstore import JobRow, JobStore, damaged_advice
+from .jobstore import JobRow, JobStatus, JobStore, damaged_advice
 from .layers import fragment_reported, job_layers
 from .pool import MultiPool, PoolEvent, SitePool
 from .protocols import IdlePool, Planner
@@ -108,7 +108,7 @@ class Orchestrator:
         self._store: RendezvousStore | None = None
         self._thread: threading.Thread | None = None   # the loop, when it runs in the background (start())
         self._stopping = threading.Event()
-        self._stop_why = "stopped"
+        self._stop_why: str = events.RunEnd.STOPPED
         self._arrivals: list[str] = []                 # jobs submitted while the loop runs
         self._noticed: set[str] = set()                # nodes on notice whose pilots we have not let go yet
         self._summary: dict[str, Any] | None = None
@@ -185,7 +185,7 @@ class Orchestrator:
         """Leave the background loop: running fragments checkpoint, pilots are given back; futures of jobs not
         done get ``RunStopped`` (nothing waits forever on them). ``why``: the event log's reason (default
         "stopped"; a session passes "interrupted", "SIGTERM" or the error it unwinds with). Returns the summary."""
-        self._stop_why = why or "stopped"
+        self._stop_why = why or events.RunEnd.STOPPED
         self._stopping.set()
         if self._thread is not None:
             self._thread.join()
@@ -200,7 +200,7 @@ class Orchestrator:
     def _add(self, job: TrainingJob, row: JobRow | None) -> Future[str | None]:
         """Track a job: a new one (``row`` None: persist it) or one found in the state database."""
         self.jobs[job.name] = job
-        self.job_site[job.name] = self.db.meta(f"site:{job.name}") or next(iter(self.sites))
+        self.job_site[job.name] = self.db.site(job.name) or next(iter(self.sites))
         self.curves[job.name] = self.db.curve(job.name, job.rate_guess)
         if job.freeze != "off":
             self.layers[job.name] = job_layers(job.name, job.workload, job.global_batch, job.workload_args,
@@ -209,7 +209,7 @@ class Orchestrator:
         self.futures[job.name] = fut
         if row is None:
             self.db.add(job.name, asdict(job))
-        if row and row.status == "done":
+        if row and row.status is JobStatus.DONE:
             fut.set_result(self.state.abs(row.checkpoint))
         return fut
 
@@ -247,13 +247,13 @@ class Orchestrator:
         self.db.record(events.Start(self.generation, [s.name for s in pending],
                                 {s.name: newest_step(self.job_dir(s.name)) for s in pending}))
         t_start = self.clock.monotonic()
-        why = "done"
+        why: str = events.RunEnd.DONE
         with sigterm_unwinds():
             try:
                 t_warm = self.clock.monotonic()
                 if self.warm_up:
                     for name, runner in self._runners.items():
-                        runner.warm_up(self.state.warm_up_dir(self.generation, name), self.db.event,
+                        runner.warm_up(self.state.warm_up_dir(self.generation, name), self.db.record,
                                        self._stopping.is_set)
                 self.warm_up_s = self.clock.monotonic() - t_warm
                 self.pool.start()
@@ -308,9 +308,9 @@ class Orchestrator:
             if progress is not None:
                 progress(self)
             if timeout_s is not None and now - t_start > timeout_s:
-                return "timeout"
+                return events.RunEnd.TIMEOUT
             self.clock.sleep(self.poll_s)
-        return self._stop_why if self._stopping.is_set() else "done"
+        return self._stop_why if self._stopping.is_set() else events.RunEnd.DONE
 
     def _take_arrivals(self, ctl: Controller) -> bool:
         """Jobs submitted while the loop runs join the plan; True if any did."""
@@ -379,11 +379,11 @@ class Orchestrator:
             staged = CheckpointStore(self.job_dir(name)).stage_to(self.job_dir(name, site))
             self.db.record(events.Stage(name, site, str(staged) if staged else None))
             self.job_site[name] = site
-            self.db.set_meta(f"site:{name}", site)
+            self.db.update(name, site=site)
             self.fragments.fence(name)
         jd = JobDir(self.job_dir(name))
         jd.clear_stop()
-        self.db.set_meta(f"dir:{name}", str(jd.path))      # where `parsl-bft status` finds its live progress
+        self.db.update(name, dir=str(jd.path))      # where `parsl-bft status` finds its live progress
         fragment = new_fragment_id(name)
         jd.run_fragment(fragment)          # from now on only this fragment may save the job
         k = self.sites[site].ranks_per_node
@@ -482,7 +482,7 @@ class Orchestrator:
         if c.samples_done >= self.jobs[name].samples or c.outcome is Outcome.FINISHED:
             if a is not None:
                 ctl.job_finished(name, self.clock.monotonic())
-            self.db.update(name, status="done", size=0)
+            self.db.update(name, status=JobStatus.DONE, size=0)
             self.db.record(events.Done(name, ckpt))
             if not self.futures[name].done():
                 self.futures[name].set_result(ckpt)
@@ -493,7 +493,7 @@ class Orchestrator:
         (``refused``), stops; its checkpoints stay, the error reaches the scientist through the future."""
         if name in ctl.active:
             ctl.job_finished(name, self.clock.monotonic())
-        self.db.update(name, status="failed", size=0)
+        self.db.update(name, status=JobStatus.FAILED, size=0)
         self.db.record(events.Failed(name, err[-20_000:]))
         n = self.failures.get(name, 0)          # fewer than max_failures when its code cannot load
         if not self.futures[name].done():
@@ -514,7 +514,7 @@ class Orchestrator:
                 self.db.update(a.name, rescales=rows[a.name].rescales + 1)
             elif r is None and want > 0:
                 self._launch(ctl, a.name, a.state.nodes, site_of(a.state.nodes[0]))
-            self.db.update(a.name, status="running" if want else "waiting", size=want, node_s=a.node_seconds)
+            self.db.holds(a.name, want, a.node_seconds)
 
     # --- reporting -----------------------------------------------------------------------------------
     def live_progress(self) -> dict[str, float]:

@@ -190,7 +190,7 @@ def _state_dirs(work: Path) -> list[Path]:
 
 
 def _jobs(d: Path) -> list[dict]:
-    from ..execution.jobstore import JobStore
+    from ..execution.jobstore import JobStatus, JobStore
     from ..execution.report import read_jobs
 
     rows = []
@@ -201,7 +201,7 @@ def _jobs(d: Path) -> list[dict]:
             for j in read_jobs(db, sd):
                 r = j.row
                 rows.append({"state": str(sd.relative_to(work)), "job": j.name, "status": r.status,
-                             "samples_done": j.samples_now if r.status == "running" else r.samples_done,
+                             "samples_done": j.samples_now if r.status is JobStatus.RUNNING else r.samples_done,
                              "samples": r.spec.get("samples"), "nodes": r.size, "fragments": r.fragments,
                              "checkpoint": j.checkpoint})
         finally:
