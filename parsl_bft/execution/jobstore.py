@@ -73,14 +73,20 @@ def _v0_to_v1(db: sqlite3.Connection) -> None:
 MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {0: _v0_to_v1}    # from version N to N + 1
 
 
-def migrate(db: sqlite3.Connection, path: Path) -> None:
-    """Bring a store (autocommit connection) to ``SCHEMA_VERSION``: a new one is created, an older one migrated
-    in one transaction, a newer one refused (StateError naming the versions; nothing is changed)."""
-    version = db.execute("PRAGMA user_version").fetchone()[0]
+def layout_version(db: sqlite3.Connection, path: Path) -> int:
+    """The store's layout version; one newer than this code's is refused (StateError naming both)."""
+    version: int = db.execute("PRAGMA user_version").fetchone()[0]
     if version > SCHEMA_VERSION:
         raise StateError(f"state database {path} has layout version {version}, and this parsl-bft reads versions "
                          f"up to {SCHEMA_VERSION}: use the parsl-bft that wrote it, or a newer one (its files "
                          "are kept as they are)")
+    return version
+
+
+def migrate(db: sqlite3.Connection, path: Path) -> None:
+    """Bring a store (autocommit connection) to ``SCHEMA_VERSION``: a new one is created, an older one migrated
+    in one transaction, a newer one refused (StateError naming the versions; nothing is changed)."""
+    version = layout_version(db, path)
     if version == SCHEMA_VERSION:
         return
     db.execute("BEGIN IMMEDIATE")
@@ -142,7 +148,7 @@ class JobStore:
                 self.db = sqlite3.connect(f"file:{self.path}?mode=ro{'' if live else '&immutable=1'}", uri=True,
                                           isolation_level=None, timeout=30)
                 self.db.execute("SELECT count(*) FROM jobs").fetchone()
-                if self.db.execute("PRAGMA user_version").fetchone()[0] < SCHEMA_VERSION:
+                if layout_version(self.db, self.path) < SCHEMA_VERSION:
                     self._migrated_copy()
                 return
             self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -150,11 +156,20 @@ class JobStore:
             os.close(fd)
             # the orchestrator's loop thread and the workflow's thread share it (SQLite is serialized here)
             self.db = sqlite3.connect(self.path, isolation_level=None, timeout=30, check_same_thread=False)
+            layout_version(self.db, self.path)         # a newer one is refused before anything is written
             self.db.execute("PRAGMA journal_mode=WAL")
             migrate(self.db, self.path)
             self.db.execute("SELECT count(*) FROM jobs").fetchone()
         except (sqlite3.DatabaseError, ValueError) as e:     # ValueError: a migrated value that is not JSON
+            self._close_refused()
             raise StateError(damaged_advice(self.path, e)) from None
+        except StateError:
+            self._close_refused()
+            raise
+
+    def _close_refused(self) -> None:
+        if hasattr(self, "db"):
+            self.db.close()
 
     def _migrated_copy(self) -> None:
         """Read an older store without writing it: its copy in memory, migrated."""
@@ -195,7 +210,7 @@ class JobStore:
         if bad:
             raise KeyError(f"not a job field: {', '.join(bad)}")
         if "status" in values and values["status"] not in STORED:
-            raise ValueError(f"a job row holds {', '.join(STORED)}, not {values['status']!r}")
+            raise ValueError(f"a job row holds {', '.join(STORED)}, not {str(values['status'])!r}")
         if values:
             sets = ", ".join(f"{k} = ?" for k in values)
             self.db.execute(f"UPDATE jobs SET {sets}, updated = ? WHERE name = ?",
