@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from ..jobs import JobSpec, JobSpecError
+from ..jobs import FreezeMode, JobSpec, JobSpecError
 from ..jobs import check_job_name as check_job_name  # re-exported: its home moved to jobs (no torch there)
 from ..train.check import check_loop, check_workload
 from ..train.config import Precision
@@ -33,7 +33,7 @@ class TrainingJob:
     t_down: float = 10.0
     weight: float = 1.0
     rate_guess: float = 1000.0     # samples/s on one node until measured (fragments feed real rates back)
-    freeze: str = "off"            # "auto": the planner may freeze a prefix of layers (layer elasticity) ...
+    freeze: FreezeMode = "off"     # "auto": the planner may freeze a prefix of layers (layer elasticity) ...
     accuracy_budget: float = 0.0   # ... while the predicted accuracy cost stays within this (0.005: half a point)
     loop: str | None = None        # the user's own training function, 'file.py:fn' (parsl_bft.train.context)
     deterministic: bool = True     # torch deterministic algorithms (bit-for-bit resumes; off: faster kernels)
