@@ -146,7 +146,7 @@ class RunLedger:
         or failed stopped with it."""
         self.ended = why
         for j in self.jobs.values():
-            if not j.phase.terminal:
+            if j.phase in (JobStatus.WAITING, JobStatus.RUNNING):      # one stopped before keeps its why
                 j.phase, j.nodes, j.why = JobStatus.STOPPED, 0, why
 
     def _job_event(self, j: JobLedger, t: float,
