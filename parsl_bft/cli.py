@@ -195,6 +195,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     from rich.table import Table
     from rich.text import Text
 
+    from .execution.events import RunEnd, Stop, parse_event
+    from .execution.jobstore import JobStatus
     from .execution.report import STATUS_COLUMNS, printable, read_state, reference_note, status_json, status_row
 
     try:        # a read-only command: nothing is created or changed
@@ -213,15 +215,16 @@ def cmd_status(args: argparse.Namespace) -> int:
     out.print(t)
     out.print(Text(printable(reference_note(jobs))))
     for j in jobs:
-        if j.row.status == "failed":
+        if j.row.status is JobStatus.FAILED:
             out.print(Text.assemble((f"{j.name} failed: ", "bold red"), printable(j.error or "")))
     full = args.events is not None      # asked for: each event whole, with its time
     for ts, kind, d in last:
         when = time.strftime("%H:%M:%S ", time.localtime(ts)) if full else ""
         detail = json.dumps(d)
         out.print(Text(printable(f"  {when}{kind:15} {detail if full else detail[:100]}")), soft_wrap=full)
-    if last and last[-1][1] == "stop" and str(last[-1][2].get("why", "")).startswith("error"):
-        out.print(Text.assemble(("the run stopped on an error: ", "bold red"), printable(str(last[-1][2]["why"]))))
+    end = parse_event(last[-1][1], last[-1][2]) if last else None
+    if isinstance(end, Stop) and RunEnd.of(end.why) is RunEnd.ERROR:
+        out.print(Text.assemble(("the run stopped on an error: ", "bold red"), printable(str(end.why))))
     return 0
 
 

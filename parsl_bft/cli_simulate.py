@@ -170,10 +170,11 @@ def add_simulate_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     s.add_argument("--jobs", required=True, help="X.jobs.csv (X.scaling.csv beside it) or a YAML job set")
     s.add_argument("--scaling", help="X.scaling.csv if not beside the jobs file")
     from .planner import METHODS, OBJECTIVES
+    from .planner.methods import SOLVERS
     s.add_argument("--planner", choices=[m for m in METHODS if m != "node-milp"], default="dp",
                    help="dp: the exact DP (default: the same optimum as milp, tens of times faster); milp: the "
                    "MILP (PuLP; --solver); equal-share, greedy: baselines")
-    s.add_argument("--solver", choices=["highs", "cbc"], default="highs", help="MILP solver")
+    s.add_argument("--solver", choices=list(SOLVERS), default="highs", help="MILP solver")
     s.add_argument("--objective", choices=list(OBJECTIVES), default="speedup", help="what the planner maximises "
                    "(the docs' explanation of the method says what each values)")
     s.add_argument("--tfwd", type=float, default=60.0, help="planning look-ahead T_fwd in seconds (default 60: "

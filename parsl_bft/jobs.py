@@ -5,7 +5,7 @@ import csv
 import re
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 
 from .csvio import parse_number, parse_yaml, read_rows, read_small_text
 from .errors import BadRows, BadValue, InputError, ParslBftError
@@ -14,7 +14,8 @@ from .scaling import LayerProfile, ScalingCurve, read_scaling_table
 JOB_COLUMNS = ["name", "model", "min_nodes", "max_nodes", "t_up", "t_down", "samples", "submit"]
 OPTIONAL_COLUMNS = ["weight", "deadline", "freeze", "accuracy_budget", "unfreeze"]
 OPTIONAL_DEFAULTS = {"weight": 1.0, "deadline": None, "freeze": "off", "accuracy_budget": 0.0, "unfreeze": False}
-FREEZE_MODES = ("off", "auto")
+FreezeMode = Literal["off", "auto"]        # "auto": the planner may freeze a prefix of a job's layers
+FREEZE_MODES: tuple[FreezeMode, ...] = get_args(FreezeMode)
 COLUMN_DOCS = {         # the docs' job-set reference renders this table
     "name": "the job's name, unique in the set",
     "model": "which rows of the scaling file (`X.scaling.csv`: model,nodes,samples_per_sec) give its throughput",
@@ -54,7 +55,7 @@ class JobSpec:
     submit: float = 0.0
     weight: float = 1.0
     deadline: float | None = None
-    freeze: str = "off"
+    freeze: FreezeMode = "off"
     accuracy_budget: float = 0.0
     unfreeze: bool = False
 

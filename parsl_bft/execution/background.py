@@ -9,6 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from .errors import RunStopped
+from .events import RunEnd
 from .inbox import Inbox
 from .report import RunSummary
 
@@ -55,7 +56,7 @@ class BackgroundLoop:
     def stop(self, why: str | None) -> RunSummary | None:
         """Ask the loop to leave and wait until it has; futures of jobs not done get ``RunStopped``. The loop's
         error is raised here (not a Ctrl-C's: the session raises that itself)."""
-        self.inbox.stop(why or "stopped")
+        self.inbox.stop(why or RunEnd.STOPPED)
         if self.thread is not None:
             self.thread.join()
         for name, f in self.inbox.futures():

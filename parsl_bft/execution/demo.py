@@ -33,6 +33,7 @@ def run_demo(out: str | Path, *, speedup: float = 30.0, console: Console | None 
     from ..planner import Planner
     from ..plots import plot_allocation
     from .config import local_config
+    from .events import RunEnd
     from .ledger import ref_words, stop_words
     from .live import LiveBars
     from .orchestrator import Orchestrator, TrainingJob
@@ -61,8 +62,8 @@ def run_demo(out: str | Path, *, speedup: float = 30.0, console: Console | None 
             orch.close()            # the state directory's lock file and database (else: "unclosed file")
     results = {r.job: r.checkpoint for r in summary.jobs}       # the newest, done or not
     ended = summary.ended
-    t = Table(title=f"demo finished in {summary.wall_s:.0f} s" if ended == "done" else
-              f"demo stopped after {summary.wall_s:.0f} s: {stop_words(ended or 'stopped')}")
+    t = Table(title=f"demo finished in {summary.wall_s:.0f} s" if ended == RunEnd.DONE else
+              f"demo stopped after {summary.wall_s:.0f} s: {stop_words(ended or RunEnd.STOPPED)}")
     for c in ("job", "status", "samples", "fragments", "rescales", "reclaims", "node-s held", "E_used"):
         t.add_column(c, justify="right")
     for r in summary.jobs:

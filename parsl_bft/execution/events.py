@@ -2,10 +2,12 @@
 
 Events are stored as (time, kind, JSON detail); the detail's keys are the dataclass's fields, and a field left
 at ``None`` where it is marked optional is not stored (older logs and `parsl-bft status` read the same keys).
+``parse_event`` reads a stored one back as the same dataclass.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from collections.abc import Mapping
+from dataclasses import MISSING, dataclass, field, fields
 from enum import StrEnum
 from typing import Any, ClassVar
 
@@ -28,6 +30,47 @@ class EventKind(StrEnum):
     FAILED = "failed"
     WARM_UP_FAILED = "warm-up-failed"
 
+
+class RunEnd(StrEnum):
+    """Why an orchestrator life ended: a Stop event's ``why``. An error's ``why`` is "error: " and the exception
+    (``RunEnd.of`` reads it as ERROR); GONE is never recorded: the reader's word for a life whose orchestrator
+    died without a Stop event."""
+
+    DONE = "done"
+    TIMEOUT = "timeout"              # the run's time cap
+    STOPPED = "stopped"              # stop() without a reason
+    INTERRUPTED = "interrupted"      # Ctrl-C
+    SIGTERM = "SIGTERM"
+    ERROR = "error"
+    GONE = "gone"
+
+    @classmethod
+    def of(cls, why: str) -> RunEnd | None:
+        """The end a stored ``why`` names (None: none this code knows)."""
+        if why.startswith(ERROR_PREFIX):
+            return cls.ERROR
+        try:
+            return cls(why)
+        except ValueError:
+            return None
+
+    @classmethod
+    def error(cls, e: BaseException) -> str:
+        """The ``why`` of a run that unwound with ``e``."""
+        return f"{ERROR_PREFIX}{e!r}"[:200]
+
+    @staticmethod
+    def words(why: str) -> str:
+        """A stored ``why`` for people: 'timeout' is the run's time cap; an error (or a word this code does not
+        know) is shown as it is."""
+        end = RunEnd.of(why)
+        return _END_WORDS.get(end, why) if end is not None else why
+
+
+ERROR_PREFIX = "error: "
+_END_WORDS = {RunEnd.TIMEOUT: "time cap reached", RunEnd.STOPPED: "run stopped",
+              RunEnd.INTERRUPTED: "interrupted (Ctrl-C)", RunEnd.SIGTERM: "terminated (SIGTERM)",
+              RunEnd.GONE: "orchestrator gone (it ended without saying why)"}
 
 _OPTIONAL = "optional"      # metadata key: a None value is left out of the stored detail
 
@@ -208,3 +251,22 @@ class WarmUpFailed(Event):
 
     kind = EventKind.WARM_UP_FAILED
     error: str
+
+
+_BY_KIND: dict[str, type[Event]] = {cls.kind.value: cls for cls in Event.__subclasses__()}
+
+
+def parse_event(kind: str, detail: Mapping[str, Any]) -> Event | None:
+    """A stored event as its dataclass: None for a kind this parsl-bft does not know (a newer one wrote it: it is
+    left out); keys the dataclass lacks are ignored. A detail that is not a mapping, or lacks a field that is not
+    optional, is a ValueError naming it (a damaged log)."""
+    cls = _BY_KIND.get(kind)
+    if cls is None:
+        return None
+    if not isinstance(detail, Mapping):
+        raise ValueError(f"a {kind} event's detail is not a mapping: {str(detail)[:60]!r}")
+    own = fields(cls)
+    missing = [f.name for f in own if f.name not in detail and f.default is MISSING]
+    if missing:
+        raise ValueError(f"a {kind} event without {', '.join(missing)}")
+    return cls(**{f.name: detail[f.name] for f in own if f.name in detail})

@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 from parsl.executors.high_throughput.errors import ManagerLost
 
@@ -27,7 +27,7 @@ from ..train.config import FragmentConfig, FragmentResult, Precision, StopReason
 from ..train.config import new_fragment_id as new_fragment_id  # the orchestrator's, minted where FragmentConfig's is
 from ..train.leftovers import kill_share_processes, share_mark
 from ..train.protocol import JobDir
-from .events import Abandon, FragmentDone, FragmentFailedEvent, StopRequest
+from .events import Abandon, Event, FragmentDone, FragmentFailedEvent, StopRequest
 from .htex import FragmentHandle, FragmentLost, interchange_gone
 from .jobstore import JobStore
 from .training_job import TrainingJob
@@ -52,7 +52,7 @@ class FragmentRunner(Protocol):
     def placed(self, fragment: str, nodes: int) -> dict[int, str]:
         """Node share index -> the node it landed on, for the shares that have said so."""
 
-    def warm_up(self, barrier_dir: Path, log: Callable[..., Any], stop: Callable[[], bool]) -> None:
+    def warm_up(self, barrier_dir: Path, log: Callable[[Event], None], stop: Callable[[], bool]) -> None:
         """Start workers' rank processes before the pool does (where workers stay)."""
 
 

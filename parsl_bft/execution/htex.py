@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..errors import ParslBftError
 from ..train.config import FragmentConfig, FragmentFailed, FragmentResult
+from .events import Event, WarmUpFailed
 from .pool import SitePool
 
 if TYPE_CHECKING:
@@ -189,7 +190,8 @@ class SiteRunner:
         keys = {i: f"{fragment}/node/{i}" for i in range(nodes)}
         return {i: self.store.get(k).decode() for i, k in keys.items() if self.store.check([k])}
 
-    def warm_up(self, barrier_dir: Path, log: Callable[..., None], stop: Callable[[], bool] = lambda: False) -> None:
+    def warm_up(self, barrier_dir: Path, log: Callable[[Event], None],
+                stop: Callable[[], bool] = lambda: False) -> None:
         """Executors whose workers stay (not pilots): start every worker's rank forkserver before the pool
         does, so no planned node waits seconds for torch to import. Given up as soon as ``stop()`` (a session
         that ends at once, e.g. a re-run of jobs that are all done, does not wait for it)."""
@@ -211,7 +213,7 @@ class SiteRunner:
             time.sleep(0.1)
         for f in futs:
             if f.done() and f.exception() is not None:   # only a slower first fragment; nothing is lost
-                log("warm-up-failed", error=str(f.exception())[:200])
+                log(WarmUpFailed(str(f.exception())[:200]))
         shutil.rmtree(barrier_dir, ignore_errors=True)
 
 

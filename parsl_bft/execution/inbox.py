@@ -31,6 +31,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .events import RunEnd
 from .training_job import TrainingJob, check_same_spec
 
 __all__ = ["Inbox", "Submit"]
@@ -57,7 +58,7 @@ class Inbox:
         self._owner: int | None = None           # the thread running the loop; None: no loop runs
         self._queue: deque[Submit] = deque()
         self._jobs: dict[str, tuple[TrainingJob, Future[str | None]]] = {}
-        self._stop_why = "stopped"
+        self._stop_why: str = RunEnd.STOPPED
 
     @contextmanager
     def _held(self) -> Iterator[None]:

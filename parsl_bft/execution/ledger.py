@@ -18,31 +18,29 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import Any
 
-from .events import EventKind
+from .events import (
+    Done,
+    Event,
+    Failed,
+    FragmentDone,
+    FragmentFailedEvent,
+    Launch,
+    RunEnd,
+    Stage,
+    Start,
+    Stop,
+    parse_event,
+)
+from .jobstore import JobStatus
 
 StoredEvent = tuple[float, str, dict[str, Any]]      # (unix time, kind, detail): JobStore.events()'s rows
 
 
-class Phase(StrEnum):
-    """Where a job stands, by the event log."""
-
-    WAITING = "waiting"        # no fragment running now (between fragments, or planned no nodes)
-    RUNNING = "running"        # a fragment was launched and has not ended
-    DONE = "done"
-    FAILED = "failed"
-    STOPPED = "stopped"        # the run ended before the job did; its newest checkpoint stays
-
-
-STOP_WORDS = {"timeout": "time cap reached", "stopped": "run stopped", "interrupted": "interrupted (Ctrl-C)",
-              "SIGTERM": "terminated (SIGTERM)", "gone": "orchestrator gone (it ended without saying why)"}
-
-
 def stop_words(why: str) -> str:
-    """A Stop event's ``why`` for people: 'timeout' is the run's time cap."""
-    return STOP_WORDS.get(why, why)
+    """A Stop event's ``why`` for people: 'timeout' is the run's time cap (an error's is its own words)."""
+    return RunEnd.words(why)
 
 
 @dataclass(frozen=True)
@@ -69,7 +67,7 @@ class JobLedger:
     """One job by the event log."""
 
     name: str
-    phase: Phase = Phase.WAITING
+    phase: JobStatus = JobStatus.WAITING
     nodes: int = 0                   # the running fragment's
     fragments: int = 0               # ended
     saved_step: int = 0              # the newest committed step
@@ -100,9 +98,9 @@ class JobLedger:
     @property
     def state(self) -> str:
         """Where it stands, for people: 'running on 2 node(s)', 'stopped: time cap reached', 'done', ..."""
-        if self.phase is Phase.RUNNING:
+        if self.phase is JobStatus.RUNNING:
             return f"running on {self.nodes} node(s)"
-        if self.phase is Phase.STOPPED:
+        if self.phase is JobStatus.STOPPED:
             return f"stopped: {stop_words(self.why)}"
         return self.phase.value
 
@@ -122,62 +120,66 @@ class RunLedger:
         return self.jobs.setdefault(name, JobLedger(name))
 
     def feed(self, events: Iterable[StoredEvent]) -> RunLedger:
-        """Take ``events`` into account; returns itself."""
+        """Take ``events`` (as stored: read with ``parse_event``; a kind this code does not know is left out)
+        into account; returns itself. A damaged event is a ValueError."""
         for t, kind, d in events:
-            self._one(t, kind, d)
+            ev = parse_event(kind, d)
+            if ev is not None:
+                self._one(t, ev)
         return self
 
-    def _one(self, t: float, kind: str, d: dict[str, Any]) -> None:
-        if kind == EventKind.START:
+    def _one(self, t: float, ev: Event) -> None:
+        if isinstance(ev, Start):
             self.ended, self.started = None, t
-            for name in d.get("jobs", []):
+            for name in ev.jobs:
                 j = self.job(name)
-                j.phase, j.nodes, j.why = Phase.WAITING, 0, ""
+                j.phase, j.nodes, j.why = JobStatus.WAITING, 0, ""
                 j._launched.clear()          # a dead life's fragments were fenced off
-                j.saved_step = max(j.saved_step, int(d.get("resume", {}).get(name, 0)))
-        elif kind == EventKind.STOP:
-            self.stopped(str(d.get("why", "")))
-        elif "job" in d:
-            self._job_event(self.job(d["job"]), t, kind, d)
+                j.saved_step = max(j.saved_step, int(ev.resume.get(name, 0)))
+        elif isinstance(ev, Stop):
+            self.stopped(str(ev.why))
+        elif isinstance(ev, Launch | FragmentDone | FragmentFailedEvent | Done | Failed | Stage):
+            self._job_event(self.job(ev.job), t, ev)
 
     def stopped(self, why: str) -> None:
         """The run ended (``why``: a Stop event's, or "gone": its orchestrator died without one): jobs not done
         or failed stopped with it."""
         self.ended = why
         for j in self.jobs.values():
-            if j.phase in (Phase.WAITING, Phase.RUNNING):
-                j.phase, j.nodes, j.why = Phase.STOPPED, 0, why
+            if j.phase in (JobStatus.WAITING, JobStatus.RUNNING):      # one stopped before keeps its why
+                j.phase, j.nodes, j.why = JobStatus.STOPPED, 0, why
 
-    def _job_event(self, j: JobLedger, t: float, kind: str, d: dict[str, Any]) -> None:
+    def _job_event(self, j: JobLedger, t: float,
+                   ev: Launch | FragmentDone | FragmentFailedEvent | Done | Failed | Stage) -> None:
         batch = self.batch.get(j.name, 0)
-        if kind == EventKind.LAUNCH:
-            j.phase, j.nodes = Phase.RUNNING, int(d["size"])
-            j._launched[d["fragment"]] = (t, int(d["size"]))
-        elif kind == EventKind.FRAGMENT_DONE:
-            ended, nodes = float(d.get("ended", t)), int(d["size"])
-            train_node_s = float(d["train_s"]) * nodes
-            kept = float(d.get("samples", (d["end_step"] - d["start_step"]) * batch))
-            held = max((ended - float(d["launched"])) * nodes, train_node_s)
-            j._segment(kept, held, kept / train_node_s if train_node_s > 0 else None, d["fragment"], nodes, ended)
-            j.saved_step = max(j.saved_step, int(d["end_step"]))
-            self._between(j, d["fragment"])
-        elif kind == EventKind.FRAGMENT_FAILED:
-            launched, nodes = j._launched.get(d["fragment"], (t, 0))
-            ended = float(d.get("ended", t))
-            held = max(ended - float(d.get("launched", launched)), 0.0) * nodes
-            kept = max(int(d["saved_step"]) - int(d["resume_step"]), 0) * batch
-            j._segment(kept, held, kept / held if held > 0 else None, d["fragment"], nodes, ended)
-            j.saved_step = max(j.saved_step, int(d["saved_step"]))
-            self._between(j, d["fragment"])
-        elif kind == EventKind.DONE:
-            j.phase, j.nodes, j.checkpoint = Phase.DONE, 0, d.get("checkpoint")
-        elif kind == EventKind.FAILED:
-            j.phase, j.nodes, j.why = Phase.FAILED, 0, str(d.get("error", ""))
-        elif kind == EventKind.STAGE and d.get("checkpoint"):
-            j.checkpoint = d["checkpoint"]
+        if isinstance(ev, Launch):
+            j.phase, j.nodes = JobStatus.RUNNING, int(ev.size)
+            j._launched[ev.fragment] = (t, int(ev.size))
+        elif isinstance(ev, FragmentDone):
+            ended, nodes = float(t if ev.ended is None else ev.ended), int(ev.size)
+            train_node_s = float(ev.train_s) * nodes
+            kept = float((ev.end_step - ev.start_step) * batch if ev.samples is None else ev.samples)
+            held = max((ended - float(ev.launched)) * nodes, train_node_s)
+            j._segment(kept, held, kept / train_node_s if train_node_s > 0 else None, ev.fragment, nodes, ended)
+            j.saved_step = max(j.saved_step, int(ev.end_step))
+            self._between(j, ev.fragment)
+        elif isinstance(ev, FragmentFailedEvent):
+            launched, nodes = j._launched.get(ev.fragment, (t, 0))
+            ended = float(t if ev.ended is None else ev.ended)
+            held = max(ended - float(launched if ev.launched is None else ev.launched), 0.0) * nodes
+            kept = max(int(ev.saved_step) - int(ev.resume_step), 0) * batch
+            j._segment(kept, held, kept / held if held > 0 else None, ev.fragment, nodes, ended)
+            j.saved_step = max(j.saved_step, int(ev.saved_step))
+            self._between(j, ev.fragment)
+        elif isinstance(ev, Done):
+            j.phase, j.nodes, j.checkpoint = JobStatus.DONE, 0, ev.checkpoint
+        elif isinstance(ev, Failed):
+            j.phase, j.nodes, j.why = JobStatus.FAILED, 0, str(ev.error)
+        elif ev.checkpoint:
+            j.checkpoint = ev.checkpoint
 
     @staticmethod
     def _between(j: JobLedger, fragment: str) -> None:
         j._launched.pop(fragment, None)
-        if j.phase is Phase.RUNNING and not j._launched:
-            j.phase, j.nodes = Phase.WAITING, 0
+        if j.phase is JobStatus.RUNNING and not j._launched:
+            j.phase, j.nodes = JobStatus.WAITING, 0

@@ -47,7 +47,7 @@ from .fragments import (
 )
 from .htex import SiteRunner, check_run_helpers, serve_site_store
 from .inbox import Inbox, Submit
-from .jobstore import JobRow, JobStore, damaged_advice
+from .jobstore import JobRow, JobStatus, JobStore, damaged_advice
 from .layers import fragment_reported, job_layers
 from .pool import MultiPool, PoolEvent, SitePool
 from .protocols import IdlePool, JobPlanner
@@ -176,7 +176,7 @@ class Orchestrator:
         the state database."""
         self._inbox.check_owner("Orchestrator._add")
         self.jobs[job.name] = job
-        self.job_site[job.name] = self.db.meta(f"site:{job.name}") or next(iter(self.sites))
+        self.job_site[job.name] = self.db.site(job.name) or next(iter(self.sites))
         self.curves[job.name] = self.db.curve(job.name, job.rate_guess)
         if job.freeze != "off":
             self.layers[job.name] = job_layers(job.name, job.workload, job.global_batch, job.workload_args,
@@ -187,7 +187,7 @@ class Orchestrator:
         self.futures[job.name] = fut
         if row is None:
             self.db.add(job.name, asdict(job))
-        if row and row.status == "done":
+        if row and row.status is JobStatus.DONE:
             fut.set_result(self.state.abs(row.checkpoint))
 
     def pending_specs(self) -> list[JobSpec]:
@@ -230,13 +230,13 @@ class Orchestrator:
         self.db.record(events.Start(self.generation, [s.name for s in pending],
                                 {s.name: newest_step(self.job_dir(s.name)) for s in pending}))
         t_start = self.clock.monotonic()
-        why = "done"
+        why: str = events.RunEnd.DONE
         with sigterm_unwinds():
             try:
                 t_warm = self.clock.monotonic()
                 if self.warm_up:
                     for name, runner in self._runners.items():
-                        runner.warm_up(self.state.warm_up_dir(self.generation, name), self.db.event,
+                        runner.warm_up(self.state.warm_up_dir(self.generation, name), self.db.record,
                                        self._stopping.is_set)
                 self.warm_up_s = self.clock.monotonic() - t_warm
                 self.pool.start()
@@ -291,9 +291,9 @@ class Orchestrator:
             if progress is not None:
                 progress(self)
             if timeout_s is not None and now - t_start > timeout_s:
-                return "timeout"
+                return events.RunEnd.TIMEOUT
             self.clock.sleep(self.poll_s)
-        return self._inbox.stop_reason if self._stopping.is_set() else "done"
+        return self._inbox.stop_reason if self._stopping.is_set() else events.RunEnd.DONE
 
     def _take_arrivals(self, ctl: Controller) -> bool:
         """Jobs submitted while the loop runs join the plan; True if any did."""
@@ -369,11 +369,11 @@ class Orchestrator:
             staged = CheckpointStore(self.job_dir(name)).stage_to(self.job_dir(name, site))
             self.db.record(events.Stage(name, site, str(staged) if staged else None))
             self.job_site[name] = site
-            self.db.set_meta(f"site:{name}", site)
+            self.db.update(name, site=site)
             self.fragments.fence(name)
         jd = JobDir(self.job_dir(name))
         jd.clear_stop()
-        self.db.set_meta(f"dir:{name}", str(jd.path))      # where `parsl-bft status` finds its live progress
+        self.db.update(name, dir=str(jd.path))      # where `parsl-bft status` finds its live progress
         fragment = new_fragment_id(name)
         jd.run_fragment(fragment)          # from now on only this fragment may save the job
         k = self.sites[site].ranks_per_node
@@ -475,7 +475,7 @@ class Orchestrator:
         if c.samples_done >= self.jobs[name].samples or c.outcome is Outcome.FINISHED:
             if a is not None:
                 ctl.job_finished(name, self.clock.monotonic())
-            self.db.update(name, status="done", size=0)
+            self.db.update(name, status=JobStatus.DONE, size=0)
             self.db.record(events.Done(name, ckpt))
             if not self.futures[name].done():
                 self.futures[name].set_result(ckpt)
@@ -487,7 +487,7 @@ class Orchestrator:
         self._inbox.check_owner("Orchestrator._give_up")
         if name in ctl.active:
             ctl.job_finished(name, self.clock.monotonic())
-        self.db.update(name, status="failed", size=0)
+        self.db.update(name, status=JobStatus.FAILED, size=0)
         self.db.record(events.Failed(name, err[-20_000:]))
         n = self.failures.get(name, 0)          # fewer than max_failures when its code cannot load
         if not self.futures[name].done():
@@ -509,7 +509,7 @@ class Orchestrator:
                 self.db.update(a.name, rescales=rows[a.name].rescales + 1)
             elif r is None and want > 0:
                 self._launch(ctl, a.name, a.state.nodes, site_of(a.state.nodes[0]))
-            self.db.update(a.name, status="running" if want else "waiting", size=want, node_s=a.node_seconds)
+            self.db.holds(a.name, want, a.node_seconds)
 
     # --- reporting -----------------------------------------------------------------------------------
     def live_progress(self) -> dict[str, float]:

@@ -13,8 +13,9 @@ from typing import Any
 from ..train.metrics import FILENAME as METRICS_FILE
 from ..train.protocol import JobDir, Progress
 from .errors import StateError
-from .jobstore import JobRow, JobStore, damaged_advice
-from .ledger import JobLedger, Phase, RefRate, RunLedger, ref_words
+from .events import Reclaim, RunEnd, parse_event
+from .jobstore import JobRow, JobStatus, JobStore, damaged_advice
+from .ledger import JobLedger, RefRate, RunLedger, ref_words
 from .statedir import DATABASE, StateDir, holder_gone
 
 
@@ -50,7 +51,7 @@ class JobReport:
         """Samples done, counting what a running fragment has reported since its last collected result. A job
         that is not running counts what was kept: its last fragment's report may be past its newest checkpoint
         (a failed job showed 38.6% with its newest checkpoint at 12.0%)."""
-        running = self.ledger.phase is Phase.RUNNING if self.ledger is not None else self.row.status == "running"
+        running = (self.ledger.phase if self.ledger is not None else self.row.status) is JobStatus.RUNNING
         return max(self.row.samples_done, self.live.samples_done if self.live is not None and running else 0)
 
 
@@ -101,9 +102,9 @@ def reference_note(jobs: list[JobReport]) -> str:
                 f"{j.name}: {ref_words(asdict(j.ledger.ref) if j.ledger and j.ledger.ref else None)}" for j in jobs))
 
 
-def job_dir(db: JobStore, root: Path, name: str) -> JobDir:
+def job_dir(row: JobRow, root: Path) -> JobDir:
     """A job's directory as the orchestrator last recorded it (a site's checkpoint_dir), else the default."""
-    return JobDir(db.meta(f"dir:{name}") or root / "jobs" / name)
+    return JobDir(row.dir or root / "jobs" / row.name)
 
 
 def read_ledger(db: JobStore, rows: dict[str, JobRow] | None = None) -> RunLedger:
@@ -118,14 +119,14 @@ def read_jobs(db: JobStore, root: Path) -> list[JobReport]:
     rows = db.jobs()
     ledger = read_ledger(db, rows)
     if ledger.ended is None and ledger.started is not None and holder_gone(root) is not None:
-        ledger.stopped("gone")        # no Stop event, and its process is dead: nothing waits or runs
-    return _reports(db, root, rows, ledger)
+        ledger.stopped(RunEnd.GONE)   # no Stop event, and its process is dead: nothing waits or runs
+    return _reports(root, rows, ledger)
 
 
-def _reports(db: JobStore, root: Path, rows: dict[str, JobRow], ledger: RunLedger) -> list[JobReport]:
+def _reports(root: Path, rows: dict[str, JobRow], ledger: RunLedger) -> list[JobReport]:
     sd = StateDir(root, create=False)
-    return [JobReport(name, r, job_dir(db, root, name).progress(), sd.abs(r.checkpoint),
-                      ledger.jobs[name].why if name in ledger.jobs and ledger.jobs[name].phase is Phase.FAILED
+    return [JobReport(name, r, job_dir(r, root).progress(), sd.abs(r.checkpoint),
+                      ledger.jobs[name].why if name in ledger.jobs and ledger.jobs[name].phase is JobStatus.FAILED
                       else None, ledger.jobs.get(name))
             for name, r in rows.items()]
 
@@ -161,13 +162,14 @@ def metrics_file(root: str | Path, job: str | None = None) -> tuple[str, Path]:
     an unknown or ambiguous job is refused naming the jobs there."""
     db = open_state(root)
     try:
-        names = list(db.jobs())
+        rows = db.jobs()
+        names = list(rows)
         if job is None and len(names) != 1:
             raise StateError(f"{root} holds {len(names)} jobs ({', '.join(names) or 'none'}): name one")
         name = job if job is not None else names[0]
         if name not in names:
             raise StateError(f"{root} has no job {name!r}; its jobs: {', '.join(names) or 'none'}")
-        return name, job_dir(db, Path(root), name).path / METRICS_FILE
+        return name, job_dir(rows[name], Path(root)).path / METRICS_FILE
     except sqlite3.DatabaseError as e:
         raise StateError(damaged_advice(db.path, e)) from None
     finally:
@@ -216,10 +218,10 @@ def run_summary(db: JobStore, root: Path, *, wall_s: float, warm_up_s: float, po
     the run's totals and why it ended."""
     rows = []
     held = trained = work = 0.0
-    reclaims = [d["job"] for _, _, d in db.events("reclaim")]
+    reclaims = [ev.job for _, kind, d in db.events(Reclaim.kind) if isinstance(ev := parse_event(kind, d), Reclaim)]
     job_rows = db.jobs()
     ledger = read_ledger(db, job_rows)            # the event log read once: the jobs' accounts and why it ended
-    jobs = _reports(db, root, job_rows, ledger)
+    jobs = _reports(root, job_rows, ledger)
     for j in jobs:
         r, lj = j.row, j.ledger
         job_held = max(r.node_s, lj.held_node_s if lj else 0.0)

@@ -9,6 +9,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from types import FrameType
 
+from .events import RunEnd
+
 
 class Terminated(KeyboardInterrupt):
     """SIGTERM arrived; it unwinds like Ctrl-C."""
@@ -33,9 +35,9 @@ def sigterm_unwinds() -> Iterator[None]:
 
 
 def stop_reason(e: BaseException) -> str:
-    """Why a run stopped, as the event log records it."""
+    """Why a run stopped, as the event log records it (``RunEnd``; an error's words with it)."""
     if isinstance(e, Terminated):
-        return "SIGTERM"
+        return RunEnd.SIGTERM
     if isinstance(e, KeyboardInterrupt):
-        return "interrupted"
-    return f"error: {e!r}"[:200]
+        return RunEnd.INTERRUPTED
+    return RunEnd.error(e)

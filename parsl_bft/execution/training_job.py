@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import BadValue
-from ..jobs import JobSpec, JobSpecError
+from ..jobs import FreezeMode, JobSpec, JobSpecError
 from ..jobs import check_job_name as check_job_name  # re-exported: its home moved to jobs (no torch there)
 from ..train.check import check_loop, check_workload
 from ..train.config import Precision
@@ -34,7 +34,7 @@ class TrainingJob:
     t_down: float = 10.0           #: seconds of progress a scale-down costs
     weight: float = 1.0            #: its weight under the planner's "weighted" objective (2.0: it counts twice)
     rate_guess: float = 1000.0     #: samples/s on one node until measured (fragments feed real rates back)
-    freeze: str = "off"            #: "auto": the planner may freeze a prefix of layers (layer elasticity); "off"
+    freeze: FreezeMode = "off"     #: "auto": the planner may freeze a prefix of layers (layer elasticity); "off"
     accuracy_budget: float = 0.0   #: with freeze="auto", the predicted accuracy a freeze may cost (0.005: half a point)
     loop: str | None = None        #: your own training function, ``'file.py:fn'`` (see ``TrainContext``)
     deterministic: bool = True     #: torch deterministic algorithms (bit-for-bit resumes; off: faster kernels)

@@ -12,7 +12,7 @@ import numpy as np
 from ..errors import BadValue
 from .cohorts import CohortHazard, Cohorts
 from .freeze import best_levels
-from .methods import METHODS
+from .methods import HORIZON_MODELS, METHODS, SOLVERS, HorizonModel, PlannerMethod, Solver
 from .objectives import Objective, make_objective
 from .placement import Placement, place
 from .problem import JobState, Plan, SizeProblem
@@ -27,7 +27,7 @@ NetFactor = Callable[[JobState, np.ndarray], np.ndarray]
 
 def build_problem(jobs: list[JobState], pool_size: int, objective: Objective, t_fwd: float, now: float = 0.0,
                   remaining: dict[str, float] | None = None, free_remaining: np.ndarray | None = None,
-                  net_factor: NetFactor | None = None, horizon_model: str = "hazard",
+                  net_factor: NetFactor | None = None, horizon_model: HorizonModel = "hazard",
                   levels: dict[str, dict[int, int]] | None = None, free_cohorts: list[float] | None = None,
                   cohorts: dict[str, float] | None = None) -> SizeProblem:
     """Values v[j,k] = gain of running at size k over the horizon - rescale cost(C_j -> k) at the current rate.
@@ -74,7 +74,7 @@ class _Horizon:
     t_fwd: float
     remaining: dict[str, float] | None
     free_remaining: np.ndarray | None
-    model: str
+    model: HorizonModel
     hazard: CohortHazard | None
     cohorts: dict[str, float] | None
     net_factor: NetFactor | None
@@ -151,13 +151,13 @@ class Planner:
     (BFTrainer's node-level model, small sizes only). On a MILP time-out the best feasible solution is used,
     else the exact DP - never the old map with new nodes left idle."""
 
-    method: str = "milp"
-    solver: str = "highs"
+    method: PlannerMethod = "milp"
+    solver: Solver = "highs"
     objective: Objective | str = "speedup"
     t_fwd: float = 10.0
     time_limit: float = 10.0
     horizon_aware: bool = False
-    horizon_model: str = "hazard"        # how predicted remaining idle time is valued: hazard | cut
+    horizon_model: HorizonModel = "hazard"   # how predicted remaining idle time is valued: hazard | cut
     placement: Placement = field(default_factory=Placement)
     network: NetworkCost | None = None   # values see the groups a size would span
     _cohorts: Cohorts = field(default_factory=Cohorts, init=False, repr=False, compare=False)
@@ -169,8 +169,10 @@ class Planner:
             raise BadValue(f"t_fwd must be a finite number > 0, got {self.t_fwd}")
         if not 0 < self.time_limit < float("inf"):
             raise BadValue(f"time_limit must be a finite number > 0, got {self.time_limit}")
-        if self.horizon_model not in ("hazard", "cut"):
-            raise BadValue(f"unknown horizon_model {self.horizon_model!r}: use hazard or cut")
+        if self.solver not in SOLVERS:
+            raise BadValue(f"unknown MILP solver {self.solver!r}: use {' or '.join(SOLVERS)}")
+        if self.horizon_model not in HORIZON_MODELS:
+            raise BadValue(f"unknown horizon_model {self.horizon_model!r}: use {' or '.join(HORIZON_MODELS)}")
         self.objective = make_objective(self.objective)
 
     def plan(self, jobs: list[JobState], pool: list[str], now: float = 0.0,

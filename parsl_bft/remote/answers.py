@@ -9,11 +9,12 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from ..errors import ParslBftError
+from ..execution.jobstore import STORED
 from ..jobs import check_job_name
-from .facility import CHUNK
+from .facility import CHUNK, RunState
 
-RUN_STATES = ("running", "cancelling", "finished", "failed", "cancelled", "lost")
-JOB_STATUSES = ("waiting", "running", "done", "failed")
+RUN_STATES = tuple(RunState)
+JOB_STATUSES = STORED        # what a job row holds: the facility sends its rows' status
 _SHA256 = re.compile(r"[0-9a-f]{64}\Z")
 
 

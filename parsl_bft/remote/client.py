@@ -21,6 +21,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from ..errors import ParslBftError
+from ..execution.jobstore import JobStatus
 from ..extras import optional_imports
 from ..owned import link_of_another, untrusted
 from ..sites import RemoteRuns, Site, SiteError, load_site
@@ -305,9 +306,9 @@ class RemoteRun:
                 row = rows.get(name)
                 if fut.done():
                     continue
-                if row and row["status"] == "done":
+                if row and row["status"] == JobStatus.DONE:
                     fut.set_result(row["checkpoint"])
-                elif (row and row["status"] == "failed") or ended:
+                elif (row and row["status"] == JobStatus.FAILED) or ended:
                     fut.set_exception(RemoteJobFailed(f"run {self.run_id}: job {name} "
                                                       f"{row['status'] if row else 'never started'}, run "
                                                       f"{st['state']} (parsl-bft logs {self.run_id})"))

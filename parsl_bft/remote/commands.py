@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import UsageError
+from ..execution.jobstore import JobStatus
 from .facility import END_STATES
 from .registry import known_runs, remember
 
@@ -176,7 +177,7 @@ def cmd_fetch(args: argparse.Namespace) -> int:
     for name, path in got.items():
         print(f"{name}\t{path}")
     for r in rows:
-        if r["status"] != "done":
+        if r["status"] != JobStatus.DONE:
             _say(f"{r['job']}: {r['status']}, not finished: its newest checkpoint ({r['samples_done']:,} of "
                  f"{r['samples']:,} samples)")
     if not got:

@@ -28,6 +28,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from enum import StrEnum
 from pathlib import Path, PurePosixPath
 from typing import Any, BinaryIO
 
@@ -35,7 +36,19 @@ from ..errors import ParslBftError
 from ..execution.statedir import DATABASE, check_private, private_dir
 from ..safe_python import python_command
 
-END_STATES = ("finished", "failed", "cancelled", "lost")    # the run's session is over (run_status)
+
+class RunState(StrEnum):
+    """Where a remote run's session stands (``run_status``); its jobs' own are ``JobStatus``."""
+
+    RUNNING = "running"
+    CANCELLING = "cancelling"
+    FINISHED = "finished"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    LOST = "lost"                  # ended without a word (e.g. the login node rebooted)
+
+
+END_STATES = (RunState.FINISHED, RunState.FAILED, RunState.CANCELLED, RunState.LOST)   # the session is over
 CHUNK = 4 << 20                  # checkpoint bytes per call: base64-encoded still well under the 10 MB task limit
 _RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}\Z")
 
@@ -190,7 +203,7 @@ def _state_dirs(work: Path) -> list[Path]:
 
 
 def _jobs(d: Path) -> list[dict]:
-    from ..execution.jobstore import JobStore
+    from ..execution.jobstore import JobStatus, JobStore
     from ..execution.report import read_jobs
 
     rows = []
@@ -200,8 +213,8 @@ def _jobs(d: Path) -> list[dict]:
         try:
             for j in read_jobs(db, sd):
                 r = j.row
-                rows.append({"state": str(sd.relative_to(work)), "job": j.name, "status": r.status,
-                             "samples_done": j.samples_now if r.status == "running" else r.samples_done,
+                rows.append({"state": str(sd.relative_to(work)), "job": j.name, "status": r.status.value,
+                             "samples_done": j.samples_now if r.status is JobStatus.RUNNING else r.samples_done,
                              "samples": r.spec.get("samples"), "nodes": r.size, "fragments": r.fragments,
                              "checkpoint": j.checkpoint})
         finally:
@@ -224,14 +237,14 @@ def run_status(runs_dir: str, run_id: str) -> dict:
     alive = _alive(d)
     ended = _read_json(d / "exit.json")     # after the lock test: a session writes it before it lets go
     if alive:
-        state = "cancelling" if (d / "cancel").exists() else "running"
+        state = RunState.CANCELLING if (d / "cancel").exists() else RunState.RUNNING
     elif ended is not None and ended["code"] == 0:
-        state = "finished"                      # also when a cancel came too late
+        state = RunState.FINISHED               # also when a cancel came too late
     elif (d / "cancel").exists():
-        state = "cancelled"
+        state = RunState.CANCELLED
     else:
-        state = "lost" if ended is None else "failed"
-    return {"run_id": run_id, "state": state, "exit_code": ended and ended["code"], "folder": str(d),
+        state = RunState.LOST if ended is None else RunState.FAILED
+    return {"run_id": run_id, "state": state.value, "exit_code": ended and ended["code"], "folder": str(d),
             "host": socket.gethostname(), "runner": _read_json(d / "runner.json"), "jobs": _jobs(d)}
 
 

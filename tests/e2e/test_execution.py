@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from parsl_bft.execution.events import Failed
 from parsl_bft.execution.jobstore import JobStore
 from parsl_bft.execution.pool import EmulatedPool
 from parsl_bft.train.checkpoint import CheckpointStore, load_checkpoint
@@ -561,8 +562,8 @@ def test_status_reads_live_progress_and_shows_a_failed_jobs_traceback(tmp_path, 
     db.update("train", status="running", size=2)
     JobDir(state / "jobs" / "train").ensure().write_progress(Progress(13, 832, 0.25, 2, 10, time.time(), time.time()))
     db.update("broken", status="failed")
-    db.event("failed", job="broken", error="rank 1 on h failed first: ValueError: lr 10 is too large\n"
-                                           "Traceback (most recent call last):\n  File \"user.py\", line 2, in check")
+    db.record(Failed("broken", "rank 1 on h failed first: ValueError: lr 10 is too large\n"
+                               "Traceback (most recent call last):\n  File \"user.py\", line 2, in check"))
     db.close()
     assert main(["status", str(state)]) == 0
     out = capsys.readouterr().out

@@ -8,8 +8,8 @@ import pytest
 from rich.console import Console
 
 from parsl_bft.execution import events as ev
-from parsl_bft.execution.jobstore import JobStore
-from parsl_bft.execution.ledger import Phase, RunLedger
+from parsl_bft.execution.jobstore import JobStatus, JobStore
+from parsl_bft.execution.ledger import RunLedger
 from parsl_bft.execution.live import LiveBars
 from parsl_bft.execution.report import run_summary
 
@@ -96,12 +96,12 @@ def test_a_new_life_starts_from_where_the_log_stands(tmp_path):
     _launch(db, "j", "j-1", 1)
     db.record(ev.Start("g2", ["j"], {"j": 40}))
     ledger = RunLedger({"j": 10}).feed(db.events())
-    assert ledger.jobs["j"].phase is Phase.WAITING and ledger.jobs["j"].saved_step == 40
+    assert ledger.jobs["j"].phase is JobStatus.WAITING and ledger.jobs["j"].saved_step == 40
     _launch(db, "j", "j-2", 1)
     db.record(ev.FragmentFailedEvent("j", "j-2", "killed", True, True, 40, 60, 10.0, launched=0.0, ended=50.0))
     ledger = RunLedger({"j": 10}).feed(db.events())
     j = ledger.jobs["j"]
-    assert (j.kept, j.held_node_s, j.ref.per_node_s, j.phase) == (200, 50.0, 4.0, Phase.WAITING)
+    assert (j.kept, j.held_node_s, j.ref.per_node_s, j.phase) == (200, 50.0, 4.0, JobStatus.WAITING)
 
 
 def test_progress_lines_show_samples_per_second_and_an_eta_once_known(tmp_path):

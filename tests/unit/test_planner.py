@@ -210,6 +210,10 @@ def test_bad_input_is_named():
         Planner(method="magic")
     with pytest.raises(ValueError, match="unknown objective"):
         Planner(objective="happiness")
+    with pytest.raises(ValueError, match="unknown MILP solver 'gurobi': use highs or cbc"):
+        Planner(solver="gurobi")            # a knob given as any string is checked where it is given
+    with pytest.raises(ValueError, match="unknown horizon_model 'flat': use hazard or cut"):
+        Planner(horizon_model="flat")
     job = JobState(JobSpec("a", "m", 1, 8, 0, 0, 1), curve("m", 0), ("gone",))
     with pytest.raises(ValueError, match="outside the idle pool"):
         Planner().plan([job], ["n0"])
