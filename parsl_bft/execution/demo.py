@@ -28,13 +28,10 @@ def run_demo(out: str | Path, *, speedup: float = 30.0, console: Console | None 
     """The demo's run; ``jobs`` (TrainingJob fields) replaces its three models (tests use small ones)."""
     import parsl
     from rich.console import Console
-    from rich.table import Table
 
     from ..planner import Planner
     from ..plots import plot_allocation
     from .config import local_config
-    from .events import RunEnd
-    from .ledger import ref_words, stop_words
     from .live import LiveBars
     from .orchestrator import Orchestrator, TrainingJob
     from .pool import EmulatedPool
@@ -60,6 +57,22 @@ def run_demo(out: str | Path, *, speedup: float = 30.0, console: Console | None 
                 summary = orch.run(progress=bars, timeout_s=600)
         finally:
             orch.close()            # the state directory's lock file and database (else: "unclosed file")
+    results = _print_results(console, summary, pool.intervals.n_nodes)
+    tl = orch.timeline
+    plot_allocation(tl.t, tl.idle, tl.held, summary.wall_s, str(out / "demo.png"),
+                    title="parsl-bft demo: nodes per job on the emulated idle pool", xlabel="seconds", scale=1.0)
+    (out / "demo.json").write_text(json.dumps({**summary.as_dict(), "final_checkpoints": results}, indent=1))
+    console.print(f"wrote {out / 'demo.png'} and {out / 'demo.json'}")
+    return summary
+
+
+def _print_results(console: Console, summary: RunSummary, n_nodes: int) -> dict[str, str | None]:
+    """The demo's table and notes; returns each job's newest checkpoint (done or not)."""
+    from rich.table import Table
+
+    from .events import RunEnd
+    from .ledger import ref_words, stop_words
+
     results = {r.job: r.checkpoint for r in summary.jobs}       # the newest, done or not
     ended = summary.ended
     t = Table(title=f"demo finished in {summary.wall_s:.0f} s" if ended == RunEnd.DONE else
@@ -76,11 +89,6 @@ def run_demo(out: str | Path, *, speedup: float = 30.0, console: Console | None 
     console.print(f"held node-time spent training: {summary.train_share:.1%} (workers warmed up first: "
                   f"{summary.warm_up_s:.0f} s); final checkpoints: "
                   + ", ".join(f"{n}: {Path(p).name if p else '-'}" for n, p in results.items()))
-    console.print(f"the {pool.intervals.n_nodes} emulated nodes share this machine's {os.cpu_count()} cores, so E_used "
+    console.print(f"the {n_nodes} emulated nodes share this machine's {os.cpu_count()} cores, so E_used "
                   "here also measures their crowding; the README's e_idle figures are a different measure")
-    tl = orch.timeline
-    plot_allocation(tl.t, tl.idle, tl.held, summary.wall_s, str(out / "demo.png"),
-                    title="parsl-bft demo: nodes per job on the emulated idle pool", xlabel="seconds", scale=1.0)
-    (out / "demo.json").write_text(json.dumps({**summary.as_dict(), "final_checkpoints": results}, indent=1))
-    console.print(f"wrote {out / 'demo.png'} and {out / 'demo.json'}")
-    return summary
+    return results
