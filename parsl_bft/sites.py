@@ -121,6 +121,8 @@ class HoleDiscovery(_Strict):
                                       "kills it; unset: the partition's GraceTime (scontrol show partition), "
                                       "else 3")
     max_pilots: int = Field(default=64, ge=1, description="nodes held at most")
+    max_pilots_per_minute: int = Field(default=12, ge=1, description="pilot submissions (sbatch/qsub) in any "
+                                       "60 s at most: holes that open and close fast cannot flood the queue")
     max_jobs: int | None = Field(default=None, ge=1, description="the facility's cap on your queued jobs, where "
                                  "the scheduler does not say (sacctmgr / qstat -Q); holes then share pilots")
 

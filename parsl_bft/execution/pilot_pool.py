@@ -19,6 +19,7 @@ import logging
 import math
 import subprocess
 import time
+from collections import deque
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -134,9 +135,11 @@ class PilotPool:
     def __init__(self, executor: PilotExecutor, *, max_nodes: int = 64, probe_s: float = 5.0, poll_s: float = 1.0,
                  notice_s: float | None = None, release_s: float = 3.0, clock: Callable[[], float] = time.time,
                  topology: Topology | None = None, new_executor: Callable[[str], PilotExecutor] | None = None,
-                 hold: Callable[[Any, str], None] = hold_block):
+                 hold: Callable[[Any, str], None] = hold_block, max_per_minute: int | None = None):
         if max_nodes < 1:
             raise BadValue(f"max_nodes must be >= 1, got {max_nodes}")
+        if max_per_minute is not None and max_per_minute < 1:
+            raise BadValue(f"max_per_minute must be >= 1, got {max_per_minute}")
         self.executor = executor
         self.provider: PilotProvider = executor.provider
         self.topology: Topology | None = topology if topology is not None else self.provider.topology()
@@ -151,6 +154,8 @@ class PilotPool:
         self._t0 = clock()
         self._last_probe = self._last_poll = -math.inf
         self._book: dict[str, Pilot] = {}      # job id -> its record, for every pilot seen
+        self.max_per_minute = max_per_minute
+        self._submitted: deque[float] = deque()  # when each pilot of the last minute was submitted
 
     def start(self) -> None:
         """Start the pool's clock and cancel the pilots a dead earlier run of the state directory left."""
@@ -460,11 +465,24 @@ class PilotPool:
             if free < want and self.provider.multi_node:
                 per = math.ceil(want / free)
             pilots_n = min(free, math.ceil(want / per))
+        pilots_n = min(pilots_n, self._submissions_left())
+        if pilots_n <= 0:
+            return
         if self.lanes is None:
             with self.provider.pilots(PilotShape(nodes=per)):      # Parsl's scale-out has no room for it
                 self.executor.scale_out_facade(pilots_n)
+            self._submitted.extend([self.clock()] * pilots_n)
         else:
             self._soak_lanes(self.lanes, pilots, holes, want, per, pilots_n)
+
+    def _submissions_left(self) -> int:
+        """Pilots that may still be submitted within the last 60 s (``max_per_minute``; unbounded without)."""
+        now = self.clock()
+        while self._submitted and now - self._submitted[0] >= 60.0:
+            self._submitted.popleft()
+        if self.max_per_minute is None:
+            return 1 << 30
+        return self.max_per_minute - len(self._submitted)
 
     def _soak_lanes(self, lanes: Lanes, pilots: dict[str, LaneBlock], holes: list[Hole], want: int, per: int,
                     pilots_n: int) -> None:
@@ -474,6 +492,7 @@ class PilotPool:
         for group, nodes in lanes.pilots(holes, want, per, pilots_n, held):
             with self.provider.pilots(PilotShape(nodes=len(nodes), target=nodes)):
                 lanes.executor(group, busy).scale_out_facade(1)
+            self._submitted.append(self.clock())
             busy.add(group)
 
     # --- the orchestrator's calls ---------------------------------------------------------------------------

@@ -288,3 +288,24 @@ def test_pilots_go_to_holes_group_by_group_each_group_its_own_executor(tmp_path)
                          "nodes": [f"n{i}" for i in range(1, 7)]}
     assert joined() == ["n10", "n9"] and list(lanes) == [label]
     assert {pool.executor_label(n) for n in ("n9", "n10")} == {label} and pool.executor_label("n7") == "site"
+
+
+def test_pilot_submissions_stay_under_the_cap_per_minute():
+    """Holes that open and close fast (here each pilot is withdrawn as soon as it is queued) made 28 pilots in 5
+    minutes for one job; with ``max_per_minute`` the pool submits at most that many in any 60 s, and goes on
+    submitting once the minute has passed."""
+    clock = {"t": 1000.0}
+    fake = FakePilots()
+    pool = PilotPool(fake, max_nodes=8, probe_s=1.0, poll_s=0.0, clock=lambda: clock["t"], hold=fake.hold,
+                     max_per_minute=5)
+    pool.start()
+    fake.holes_n = 8
+    submitted = []
+    for _ in range(150):
+        clock["t"] += 1.0
+        before = len(fake.blocks_to_job_id)
+        pool.poll()
+        submitted += [clock["t"]] * (len(fake.blocks_to_job_id) - before)
+        fake.cancelled += [j for j in fake.blocks_to_job_id.values() if j not in fake.cancelled]   # holes closed
+    assert max(sum(t <= u < t + 60 for u in submitted) for t in submitted) == 5
+    assert submitted == [1001.0] * 5 + [1061.0] * 5 + [1121.0] * 5
