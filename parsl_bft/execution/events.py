@@ -153,6 +153,7 @@ class Launch(Event):
     resume_step: int
     checkpoint_every_s: float
     site: str | None = _opt()
+    freeze: int | None = _opt()            # layers the fragment trains frozen (layer elasticity; None: 0)
 
 
 @dataclass(frozen=True)

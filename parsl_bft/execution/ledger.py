@@ -69,6 +69,7 @@ class JobLedger:
     name: str
     phase: JobStatus = JobStatus.WAITING
     nodes: int = 0                   # the running fragment's
+    freeze: int = 0                  # ... and the layers it trains frozen
     fragments: int = 0               # ended
     saved_step: int = 0              # the newest committed step
     checkpoint: str | None = None    # the final one (done) or the newest staged one, as the log names it
@@ -99,7 +100,7 @@ class JobLedger:
     def state(self) -> str:
         """Where it stands, for people: 'running on 2 node(s)', 'stopped: time cap reached', 'done', ..."""
         if self.phase is JobStatus.RUNNING:
-            return f"running on {self.nodes} node(s)"
+            return f"running on {self.nodes} node(s)" + (f", {self.freeze} layer(s) frozen" if self.freeze else "")
         if self.phase is JobStatus.STOPPED:
             return f"stopped: {stop_words(self.why)}"
         return self.phase.value
@@ -153,7 +154,7 @@ class RunLedger:
                    ev: Launch | FragmentDone | FragmentFailedEvent | Done | Failed | Stage) -> None:
         batch = self.batch.get(j.name, 0)
         if isinstance(ev, Launch):
-            j.phase, j.nodes = JobStatus.RUNNING, int(ev.size)
+            j.phase, j.nodes, j.freeze = JobStatus.RUNNING, int(ev.size), int(ev.freeze or 0)
             j._launched[ev.fragment] = (t, int(ev.size))
         elif isinstance(ev, FragmentDone):
             ended, nodes = float(t if ev.ended is None else ev.ended), int(ev.size)

@@ -387,7 +387,7 @@ class Orchestrator:
         self.running[name] = Running(handle, len(nodes), fragment, site, self.clock.time(), resume, interval,
                                      freeze=freeze)
         self.db.record(events.Launch(name, len(nodes), len(nodes) * k, fragment, list(nodes), resume,
-                                     round(interval, 2), site or None))
+                                     round(interval, 2), site or None, freeze or None))
 
     def _follow_placement(self, ctl: Controller) -> None:
         """A gang's shares say which node they landed on: the books (who is hit by a reclaim) follow."""

@@ -127,3 +127,19 @@ def test_progress_lines_show_samples_per_second_and_an_eta_once_known(tmp_path):
 def test_a_duration_reads_in_seconds_minutes_or_hours():
     from parsl_bft.execution.live import _duration
     assert [_duration(s) for s in (5, 65, 3 * 3600 + 7 * 60 + 30)] == ["5s", "1m05s", "3h07m"]
+
+
+def test_a_fragment_launched_with_frozen_layers_says_so(tmp_path):
+    """The freeze level a fragment trains at is in its launch event and in where the job stands (status, live
+    lines); a fragment with none says nothing of it, and the stored event leaves the field out."""
+    db = JobStore(tmp_path / "state.sqlite")
+    db.add("j", {"name": "j", "samples": 10_000, "global_batch": 10})
+    db.record(ev.Start("g1", ["j"], {"j": 0}))
+    db.record(ev.Launch("j", 2, 2, "j-1", ["n0", "n1"], 0, 10.0, freeze=3))
+    ledger = RunLedger({"j": 10}).feed(db.events())
+    assert ledger.jobs["j"].state == "running on 2 node(s), 3 layer(s) frozen"
+    _done(db, "j", "j-1", 2, launched=0.0, ended=50.0, train_s=40.0, steps=10)
+    _launch(db, "j", "j-2", 1)
+    ledger = RunLedger({"j": 10}).feed(db.events())
+    assert ledger.jobs["j"].state == "running on 1 node(s)"
+    assert [d.get("freeze") for _, k, d in db.events("launch")] == [3, None]
