@@ -42,6 +42,12 @@ class JobReport:
         return self.ledger.e_used(self.row.samples_done, self.row.node_s) if self.ledger is not None else None
 
     @property
+    def measured(self) -> bool:
+        """Whether a fragment of it has ended: the training share and E_used are counted then, so before it they
+        are unknown (not 0%: the first fragment may be training)."""
+        return self.row.fragments > 0 or (self.ledger is not None and self.ledger.fragments > 0)
+
+    @property
     def samples(self) -> int:
         """The job's budget of samples (0 when the stored spec has none)."""
         return int(self.row.spec.get("samples") or 0)
@@ -74,10 +80,11 @@ def status_row(j: JobReport) -> tuple[str, ...]:
     r, total = j.row, j.samples
     held = max(r.node_s, j.ledger.held_node_s if j.ledger else 0.0)
     loss = f", loss {j.live.loss:.4g}" if j.live is not None else ""
-    e = j.e_used
+    e = j.e_used if j.measured else None
+    share = f"{min(r.train_node_s, held) / held:.0%}" if held else "0%"
     return (j.name, j.state, f"{min(j.samples_now, total) / total:.1%} of {total:,}{loss}" if total else "?",
-            str(r.fragments), str(r.rescales), f"{held:.0f}", f"{min(r.train_node_s, held) / held:.0%}" if held
-            else "0%", "-" if e is None else f"{e:.2f}")
+            str(r.fragments), str(r.rescales), f"{held:.0f}", share if j.measured or not held else "-",
+            "-" if e is None else f"{e:.2f}")
 
 
 def status_json(jobs: list[JobReport], events: list[tuple[float, str, dict[str, Any]]]) -> dict[str, Any]:
@@ -90,7 +97,8 @@ def status_json(jobs: list[JobReport], events: list[tuple[float, str, dict[str, 
                     "samples": j.samples, "samples_done": min(j.samples_now, j.samples) if j.samples else
                     j.samples_now, "loss": j.live.loss if j.live is not None and j.live.loss == j.live.loss
                     else None, "fragments": r.fragments, "rescales": r.rescales, "node_s_held": round(held, 3),
-                    "training_share": min(r.train_node_s, held) / held if held else None, "e_used": j.e_used,
+                    "training_share": min(r.train_node_s, held) / held if held and j.measured else None,
+                    "e_used": j.e_used if j.measured else None,
                     "checkpoint": j.checkpoint, "error": j.error})
     return {"jobs": out, "events": [{"t": t, "kind": kind, **d} for t, kind, d in events]}
 

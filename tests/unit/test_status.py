@@ -6,6 +6,8 @@ import socket
 import subprocess
 import sys
 
+import pytest
+
 from parsl_bft.cli import main
 from parsl_bft.execution import events as ev
 from parsl_bft.execution.jobstore import JobStore
@@ -90,3 +92,22 @@ def test_a_run_stopped_by_ctrl_c_says_interrupted(tmp_path):
     assert [d["why"] for _, _, d in JobStore(tmp_path / "state" / "state.sqlite").events("stop")] == ["interrupted"]
     jobs, _ = read_state(tmp_path / "state")
     assert jobs[0].state == "stopped: interrupted (Ctrl-C)"
+
+
+def test_training_share_and_e_used_are_unknown_until_a_fragment_ends(tmp_path, capsys):
+    """While the first fragment trains, the job has held nodes but nothing is counted yet: status showed
+    "training share 0%, E_used 0.00"; it shows "-" (JSON: null) until a fragment has ended."""
+    state = _state(tmp_path, n_events=2)              # one launch, running
+    db = JobStore(state / "state.sqlite")
+    db.update("j", node_s=40.0)                       # the orchestrator's count of node-seconds held so far
+    db.close()
+    assert main(["status", str(state), "--json"]) == 0
+    (job,) = json.loads(capsys.readouterr().out)["jobs"]
+    assert job["node_s_held"] == 40.0 and job["training_share"] is None and job["e_used"] is None
+    db = JobStore(state / "state.sqlite")
+    db.record(ev.FragmentDone("j", "j-0", 1, 1, 0.0, 1.0, 30.0, 0, 30, "signal", 0, 0.1, samples=300, ended=41.0))
+    db.update("j", fragments=1, train_node_s=30.0, samples_done=300)
+    db.close()
+    assert main(["status", str(state), "--json"]) == 0
+    (job,) = json.loads(capsys.readouterr().out)["jobs"]
+    assert job["training_share"] == pytest.approx(30.0 / job["node_s_held"]) and job["e_used"] > 0
