@@ -189,7 +189,7 @@ class JobSummary:
     """One job's line of a run's summary."""
 
     job: str
-    status: str                 # the event log's phase (done, failed, stopped, running, waiting) or the row's
+    status: JobStatus           # the event log's phase, or the row's where the log does not name the job
     state: str                  # where it stands, in words
     samples: int                # samples done
     node_s: float               # node-seconds held
@@ -233,7 +233,7 @@ def run_summary(db: JobStore, root: Path, *, wall_s: float, warm_up_s: float, po
     for j in jobs:
         r, lj = j.row, j.ledger
         job_held = max(r.node_s, lj.held_node_s if lj else 0.0)
-        rows.append(JobSummary(job=j.name, status=lj.phase.value if lj else r.status, state=j.state,
+        rows.append(JobSummary(job=j.name, status=lj.phase if lj else r.status, state=j.state,
                                samples=r.samples_done, node_s=job_held, train_node_s=r.train_node_s,
                                fragments=r.fragments, rescales=r.rescales, reclaims=reclaims.count(j.name),
                                checkpoint=j.checkpoint, e_used=j.e_used, ref_rate=lj.ref if lj else None))
