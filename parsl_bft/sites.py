@@ -121,6 +121,9 @@ class HoleDiscovery(_Strict):
                                       "kills it; unset: the partition's GraceTime (scontrol show partition), "
                                       "else 3")
     max_pilots: int = Field(default=64, ge=1, description="nodes held at most")
+    unused_pilot_seconds: float = Field(default=300.0, gt=0, description="a running pilot none of whose nodes the "
+                                        "plan has given a job for this long is given back (its hours are charged "
+                                        "for nothing); the pool may submit a fresh one if a job wants it later")
     max_pilots_per_minute: int = Field(default=12, ge=1, description="pilot submissions (sbatch/qsub) in any "
                                        "60 s at most: holes that open and close fast cannot flood the queue")
     max_jobs: int | None = Field(default=None, ge=1, description="the facility's cap on your queued jobs, where "

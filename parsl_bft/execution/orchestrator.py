@@ -266,8 +266,9 @@ class Orchestrator:
                 return self._inbox.stop_reason
             check_run_helpers(self._store, self.sites)
             changed |= self._take_arrivals(ctl)
-            for site in self.sites.values():             # no pilots for nodes no job could use
-                site.pool.demand = ctl.demand
+            used = {n for a in ctl.active.values() for n in a.state.nodes}
+            for name, site in self.sites.items():  # no pilots for nodes no job could use; long unused ones go back
+                site.pool.demand, site.pool.in_use = ctl.demand, {local_name(n) for n in used if site_of(n) == name}
             now = self.clock.monotonic()
             dt, last = now - last, now
             self.pool_node_s += len(ctl.pool) * dt

@@ -86,6 +86,7 @@ class Pilot:
     cancelled: bool = False             # the cancel for ``release_at`` went out
     looked: bool = False                # its worker pool's connection made us survey at once
     recorded: bool = False              # written to this run's ledger
+    unused_since: float | None = None   # joined and none of its nodes planned for a job since then
 
 
 @dataclass
@@ -131,11 +132,13 @@ class PilotPool:
 
     gang: bool = True
     demand: int | None = None   # set by the orchestrator: nodes its jobs could use; no pilots beyond that
+    in_use: set[str] | None = None  # ... and the nodes its plan gives a job now
 
     def __init__(self, executor: PilotExecutor, *, max_nodes: int = 64, probe_s: float = 5.0, poll_s: float = 1.0,
                  notice_s: float | None = None, release_s: float = 3.0, clock: Callable[[], float] = time.time,
                  topology: Topology | None = None, new_executor: Callable[[str], PilotExecutor] | None = None,
-                 hold: Callable[[Any, str], None] = hold_block, max_per_minute: int | None = None):
+                 hold: Callable[[Any, str], None] = hold_block, max_per_minute: int | None = None,
+                 unused_s: float | None = None):
         if max_nodes < 1:
             raise BadValue(f"max_nodes must be >= 1, got {max_nodes}")
         if max_per_minute is not None and max_per_minute < 1:
@@ -155,6 +158,7 @@ class PilotPool:
         self._last_probe = self._last_poll = -math.inf
         self._book: dict[str, Pilot] = {}      # job id -> its record, for every pilot seen
         self.max_per_minute = max_per_minute
+        self.unused_s = unused_s                # a joined pilot the plan leaves unused this long is given back
         self._submitted: deque[float] = deque()  # when each pilot of the last minute was submitted
 
     def start(self) -> None:
@@ -363,7 +367,17 @@ class PilotPool:
         # which would end a 1-minute pilot's use of its node as it joins
         if end is None and self.provider.walltime_signalled(jid):
             return NoticeReason.WALLTIME
-        return None
+        return NoticeReason.UNUSED if self._unused_too_long(self.pilot(jid), now) else None
+
+    def _unused_too_long(self, p: Pilot, now: float) -> bool:
+        """Whether none of the pilot's nodes has been planned for a job for ``unused_s``: its allocation hours
+        are charged for nothing (it gets a notice, and goes once the orchestrator lets it go)."""
+        if self.unused_s is None or self.in_use is None or self.in_use & set(p.nodes):
+            p.unused_since = None
+            return False
+        if p.unused_since is None:
+            p.unused_since = now
+        return now - p.unused_since >= self.unused_s
 
     def _notices(self, noticed: list[tuple[str, NoticeReason]], w: float) -> list[PoolEvent]:
         """One notice event per reason."""

@@ -35,6 +35,7 @@ class EmulatedPool:
 
     gang: bool = False             # a fragment's ranks all run in one task on this machine
     demand: int | None = None   # the emulated nodes come and go by the trace, whatever the jobs need
+    in_use: set[str] | None = None
     topology: Topology | None = None   # one machine: no network groups
 
     def __init__(self, intervals: IdleIntervals, *, speedup: float = 30.0, notice_s: float = 3.0,

@@ -29,6 +29,7 @@ class NoticeReason(StrEnum):
     FACILITY_JOB = "a facility job is planned onto it"
     SIGNAL = "scheduler signal"
     WALLTIME = "walltime ends"
+    UNUSED = "unused by the plan"     # none of its nodes planned for a job for ``unused_s``: its hours go back
 
     def __str__(self) -> str:
         return self.value
@@ -53,6 +54,7 @@ class IdlePool(Protocol):
 
     gang: bool                       # True: one Parsl task per node (pilots); False: all ranks in one task
     demand: int | None               # nodes the jobs could use now (None: unknown); pilots soak no more
+    in_use: set[str] | None          # its nodes the plan gives a job now (None: unknown); pilots idle long go back
     topology: Topology | None        # the network's groups of its nodes, where known
 
     def start(self) -> None:

@@ -228,7 +228,8 @@ class SiteRuntime:
         pilots = cast("PilotExecutor", executor)        # the HighThroughputExecutor config() made
         provider: PilotProvider = pilots.provider       # it holds the survey period and the notice: one road each
         return PilotPool(pilots, max_nodes=self.site.holes.max_pilots, probe_s=provider.status_polling_interval,
-                         max_per_minute=self.site.holes.max_pilots_per_minute, topology=self.topology,
+                         max_per_minute=self.site.holes.max_pilots_per_minute,
+                         unused_s=self.site.holes.unused_pilot_seconds, topology=self.topology,
                          new_executor=cast("Callable[[str], PilotExecutor]",   # an HTEX's provider is read-only
                                            dfk_lane_factory(lambda label: self.pilot_executor(label, provider))))
 

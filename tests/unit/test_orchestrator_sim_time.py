@@ -144,3 +144,16 @@ def test_a_dead_rendezvous_store_stops_the_run_with_the_reason(tmp_path):
     assert why.startswith("error: RendezvousLost(") and "shutdown" in {
         d["why"] for _, _, d in orch.db.events("stop-request")}
     orch.close()
+
+
+def test_the_pool_is_told_which_of_its_nodes_the_plan_gives_a_job(tmp_path):
+    """What a pilot pool needs to give back pilots the plan leaves unused: every loop turn the orchestrator sets
+    ``in_use`` to the nodes its plan gives a job now (here one job of at most 2 nodes on 3 idle nodes)."""
+    clock = SimulatedClock()
+    pool = ScriptedPool(clock, [(0, "join", ("a", "b", "c"))])
+    orch = _orchestrator(tmp_path, clock, pool, SimulatedFragments(clock))
+    orch.submit(TrainingJob("x", samples=20_000, max_nodes=2, global_batch=8, rate_guess=RATE))
+    seen = []
+    orch.run(timeout_s=10_000, progress=lambda o: seen.append(set(pool.in_use)))
+    assert seen[0] == set() and max(len(s) for s in seen) == 2 and all(s <= {"a", "b", "c"} for s in seen)
+    orch.close()

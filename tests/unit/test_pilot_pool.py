@@ -309,3 +309,31 @@ def test_pilot_submissions_stay_under_the_cap_per_minute():
         fake.cancelled += [j for j in fake.blocks_to_job_id.values() if j not in fake.cancelled]   # holes closed
     assert max(sum(t <= u < t + 60 for u in submitted) for t in submitted) == 5
     assert submitted == [1001.0] * 5 + [1061.0] * 5 + [1121.0] * 5
+
+
+def test_a_pilot_the_plan_leaves_unused_is_given_back_after_the_bound():
+    """Two of four held pilots sat unused for 9 minutes (the job trained on 2 nodes), charged to the account: a
+    joined pilot none of whose nodes the plan gives a job for ``unused_s`` gets a notice and goes once the
+    orchestrator lets it go; one the plan uses again in time stays."""
+    clock = {"t": 1000.0}
+    fake = FakePilots()
+    pool = PilotPool(fake, max_nodes=2, probe_s=600.0, poll_s=0.0, release_s=3.0, clock=lambda: clock["t"],
+                     hold=fake.hold, unused_s=300.0)
+    pool.start()
+    fake.holes_n = 2
+    pool.poll()
+    fake.running["100"], fake.running["101"] = ("n7", math.inf), ("n8", math.inf)
+    fake.managers = {"0", "1"}
+
+    def step(dt, in_use):
+        clock["t"] += dt
+        pool.in_use = in_use
+        return [(e.kind, e.nodes, e.why) for e in pool.poll()]
+    assert step(1, set()) == [("join", ("n7", "n8"), "")]
+    assert step(1, {"n7"}) == []                         # running: n8 unused from now
+    assert step(298, set()) == []                        # n8 unused for 298 s: kept; n7 unused from now
+    assert step(2, set()) == [("notice", ("n8",), "unused by the plan")]
+    pool.release({"n8"})                                 # the orchestrator: nothing ran there
+    assert step(1, {"n7"}) == [("leave", ("n8",), "")] and fake.cancelled == ["101"]
+    assert step(400, {"n7"}) == []                       # planned for a job: never unused
+    assert pool.states()["100"] == PilotState.RUNNING
