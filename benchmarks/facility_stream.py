@@ -146,6 +146,16 @@ class LocalSlurm:
     def run(self, *argv: str) -> str:
         return subprocess.run(list(argv), env=self.env, capture_output=True, text=True, check=True).stdout
 
+    def query(self, *argv: str, tries: int = 10) -> str:
+        """A read-only command (squeue), tried again for a while: a busy slurmctld on a loaded machine times out
+        now and then (the CI's replay failed on one squeue), and asking twice changes nothing."""
+        for i in range(tries):
+            r = subprocess.run(list(argv), env=self.env, capture_output=True, text=True)
+            if r.returncode == 0:
+                return r.stdout
+            time.sleep(min(2.0, 0.2 * 2 ** i))
+        raise RuntimeError(f"{' '.join(argv)} failed {tries} times (exit {r.returncode}): {r.stderr.strip()[-500:]}")
+
     def sbatch(self, job: StreamJob) -> str:
         return self.run("sbatch", "--parsable", "-p", "debug", "-N", str(job.nodes), "-t", str(job.minutes),
                         "-J", job.name, "-o", "/dev/null", "--wrap", f"sleep {job.sleep_s:.1f}").strip().split(";")[0]
@@ -153,7 +163,7 @@ class LocalSlurm:
     def planned(self) -> dict[str, float]:
         """Pending jobs' planned starts (unix s), by name; those without a plan are left out."""
         out = {}
-        for line in self.run("squeue", "-h", "-t", "PD", "-o", "%j|%S").splitlines():
+        for line in self.query("squeue", "-h", "-t", "PD", "-o", "%j|%S").splitlines():
             name, _, when = line.partition("|")
             if when.strip().isdigit():
                 out[name] = float(when)
@@ -163,7 +173,7 @@ class LocalSlurm:
         """scancel every job and wait until none runs (their records are then in the completion log)."""
         subprocess.run(["scancel", "--user", os.environ.get("USER", "root")], env=self.env, capture_output=True)
         deadline = time.monotonic() + timeout_s
-        while self.run("squeue", "-h", "-o", "%i").strip():
+        while self.query("squeue", "-h", "-o", "%i").strip():
             if time.monotonic() > deadline:
                 raise RuntimeError(f"ran out of time waiting for the replay's jobs to end ({timeout_s:.0f} s)")
             time.sleep(0.5)
