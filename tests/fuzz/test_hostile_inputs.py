@@ -583,15 +583,19 @@ def test_valid_swf_logs_load(tmp_path, jobs, schedule):
     so the recorded starts fit the machine too."""
     from parsl_bft.idle.sources import load_source
     from parsl_bft.idle.stats import idle_stats
-    free_at, lines = 0, []
+    free_at, lines, starts = 0, [], []
     for i, (gap, wait, run, n) in enumerate(jobs, 1):
         lines.append(_row(i, free_at + gap, wait, run, n))
+        starts.append(free_at + gap + wait)
         free_at += gap + wait + run
     f = tmp_path / "v.swf"
     f.write_text("; MaxNodes: 4\n; MaxProcs: 4\n" + "".join(lines))
     src = load_source(f, schedule=schedule, lenient=False)
     stats = idle_stats(src.intervals, src.intervals, src.schedule)
-    assert 1 <= src.intervals.n_nodes <= 4 and 0.0 <= stats.idle_fraction <= 1.0
+    assert src.intervals.n_nodes == 4 and len(src.schedule.start) == len(jobs)     # every job, the log's machine
+    if schedule == "recorded":
+        assert list(src.schedule.start) == starts
+    assert 0.0 <= stats.idle_fraction <= 1.0
 
 
 @settings(FAST, max_examples=40)
