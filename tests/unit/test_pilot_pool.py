@@ -10,12 +10,16 @@ from parsl_bft.execution.slurm import SlurmCommands, SlurmPilotProvider
 from parsl_bft.topology import Topology
 
 
-def test_a_pilot_whose_worker_pool_is_lost_is_cancelled_not_left_holding_its_node():
-    clock = {"t": 1000.0}
-    fake = FakePilots()
-    pool = PilotPool(fake, max_nodes=1, probe_s=60.0, poll_s=0.0, release_s=3.0, clock=lambda: clock["t"],
-                     hold=fake.hold)
+def _fake_pool(**kw):
+    """A started PilotPool on FakePilots and a test clock (advance ``clock["t"]``): (clock, fake, pool)."""
+    clock, fake = {"t": 1000.0}, FakePilots()
+    pool = PilotPool(fake, clock=lambda: clock["t"], hold=fake.hold, **kw)
     pool.start()
+    return clock, fake, pool
+
+
+def test_a_pilot_whose_worker_pool_is_lost_is_cancelled_not_left_holding_its_node():
+    clock, fake, pool = _fake_pool(max_nodes=1, probe_s=60.0, poll_s=0.0, release_s=3.0)
     fake.holes_n = 1
     pool.poll()
     fake.running["100"], fake.managers = ("n7", math.inf), {"0"}
@@ -42,11 +46,7 @@ def test_a_pilot_whose_worker_pool_is_lost_is_cancelled_not_left_holding_its_nod
 
 
 def test_pilot_pool_joins_notices_claims_and_replaces_pilots():
-    clock = {"t": 1000.0}
-    fake = FakePilots()
-    pool = PilotPool(fake, max_nodes=2, probe_s=1.0, poll_s=0.0, release_s=3.0, clock=lambda: clock["t"],
-                     hold=fake.hold)
-    pool.start()
+    clock, fake, pool = _fake_pool(max_nodes=2, probe_s=1.0, poll_s=0.0, release_s=3.0)
 
     def step(dt=1.0):
         clock["t"] += dt
@@ -91,10 +91,7 @@ def test_the_schedulers_early_walltime_signal_does_not_end_a_pilot_whose_end_is_
     """Slurm sends --signal=B:USR1@notice up to 60 s early: on a 1-minute pilot that is as it joins. The pool
     gives a pilot its walltime notice from the walltime it knows; the scheduler's signal counts only for a
     pilot whose end it does not know."""
-    clock = {"t": 1000.0}
-    fake = FakePilots()
-    pool = PilotPool(fake, max_nodes=2, probe_s=1.0, poll_s=0.0, clock=lambda: clock["t"], hold=fake.hold)
-    pool.start()
+    clock, fake, pool = _fake_pool(max_nodes=2, probe_s=1.0, poll_s=0.0)
 
     def step(dt=1.0):
         clock["t"] += dt
@@ -220,10 +217,7 @@ def test_a_pilot_on_notice_is_given_back_once_the_orchestrator_is_done_with_it()
     """A pilot whose walltime is about to end gets its notice; once what ran there has checkpointed, the
     orchestrator releases the node: the pilot is cancelled now (not at its time limit), so a replacement can
     start on the node."""
-    clock = {"t": 1000.0}
-    fake = FakePilots()
-    pool = PilotPool(fake, max_nodes=1, probe_s=100.0, poll_s=0.0, clock=lambda: clock["t"], hold=fake.hold)
-    pool.start()
+    clock, fake, pool = _fake_pool(max_nodes=1, probe_s=100.0, poll_s=0.0)
     fake.holes_n = 1
     clock["t"] += 1
     pool.poll()
@@ -294,11 +288,7 @@ def test_pilot_submissions_stay_under_the_cap_per_minute():
     """Holes that open and close fast (here each pilot is withdrawn as soon as it is queued) made 28 pilots in 5
     minutes for one job; with ``max_per_minute`` the pool submits at most that many in any 60 s, and goes on
     submitting once the minute has passed."""
-    clock = {"t": 1000.0}
-    fake = FakePilots()
-    pool = PilotPool(fake, max_nodes=8, probe_s=1.0, poll_s=0.0, clock=lambda: clock["t"], hold=fake.hold,
-                     max_per_minute=5)
-    pool.start()
+    clock, fake, pool = _fake_pool(max_nodes=8, probe_s=1.0, poll_s=0.0, max_per_minute=5)
     fake.holes_n = 8
     submitted = []
     for _ in range(150):
@@ -315,11 +305,7 @@ def test_a_pilot_the_plan_leaves_unused_is_given_back_after_the_bound():
     """Two of four held pilots sat unused for 9 minutes (the job trained on 2 nodes), charged to the account: a
     joined pilot none of whose nodes the plan gives a job for ``unused_s`` gets a notice and goes once the
     orchestrator lets it go; one the plan uses again in time stays."""
-    clock = {"t": 1000.0}
-    fake = FakePilots()
-    pool = PilotPool(fake, max_nodes=2, probe_s=600.0, poll_s=0.0, release_s=3.0, clock=lambda: clock["t"],
-                     hold=fake.hold, unused_s=300.0)
-    pool.start()
+    clock, fake, pool = _fake_pool(max_nodes=2, probe_s=600.0, poll_s=0.0, release_s=3.0, unused_s=300.0)
     fake.holes_n = 2
     pool.poll()
     fake.running["100"], fake.running["101"] = ("n7", math.inf), ("n8", math.inf)
