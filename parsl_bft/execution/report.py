@@ -48,6 +48,17 @@ class JobReport:
         return self.row.fragments > 0 or (self.ledger is not None and self.ledger.fragments > 0)
 
     @property
+    def held_node_s(self) -> float:
+        """Node-seconds held: the orchestrator's count, or the event log's where that is more."""
+        return max(self.row.node_s, self.ledger.held_node_s if self.ledger else 0.0)
+
+    @property
+    def training_share(self) -> float | None:
+        """Of the node-seconds held, the share spent training; None before it held any or a fragment ended."""
+        held = self.held_node_s
+        return min(self.row.train_node_s, held) / held if held and self.measured else None
+
+    @property
     def samples(self) -> int:
         """The job's budget of samples (0 when the stored spec has none)."""
         return int(self.row.spec.get("samples") or 0)
@@ -77,14 +88,12 @@ def printable(text: str) -> str:
 def status_row(j: JobReport) -> tuple[str, ...]:
     """One job's row of `parsl-bft status` (``STATUS_COLUMNS``): where it stands by the event log, progress
     with a running fragment's own report, node-seconds held, the share of them spent training, and E_used."""
-    r, total = j.row, j.samples
-    held = max(r.node_s, j.ledger.held_node_s if j.ledger else 0.0)
+    r, total, held, share = j.row, j.samples, j.held_node_s, j.training_share
     loss = f", loss {j.live.loss:.4g}" if j.live is not None else ""
     e = j.e_used if j.measured else None
-    share = f"{min(r.train_node_s, held) / held:.0%}" if held else "0%"
     return (j.name, j.state, f"{min(j.samples_now, total) / total:.1%} of {total:,}{loss}" if total else "?",
-            str(r.fragments), str(r.rescales), f"{held:.0f}", share if j.measured or not held else "-",
-            "-" if e is None else f"{e:.2f}")
+            str(r.fragments), str(r.rescales), f"{held:.0f}",
+            "0%" if not held else "-" if share is None else f"{share:.0%}", "-" if e is None else f"{e:.2f}")
 
 
 def status_json(jobs: list[JobReport], events: list[tuple[float, str, dict[str, Any]]]) -> dict[str, Any]:
@@ -92,12 +101,11 @@ def status_json(jobs: list[JobReport], events: list[tuple[float, str, dict[str, 
     out = []
     for j in jobs:
         r = j.row
-        held = max(r.node_s, j.ledger.held_node_s if j.ledger else 0.0)
         out.append({"job": j.name, "status": j.state, "phase": j.ledger.phase.value if j.ledger else r.status,
                     "samples": j.samples, "samples_done": min(j.samples_now, j.samples) if j.samples else
                     j.samples_now, "loss": j.live.loss if j.live is not None and j.live.loss == j.live.loss
-                    else None, "fragments": r.fragments, "rescales": r.rescales, "node_s_held": round(held, 3),
-                    "training_share": min(r.train_node_s, held) / held if held and j.measured else None,
+                    else None, "fragments": r.fragments, "rescales": r.rescales, "node_s_held": round(j.held_node_s, 3),
+                    "training_share": j.training_share,
                     "e_used": j.e_used if j.measured else None,
                     "checkpoint": j.checkpoint, "error": j.error})
     return {"jobs": out, "events": [{"t": t, "kind": kind, **d} for t, kind, d in events]}
@@ -232,7 +240,7 @@ def run_summary(db: JobStore, root: Path, *, wall_s: float, warm_up_s: float, po
     jobs = _reports(root, job_rows, ledger)
     for j in jobs:
         r, lj = j.row, j.ledger
-        job_held = max(r.node_s, lj.held_node_s if lj else 0.0)
+        job_held = j.held_node_s
         rows.append(JobSummary(job=j.name, status=lj.phase if lj else r.status, state=j.state,
                                samples=r.samples_done, node_s=job_held, train_node_s=r.train_node_s,
                                fragments=r.fragments, rescales=r.rescales, reclaims=reclaims.count(j.name),
