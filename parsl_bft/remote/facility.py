@@ -40,6 +40,7 @@ from ..safe_python import python_command
 class RunState(StrEnum):
     """Where a remote run's session stands (``run_status``); its jobs' own are ``JobStatus``."""
 
+    STARTING = "starting"          # alive, and no job has launched a fragment yet (workers warming up, or no nodes)
     RUNNING = "running"
     CANCELLING = "cancelling"
     FINISHED = "finished"
@@ -231,13 +232,18 @@ def _submitted(runs_dir: str, run_id: str) -> Path:
 
 
 def run_status(runs_dir: str, run_id: str) -> dict:
-    """The run's state (running, finished, failed, cancelled, lost: ended without a word, e.g. the login node
-    rebooted) and its jobs' progress, read from the run's folder."""
+    """The run's state (starting, running, finished, failed, cancelled, lost: ended without a word, e.g. the
+    login node rebooted) and its jobs' progress, read from the run's folder."""
+    from ..execution.jobstore import JobStatus
+
     d = _submitted(runs_dir, run_id)
     alive = _alive(d)
     ended = _read_json(d / "exit.json")     # after the lock test: a session writes it before it lets go
+    jobs = _jobs(d)
     if alive:
-        state = RunState.CANCELLING if (d / "cancel").exists() else RunState.RUNNING
+        state = (RunState.CANCELLING if (d / "cancel").exists()
+                 else RunState.RUNNING if any(j["fragments"] or j["status"] != JobStatus.WAITING for j in jobs)
+                 else RunState.STARTING)
     elif ended is not None and ended["code"] == 0:
         state = RunState.FINISHED               # also when a cancel came too late
     elif (d / "cancel").exists():
@@ -245,7 +251,7 @@ def run_status(runs_dir: str, run_id: str) -> dict:
     else:
         state = RunState.LOST if ended is None else RunState.FAILED
     return {"run_id": run_id, "state": state.value, "exit_code": ended and ended["code"], "folder": str(d),
-            "host": socket.gethostname(), "runner": _read_json(d / "runner.json"), "jobs": _jobs(d)}
+            "host": socket.gethostname(), "runner": _read_json(d / "runner.json"), "jobs": jobs}
 
 
 def run_logs(runs_dir: str, run_id: str, offset: int | None = None, tail: int = 64 << 10) -> dict:

@@ -175,6 +175,26 @@ def _live_session(tmp_path, run_id: str = "r1") -> tuple[str, Path, int]:
     return str(tmp_path / "runs"), d, fd
 
 
+def test_a_live_session_is_starting_until_a_job_launches_a_fragment(tmp_path):
+    """For the ~40 s after submit (workflow importing, workers warming) status said "running" of a session
+    that had no job yet; it says "starting" until a job has launched its first fragment."""
+    from parsl_bft.execution.jobstore import JobStore
+    runs, d, fd = _live_session(tmp_path)
+    assert facility.run_status(runs, "r1")["state"] == "starting"
+    state = d / "work" / "bft-state"
+    state.mkdir()
+    db = JobStore(state / "state.sqlite")
+    db.add("a", {"samples": 70})
+    assert facility.run_status(runs, "r1")["state"] == "starting"        # a job row waiting for its nodes
+    db.update("a", status="running", size=1)
+    assert facility.run_status(runs, "r1")["state"] == "running"
+    db.update("a", status="waiting", fragments=1)                         # between fragments: still running
+    assert facility.run_status(runs, "r1")["state"] == "running"
+    db.close()
+    os.close(fd)
+    assert facility.run_status(runs, "r1")["state"] == "lost"
+
+
 @pytest.mark.parametrize("call", ["status", "start"])
 def test_a_session_ending_during_a_call_is_not_lost_nor_started_again(tmp_path, monkeypatch, call):
     """The session writes exit.json, then lets go of its lock. A call that read exit.json (not there yet) and
@@ -192,7 +212,7 @@ def test_a_session_ending_during_a_call_is_not_lost_nor_started_again(tmp_path, 
     monkeypatch.setattr(facility, "_read_json", session_ends_after_this_read)
     monkeypatch.setattr(facility, "_spawn", lambda d: pytest.fail("a second session was started"))
     if call == "status":
-        assert facility.run_status(runs, "r1")["state"] == "running"     # as it was when the lock was tested
+        assert facility.run_status(runs, "r1")["state"] == "starting"    # alive when the lock was tested; no job yet
     else:
         assert facility.start_run(runs, "r1", {"w.py": b""}, {"digest": "a", "workflow": "w.py"})["started"] is False
 
@@ -206,7 +226,7 @@ def test_cancel_signals_only_a_session_on_this_host(tmp_path, monkeypatch):
     (d / "runner.json").write_text(json.dumps({"pid": 4242, "host": "login-elsewhere"}))
     err = facility.call("cancel", runs, "r1")["error"]
     assert "runs on login-elsewhere" in err and "cancel it through an endpoint there" in err
-    assert sent == [] and facility.run_status(runs, "r1")["state"] == "running"
+    assert sent == [] and facility.run_status(runs, "r1")["state"] == "starting"
     (d / "runner.json").write_text(json.dumps({"pid": 4242, "host": socket.gethostname()}))
     assert facility.call("cancel", runs, "r1")["ok"]["state"] == "cancelling"
     assert sent == [(4242, signal.SIGTERM)]
@@ -242,7 +262,7 @@ def test_a_run_resumed_in_the_same_session_is_waited_for_again(tmp_path, monkeyp
     assert run.result(timeout=60)["state"] == "cancelled" and isinstance(cancelled_job.exception(), RemoteError)
     assert remote.submit_bundle(bundle, "r1").last["started"]
     job, done = run.job("a"), run.done()
-    assert not job.done() and not done.done() and run.status()["state"] == "running"
+    assert not job.done() and not done.done() and run.status()["state"] == "starting"
     session_ends(0)
     assert done.result(timeout=60)["state"] == "finished" and isinstance(job.exception(timeout=60), RemoteError)
     remote.close()
