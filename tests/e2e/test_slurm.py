@@ -395,3 +395,60 @@ def _relative_distance(model, want) -> float:
     a = torch.cat([model[k].double().flatten() for k in want])
     b = torch.cat([want[k].double().flatten() for k in want])
     return float((a - b).norm() / b.norm())
+
+
+TWO_JOBS = """from parsl_bft.execution import TrainingJob, training_session
+with training_session("state") as trainer:
+    trainer.submit(TrainingJob("short", workload="images", samples=32 * 200, global_batch=32, max_nodes=1))
+    trainer.submit(TrainingJob("long", workload="images", samples=32 * 200_000, global_batch=32, max_nodes=1))
+    trainer.run(timeout_s=900)
+"""
+UNUSED_S = 15
+
+
+@pytest.mark.slurm
+@pytest.mark.timeout(600)
+def test_a_pilot_the_plan_leaves_unused_is_given_back_on_real_slurm(slurm, tmp_path):
+    """Two jobs of one node each hold two pilots; once the short one is done, its pilot is left unused by the
+    plan and goes back (COMPLETED) about ``unused_pilot_seconds`` later, while the long job trains on in the
+    other. It used to be held to its walltime, its hours charged for nothing."""
+    from harness import term_group
+    state = tmp_path / "state"
+    site = (SITE.format(conf=os.environ["SLURM_CONF"], state=state)
+            .replace("max_minutes: 3", "max_minutes: 10")             # no pilot ends by its walltime here
+            .replace("max_pilots: 4", f"max_pilots: 2, unused_pilot_seconds: {UNUSED_S}"))
+    (tmp_path / "site.yaml").write_text(site)
+    (tmp_path / "w.py").write_text(TWO_JOBS)
+    p = subprocess.Popen([sys.executable, "-m", "parsl_bft.cli", "run", "--quiet", "w.py", "--site", "site.yaml"],
+                         cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         start_new_session=True)
+
+    def pilots(*states):
+        ids = {j for f in state.glob("runinfo/*/submit_scripts/pilots-*") for j in f.read_text().split()}
+        return sorted(j for j in ids if state_of(slurm, j) in states)
+
+    def status(job):
+        if not (state / "state.sqlite").exists():
+            return None
+        db = JobStore(state / "state.sqlite", readonly=True)
+        try:
+            row = db.jobs().get(job)
+            return row and row.status
+        finally:
+            db.close()
+    try:
+        wait_for(lambda: len(pilots("RUNNING")) == 2, 300, what="two running pilots")
+        wait_for(lambda: status("short") == "done", 300, what="the short job's end")
+        t_done = time.monotonic()
+        held = pilots("RUNNING")
+        assert len(held) == 2 and p.poll() is None
+        wait_for(lambda: len(pilots("RUNNING")) == 1, UNUSED_S + 90, what="the unused pilot's release")
+        released = sorted(set(held) - set(pilots("RUNNING")))
+        wait_for(lambda: state_of(slurm, released[0]) == "COMPLETED", 60, what="the released pilot's COMPLETED")
+        assert time.monotonic() - t_done >= UNUSED_S - 1            # not before the bound
+        assert p.poll() is None and status("long") in ("running", "waiting")     # the long job trains on
+        term_group(p, 20 + 10)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
