@@ -11,13 +11,14 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .config import LOCAL_LABEL, local_config
-    from .orchestrator import Orchestrator, TrainingJob
+    from .orchestrator import Orchestrator
+    from .training_job import TrainingJob
     from .pool import EmulatedPool, MultiPool, PilotPool, SitePool
     from .session import training_session
 
 _WHERE = {
     "LOCAL_LABEL": "config", "local_config": "config", "Orchestrator": "orchestrator",
-    "TrainingJob": "orchestrator", "EmulatedPool": "pool", "MultiPool": "pool", "PilotPool": "pool",
+    "TrainingJob": "training_job", "EmulatedPool": "pool", "MultiPool": "pool", "PilotPool": "pool",
     "SitePool": "pool", "training_session": "session",
 }
 

@@ -30,10 +30,13 @@ def fragment_node_task(cfg: FragmentConfig, node_index: int, store: str) -> Frag
     return run_gang_task(cfg, node_index, store)
 
 
-def warm_up(barrier: str, n: int, timeout_s: float = 120.0) -> str:
+def warm_up(barrier: str, n: int, timeout_s: float = 120.0, gang: bool = False) -> str:
     """Start this worker's rank forkserver (torch and the fragment code imported once) before any node is
     planned, so the first fragment on it starts in a second. ``n`` of these meet at ``barrier`` (a directory):
-    each waits for the others, so every one of the executor's n workers runs exactly one (n = 1: no barrier)."""
+    each waits for the others, so every one of the executor's n workers runs exactly one (n = 1: no barrier).
+    A worker of a gang (pilots) also imports the store client its shares use (torch), while the forkserver
+    imports; a local worker never needs torch itself."""
+    import importlib
     import os
     import socket
     import time
@@ -41,7 +44,7 @@ def warm_up(barrier: str, n: int, timeout_s: float = 120.0) -> str:
 
     from parsl_bft.train.launcher import start_rank_server
 
-    start_rank_server()
+    start_rank_server((lambda: importlib.import_module("parsl_bft.train.rank")) if gang else None)
     if n <= 1:
         return f"{socket.gethostname()}:{os.getpid()}"
     d = Path(barrier)

@@ -55,7 +55,9 @@ def local_config(workers: int = 8, run_dir: str = "runinfo", label: str = LOCAL_
                                           interchange_launch_cmd=interchange_dies_with_us(),
                                           provider=LocalProvider(  # type: ignore[no-untyped-call]
                                               init_blocks=1, min_blocks=1, max_blocks=1))],
-        run_dir=run_dir, retries=0, strategy="none", initialize_logging=False,
+        # the one block is launched at the job status poller's first turn: after strategy_period (default 5 s
+        # of a run's start-up); its later turns only read the block's status, at the provider's own interval
+        run_dir=run_dir, retries=0, strategy="none", strategy_period=0.5, initialize_logging=False,
     )
 
 

@@ -18,11 +18,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from parsl.executors.high_throughput.errors import ManagerLost
 
-from ..train.checkpoint import CheckpointStore, NewerFormatError, TrainingState
 from ..train.config import FragmentConfig, FragmentResult, Precision, StopReason
 from ..train.config import new_fragment_id as new_fragment_id  # the orchestrator's, minted where FragmentConfig's is
 from ..train.leftovers import kill_share_processes, share_mark
@@ -31,6 +30,9 @@ from .events import Abandon, Event, FragmentDone, FragmentFailedEvent, StopReque
 from .htex import FragmentHandle, FragmentLost, interchange_gone
 from .jobstore import JobStore
 from .training_job import TrainingJob
+
+if TYPE_CHECKING:
+    from ..train.checkpoint import TrainingState
 
 logger = logging.getLogger(__name__)
 
@@ -174,6 +176,8 @@ def fragment_config(job: TrainingJob, jd: JobDir, *, fragment: str, world_size: 
 
 def newest_step(d: Path) -> int:
     """The step of the newest checkpoint in a job directory (0: none)."""
+    from ..train.checkpoint import CheckpointStore   # torch, imported when a job needs it: a re-run of a finished
+    #                                                  workflow imports none
     return CheckpointStore(d).newest_step()
 
 
@@ -181,6 +185,8 @@ def collect(r: Running, jd: JobDir, *, lost: bool, job_samples: int, now: float)
     """Classify an ended fragment (``r.handle.done()``, or ``lost``: every node it ran on has left), collected
     at unix time ``now``. What its ranks started on this host and still runs (its launcher died before it could
     end them) is killed."""
+    from ..train.checkpoint import NewerFormatError
+
     kill_share_processes(share_mark(r.fragment, 0))
     try:
         if lost:
@@ -226,6 +232,8 @@ def first_error(jd: JobDir, fragment: str) -> str:
 def where_it_stands(jd: JobDir, job_samples: int) -> tuple[TrainingState | None, int, str | None]:
     """The newest good checkpoint's attributes, samples done and path. Attributes, not gigabytes, unless it
     completes the job: a result is handed out verified."""
+    from ..train.checkpoint import CheckpointStore
+
     store = CheckpointStore(jd.path)
     st = store.latest(arrays=False)
     if st is not None and st.samples_done >= job_samples:

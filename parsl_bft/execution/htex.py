@@ -183,7 +183,7 @@ class SiteRunner:
         if self.gang:
             from .apps import warm_up
             for n in nodes:
-                self._app_on(warm_up, n)("", 1)
+                self._app_on(warm_up, n)("", 1, gang=True)
 
     def placed(self, fragment: str, nodes: int) -> dict[int, str]:
         """node index -> the node its share landed on, for the shares that have said so."""

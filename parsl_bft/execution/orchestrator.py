@@ -24,7 +24,6 @@ from ..jobs import JobSpec
 from ..nodes import local_name, node_id, site_of
 from ..planner.freeze import LayerThroughput
 from ..scaling import ScalingCurve
-from ..train.checkpoint import CheckpointStore
 from ..train.launcher import RendezvousStore
 from ..train.protocol import JobDir, Progress
 from . import events
@@ -367,6 +366,7 @@ class Orchestrator:
     def _launch(self, ctl: Controller, name: str, nodes: tuple[str, ...], site: str) -> None:
         self._inbox.check_owner("Orchestrator._launch")
         if site != self.job_site[name]:      # the job moves: its newest good checkpoint goes with it
+            from ..train.checkpoint import CheckpointStore   # torch: imported once a fragment ends or moves
             staged = CheckpointStore(self.job_dir(name)).stage_to(self.job_dir(name, site))
             self.db.record(events.Stage(name, site, str(staged) if staged else None))
             self.job_site[name] = site
@@ -466,6 +466,7 @@ class Orchestrator:
         self._inbox.check_owner("Orchestrator._settle")
         ckpt = c.checkpoint
         if not ckpt:
+            from ..train.checkpoint import CheckpointStore   # torch: a re-run with nothing to train needs none
             store = CheckpointStore(jd.path)
             ckpt = str(store.latest_path) if store.latest(arrays=False) is not None else None
         ckpt = self.state.abs(self.state.rel(ckpt))

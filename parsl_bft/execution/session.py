@@ -105,7 +105,7 @@ def training_session(state_dir: str | Path, site: SiteArg | Sequence[SiteArg] = 
         raise
     first = configs[0]
     with _dataflow([c.executors[0] for c in configs], retries=first.retries, strategy=first.strategy,
-                   initialize_logging=first.initialize_logging,
+                   strategy_period=first.strategy_period, initialize_logging=first.initialize_logging,
                    run_dir=str(Path(state_dir).resolve() / "runinfo")) as dfk:  # pilot scripts, notice marks
         orch = _orchestrator(state_dir, runtimes, dfk, orchestrator_kw)
         if progress is None and settings.progress:

@@ -14,9 +14,7 @@ from typing import Any
 from ..errors import BadValue
 from ..jobs import FreezeMode, JobSpec, JobSpecError
 from ..jobs import check_job_name as check_job_name  # re-exported: its home moved to jobs (no torch there)
-from ..train.check import check_loop, check_workload
 from ..train.config import Precision
-from ..train.workloads import WORKLOADS, WorkloadError
 
 
 @dataclass
@@ -51,7 +49,11 @@ class TrainingJob:
             self.loop = f"{Path(mod).resolve()}:{fn}" if mod.endswith(".py") else self.loop
 
     def check_workload(self) -> None:
-        """At submit (not when a restart reads the job back): a typo fails here, not later in a rank."""
+        """At submit (not when a restart reads the job back): a typo fails here, not later in a rank. Torch is
+        imported here, not with this module: a workflow's session has started its workers by now, and they start
+        while this process imports it."""
+        from ..train.workloads import WORKLOADS
+
         if self.loop is not None and self.freeze != "off":
             raise BadValue(f"job {self.name!r}: freeze={self.freeze!r} needs a workload (the tool's loop freezes "
                            "its blocks()); your own loop is never frozen: drop freeze, or write a Workload")
@@ -83,6 +85,9 @@ class TrainingJob:
     def _check_code(self) -> None:
         """The code a rank would run, loaded and built now (a loop's file imported and its function found; a
         workload built with its arguments and its schedule made): its mistake in one line, before any worker."""
+        from ..train.check import check_loop, check_workload
+        from ..train.workloads import WorkloadError
+
         total = -(-self.samples // self.global_batch) if _positive_int(self.samples) and \
             _positive_int(self.global_batch) else None
         try:

@@ -381,8 +381,8 @@ def run_loop(cfg: FragmentConfig, train: TrainFn | None = None) -> FragmentResul
                          ctx.stopped_by or StopReason.FINISHED, loss, str(ctx.checkpoint or ""),
                          [str(e) for e in rs.store.skipped], ctx._train_started, ctx.saves,
                          ctx.save_s / ctx.saves if ctx.saves else 0.0, ctx._grad_stats())
-    if rs.kv is not None:
-        rs.kv.set("result", res.to_json())
+    if rs.kv is not None:                  # launched: the launcher reads it there
+        rs.jd.write_result(cfg.fragment_id, res.to_json())
     return res
 
 

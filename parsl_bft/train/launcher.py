@@ -3,8 +3,10 @@
 Ranks fork from a per-process forkserver that has imported torch, the fragment code and the parent's main
 script once (milliseconds instead of seconds per rank). They meet through a torch TCPStore: the one the caller
 names (an orchestrator serves one for all its fragments, reachable from every node), or one this launcher serves
-on 127.0.0.1. The store also carries what the launcher needs back: which ranks are ready for signals, the
-result, and (gangs) which node each share landed on.
+on 127.0.0.1. What the launcher needs back from its own ranks (which are ready for signals, rank 0's result)
+comes as files in the job's folder (``JobDir``), so that a local launcher never imports torch: this module does
+not, and a Parsl worker warms up in its forkserver's one torch import. Gangs tell through the store which node
+each share landed on.
 
 A failed rank writes an error record (``protocol.JobDir.record_error``); the launcher reports the rank that
 failed first, with its traceback, and kills its own remaining ranks. No checkpoint is written by a failed
@@ -28,20 +30,20 @@ import weakref
 from datetime import timedelta
 from multiprocessing.connection import wait as wait_any
 from multiprocessing.context import ForkServerContext
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
-from typing import Any
-
-from torch._C._distributed_c10d import Store, TCPStore  # typed here; torch.distributed re-exports
+from typing import TYPE_CHECKING, Any
 
 from ..errors import ParslBftError
 from ..parent_death import signal_on_parent_death
 from ..safe_python import python_command, safe_path_env
 from .config import FragmentConfig, FragmentFailed, FragmentResult
-from .fragment import main
 from .leftovers import SHARE_ENV, adopt_orphans, kill_descendants, kill_share_processes, share_mark
 from .protocol import JobDir
-from .rank import open_store, store_client
+
+if TYPE_CHECKING:
+    from torch._C._distributed_c10d import Store, TCPStore   # typed here; torch.distributed re-exports
 
 
 def node_name() -> str:
@@ -151,6 +153,8 @@ class RendezvousStore:
     def client(self) -> Store:
         """This process's own client of the store, its keys under the secret (connected at first use)."""
         if self._client is None:
+            from .rank import open_store
+
             self._client = open_store(self.address(), 60.0)
         return self._client
 
@@ -205,6 +209,8 @@ def serve_store(host: str = "127.0.0.1") -> RendezvousStore:
 
 def _serve_here() -> TCPStore:
     """A lone fragment's own store, in this process, on loopback only (its ranks are this launcher's children)."""
+    from torch._C._distributed_c10d import TCPStore
+
     sock = _listen("127.0.0.1")
     port = sock.getsockname()[1]
     return TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False,
@@ -224,7 +230,6 @@ def run_fragment(cfg: FragmentConfig, *, env: dict[str, str] | None = None, rank
     if store is None:
         server = _serve_here()
         store = f"{secrets.token_hex(16)}@127.0.0.1:{server.port}"
-    kv = store_client(store, cfg.fragment_id, cfg.timeout_s)
     cfg_file = jd.path / f".cfg-{socket.gethostname()}-{cfg.fragment_id}-{ranks[0]}.json"
     cfg_file.write_text(cfg.to_json())
     logs = [jd.log_path(cfg.fragment_id, r) for r in ranks]
@@ -239,14 +244,15 @@ def run_fragment(cfg: FragmentConfig, *, env: dict[str, str] | None = None, rank
     old = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)} \
         if threading.current_thread() is threading.main_thread() else {}
     try:
-        _wait_ranks(procs, ranks, kv, pending)
+        _wait_ranks(procs, ranks, jd, cfg.fragment_id, pending)
         if any(p.poll() not in (None, 0) for p in procs):
             _fail(cfg, jd, procs, ranks, logs)
         if 0 not in ranks:
             return None
-        if not kv.check(["result"]):
+        result = jd.read_result(cfg.fragment_id)
+        if result is None:
             raise FragmentFailed(f"fragment of {cfg.job}: rank 0 wrote no result")
-        return FragmentResult.from_json(kv.get("result"))
+        return FragmentResult.from_json(result)
     finally:
         for s, h in old.items():
             signal.signal(s, h)
@@ -256,6 +262,7 @@ def run_fragment(cfg: FragmentConfig, *, env: dict[str, str] | None = None, rank
                 p.kill()
         for f in (cfg_file, pids):
             f.unlink(missing_ok=True)
+        jd.end_handshake(cfg.fragment_id, ranks)
         jd.prune_logs()                         # rank output stays on disk, the newest few fragments' of it
         if len(ranks) == cfg.world_size:        # all ranks were ours: their error records are reported
             jd.forget_fragment(cfg.fragment_id)
@@ -275,11 +282,11 @@ def _start_ranks(cfg: FragmentConfig, jd: JobDir, cfg_file: Path, ranks: list[in
     return procs
 
 
-def _wait_ranks(procs: list[_Rank], ranks: list[int], kv: Store, pending: list[int]) -> None:
+def _wait_ranks(procs: list[_Rank], ranks: list[int], jd: JobDir, fragment: str, pending: list[int]) -> None:
     """Until every rank has exited or one has failed, passing the ``pending`` signals on to them."""
     while any(p.poll() is None for p in procs):
         # a rank that has not installed its handlers yet would die of the signal: wait until all have
-        if pending and kv.check([f"ready/{r}" for r in ranks]):
+        if pending and jd.all_ready(fragment, ranks):
             for p in procs:
                 if p.poll() is None:
                     p.send_signal(pending[0])
@@ -320,6 +327,8 @@ def run_gang_task(cfg: FragmentConfig, node_index: int, store: str) -> FragmentR
     ``node_index * ranks_per_node ...`` on this node, bound to its accelerators by local rank. Says which node
     it landed on (the orchestrator's books follow the executor's placement). A share the orchestrator gave up
     before it started returns None at once."""
+    from .rank import store_client
+
     k = cfg.ranks_per_node
     kv = store_client(store, cfg.fragment_id, cfg.timeout_s)
     if kv.compare_set(f"share/{node_index}", "", "started") != b"started":
@@ -362,9 +371,13 @@ def _noop() -> None:
     pass
 
 
-def start_rank_server() -> None:
-    """Start the forkserver now (and wait until it has imported everything), not at the first fragment."""
-    p = _rank_context().Process(target=_noop)
+def start_rank_server(meanwhile: Callable[[], object] | None = None) -> None:
+    """Start the forkserver now (and wait until it has imported everything), not at the first fragment;
+    ``meanwhile`` runs here while it imports."""
+    ctx = _rank_context()
+    if meanwhile is not None:
+        meanwhile()
+    p = ctx.Process(target=_noop)
     p.start()
     p.join()
 
@@ -419,6 +432,8 @@ def _rank_entry(cfg_file: str, env: dict[str, str], log_path: str, job_dir: str,
     threading.Thread(target=_cap_log, args=(int(env.get("PARSL_BFT_RANK_LOG_MAX", LOG_MAX)),), daemon=True).start()
     sys.stdout = open(1, "w", buffering=1, closefd=False)   # noqa: SIM115 (the rank's stdout until it exits)
     sys.stderr = open(2, "w", buffering=1, closefd=False)   # noqa: SIM115
+    from .fragment import main      # the forkserver has it imported already (rank_preload)
+
     try:
         main(["--config", cfg_file])
     except BaseException as e:          # torch.distributed.elastic's @record: the launcher names who failed first

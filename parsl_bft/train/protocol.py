@@ -192,6 +192,44 @@ class JobDir:
                 pass
         return killed
 
+    # --- the launcher's handshake with its ranks -------------------------------------------------------
+    # files beside the ranks, not store keys: the launcher (a Parsl worker) then never imports torch, and a
+    # local worker warms up in one torch import (its rank forkserver's), not two
+
+    def _ready_path(self, fragment: str, rank: int) -> Path:
+        return self.path / f".ready-{fragment}-{rank}"
+
+    def mark_ready(self, fragment: str, rank: int) -> None:
+        """Rank ``rank`` has its signal handlers: the launcher may now forward signals to it."""
+        self._ready_path(fragment, rank).touch()
+
+    def all_ready(self, fragment: str, ranks: list[int]) -> bool:
+        """Whether every rank of ``ranks`` has said ``mark_ready``."""
+        return all(self._ready_path(fragment, r).exists() for r in ranks)
+
+    def _result_path(self, fragment: str) -> Path:
+        return self.path / f".result-{fragment}.json"
+
+    def write_result(self, fragment: str, text: str) -> None:
+        """Rank 0's result, whole or not at all (a reader never sees half of it)."""
+        tmp = self.path / f".result-{fragment}.{os.getpid()}"
+        tmp.write_text(text)
+        os.replace(tmp, self._result_path(fragment))
+
+    def read_result(self, fragment: str) -> str | None:
+        """Rank 0's result (None: it wrote none)."""
+        try:
+            return self._result_path(fragment).read_text()
+        except FileNotFoundError:
+            return None
+
+    def end_handshake(self, fragment: str, ranks: list[int]) -> None:
+        """The launcher of ``ranks`` is done with their marks (and with the result, when rank 0 was its)."""
+        for r in ranks:
+            self._ready_path(fragment, r).unlink(missing_ok=True)
+        if 0 in ranks:
+            self._result_path(fragment).unlink(missing_ok=True)
+
     # --- failures ------------------------------------------------------------------------------------
     # --- rank output ----------------------------------------------------------------------------------
     KEEP_LOGS = 32            # the newest rank logs kept per job (a failed rank's among them)

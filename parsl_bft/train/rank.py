@@ -106,8 +106,9 @@ def open_rank(cfg: FragmentConfig) -> RankSetup:
     signal.signal(signal.SIGUSR1, _on_signal)
     signal.signal(signal.SIGINT, _on_signal)    # a terminal's Ctrl-C reaches the ranks too: checkpoint and stop
     kv = rank_store(cfg.timeout_s)
+    jd = JobDir(cfg.checkpoint_dir)
     if kv is not None:                     # tell the launcher that signals may now be forwarded safely
-        kv.set(f"ready/{rank}", "1")
+        jd.mark_ready(cfg.fragment_id, rank)
     torch.set_num_threads(cfg.threads_per_rank)
     use_cuda = cfg.backend == "nccl" or (cfg.backend == "auto" and torch.cuda.is_available())
     if cfg.deterministic:
@@ -117,7 +118,6 @@ def open_rank(cfg: FragmentConfig) -> RankSetup:
     device = torch.device(f"cuda:{local_rank(rank) % max(torch.cuda.device_count(), 1)}" if use_cuda else "cpu")
     if use_cuda:
         torch.cuda.set_device(device)
-    jd = JobDir(cfg.checkpoint_dir)
     store = CheckpointStore(cfg.checkpoint_dir, keep=cfg.keep)
     return RankSetup(rank, world, kv, device, use_cuda, jd, store, Saver(cfg, store, jd), time.perf_counter())
 

@@ -22,6 +22,7 @@ import sys
 import torch
 
 from ..safe_python import forget_safe_path_env
+from . import fragment  # noqa: F401  (the ranks' code: imported once here, not per rank)
 from .launcher import MAIN_ENV
 
 
@@ -30,8 +31,18 @@ def _gpu_node() -> bool:
     return bool(glob.glob("/dev/nvidia[0-9]*")) or os.path.exists("/dev/kfd")
 
 
+PARSL_WORKER_MAIN = "process_worker_pool.py"   # a Parsl worker's main script: nothing a rank needs
+
+
 def _prepare_main() -> None:
     data = json.loads(os.environ.pop(MAIN_ENV, "{}"))
+    path = data.get("init_main_from_path")
+    if path and os.path.basename(path) == PARSL_WORKER_MAIN:
+        # ranks fork from a Parsl worker: its main is all of Parsl (1.5 s of imports in this forkserver, or in
+        # every rank on a GPU node) and no rank uses a name of it. Marked as run, it is run nowhere:
+        # multiprocessing.spawn skips a main whose __file__ is already the one it is handed
+        sys.modules["__main__"].__file__ = path
+        return
     if not data or _gpu_node():
         return
     from multiprocessing import process, spawn

@@ -44,6 +44,19 @@ def test_ranks_find_the_main_script_run_once_in_their_forkserver(tmp_path):
     assert names == ["__main__"] + ["__mp_main__"] * (4 if _gpu_node() else 1)
 
 
+@pytest.mark.slow
+def test_ranks_of_a_parsl_worker_never_run_its_main_script(tmp_path):
+    """A Parsl worker's main is process_worker_pool.py: all of Parsl, which the forkserver imported (1.5 s of a
+    warm-up on two cores) and every rank ran again on a GPU node, though no rank uses a name of it."""
+    script, runs = tmp_path / "process_worker_pool.py", tmp_path / "runs.txt"
+    script.write_text(MAIN)
+    out = subprocess.run([sys.executable, str(script), str(tmp_path / "job")], capture_output=True, text=True,
+                         env={**os.environ, "RUNS_FILE": str(runs)}, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["1", "2"]
+    assert [line.split()[0] for line in runs.read_text().splitlines()] == ["__main__"]
+
+
 def test_the_python_rng_state_is_one_array_and_older_checkpoints_still_restore(tmp_path):
     random.seed(5)
     rng = capture_rng()
