@@ -12,9 +12,9 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from .config import LOCAL_LABEL, local_config
     from .orchestrator import Orchestrator
-    from .training_job import TrainingJob
     from .pool import EmulatedPool, MultiPool, PilotPool, SitePool
     from .session import training_session
+    from .training_job import TrainingJob
 
 _WHERE = {
     "LOCAL_LABEL": "config", "local_config": "config", "Orchestrator": "orchestrator",

@@ -176,7 +176,7 @@ def fragment_config(job: TrainingJob, jd: JobDir, *, fragment: str, world_size: 
 
 def newest_step(d: Path) -> int:
     """The step of the newest checkpoint in a job directory (0: none)."""
-    from ..train.checkpoint import CheckpointStore   # torch, imported when a job needs it: a re-run of a finished
+    from ..train.checkpoint import CheckpointStore  # torch, imported when a job needs it: a re-run of a finished
     #                                                  workflow imports none
     return CheckpointStore(d).newest_step()
 

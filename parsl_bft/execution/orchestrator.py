@@ -366,7 +366,7 @@ class Orchestrator:
     def _launch(self, ctl: Controller, name: str, nodes: tuple[str, ...], site: str) -> None:
         self._inbox.check_owner("Orchestrator._launch")
         if site != self.job_site[name]:      # the job moves: its newest good checkpoint goes with it
-            from ..train.checkpoint import CheckpointStore   # torch: imported once a fragment ends or moves
+            from ..train.checkpoint import CheckpointStore  # torch: imported once a fragment ends or moves
             staged = CheckpointStore(self.job_dir(name)).stage_to(self.job_dir(name, site))
             self.db.record(events.Stage(name, site, str(staged) if staged else None))
             self.job_site[name] = site
@@ -466,7 +466,7 @@ class Orchestrator:
         self._inbox.check_owner("Orchestrator._settle")
         ckpt = c.checkpoint
         if not ckpt:
-            from ..train.checkpoint import CheckpointStore   # torch: a re-run with nothing to train needs none
+            from ..train.checkpoint import CheckpointStore  # torch: a re-run with nothing to train needs none
             store = CheckpointStore(jd.path)
             ckpt = str(store.latest_path) if store.latest(arrays=False) is not None else None
         ckpt = self.state.abs(self.state.rel(ckpt))

@@ -27,10 +27,10 @@ import threading
 import time
 import warnings
 import weakref
+from collections.abc import Callable
 from datetime import timedelta
 from multiprocessing.connection import wait as wait_any
 from multiprocessing.context import ForkServerContext
-from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
@@ -43,7 +43,7 @@ from .leftovers import SHARE_ENV, adopt_orphans, kill_descendants, kill_share_pr
 from .protocol import JobDir
 
 if TYPE_CHECKING:
-    from torch._C._distributed_c10d import Store, TCPStore   # typed here; torch.distributed re-exports
+    from torch._C._distributed_c10d import Store, TCPStore  # typed here; torch.distributed re-exports
 
 
 def node_name() -> str:
@@ -432,7 +432,7 @@ def _rank_entry(cfg_file: str, env: dict[str, str], log_path: str, job_dir: str,
     threading.Thread(target=_cap_log, args=(int(env.get("PARSL_BFT_RANK_LOG_MAX", LOG_MAX)),), daemon=True).start()
     sys.stdout = open(1, "w", buffering=1, closefd=False)   # noqa: SIM115 (the rank's stdout until it exits)
     sys.stderr = open(2, "w", buffering=1, closefd=False)   # noqa: SIM115
-    from .fragment import main      # the forkserver has it imported already (rank_preload)
+    from .fragment import main  # the forkserver has it imported already (rank_preload)
 
     try:
         main(["--config", cfg_file])
