@@ -176,8 +176,8 @@ def fragment_config(job: TrainingJob, jd: JobDir, *, fragment: str, world_size: 
 
 def newest_step(d: Path) -> int:
     """The step of the newest checkpoint in a job directory (0: none)."""
-    from ..train.checkpoint import CheckpointStore  # torch, imported when a job needs it: a re-run of a finished
-    #                                                  workflow imports none
+    # torch, imported when a job needs it: a re-run of a finished workflow imports none
+    from ..train.checkpoint import CheckpointStore
     return CheckpointStore(d).newest_step()
 
 
