@@ -45,6 +45,7 @@ def cmd_metrics(args: argparse.Namespace) -> int:
         sys.stdout.write(path.read_text())
     elif not args.plot:
         _table(job, columns, rows, args.last)
+        _best(path.parent)
     if args.plot:
         plot_metrics(job, columns, rows, args.plot)
         print(f"wrote {args.plot}", file=sys.stderr if args.csv else sys.stdout)
@@ -64,6 +65,16 @@ def _table(job: str, columns: list[str], rows: list[dict[str, float]], last: int
     console.print(t)
     if len(shown) < len(rows):
         console.print(f"the last {len(shown)} of {len(rows):,} steps (--last 0: all; --csv: the file)")
+
+
+def _best(job_dir: Path) -> None:
+    """The kept best checkpoint (``keep_best``), if the job keeps one."""
+    from .train.best import BEST, read_best
+
+    best = read_best(job_dir)
+    if best is not None:
+        how = "highest" if best.get("higher") else "lowest"
+        print(f"best by {best['metric']} ({how}): {_fmt(best['value'])} at step {best['step']}: {job_dir / BEST}")
 
 
 def _fmt(v: float) -> str:

@@ -171,7 +171,8 @@ def fragment_config(job: TrainingJob, jd: JobDir, *, fragment: str, world_size: 
         generation=generation, timeout_s=COLLECTIVE_TIMEOUT_S, checkpoint_every_s=interval_s, fragment_id=fragment,
         ranks_per_node=ranks_per_node, loop=job.loop, deterministic=job.deterministic, freeze_layers=freeze_layers,
         precision=Precision(job.precision), compile="inductor" if job.compile is True else job.compile or None,
-        channels_last=job.channels_last, micro_batch=job.micro_batch, sync_batchnorm=job.batch_norm == "sync")
+        channels_last=job.channels_last, micro_batch=job.micro_batch, sync_batchnorm=job.batch_norm == "sync",
+        keep_best=job.keep_best)
 
 
 def newest_step(d: Path) -> int:

@@ -14,6 +14,7 @@ from typing import Any
 from ..errors import BadValue
 from ..jobs import FreezeMode, JobSpec, JobSpecError
 from ..jobs import check_job_name as check_job_name  # re-exported: its home moved to jobs (no torch there)
+from ..train.best import BestRule
 from ..train.config import Precision
 
 
@@ -41,6 +42,7 @@ class TrainingJob:
     channels_last: bool = False    #: the built-in loop's model and images in channels-last memory format
     micro_batch: int | None = None  #: samples a rank computes at once (gradients accumulated): when a batch won't fit
     batch_norm: str = "per-rank"   #: BatchNorm statistics: each rank's own ("per-rank") or over all ranks ("sync")
+    keep_best: str | None = None   #: a metric: its best checkpoint stays as best.h5 ("val_loss": lowest, "max:acc")
 
     def __post_init__(self) -> None:
         check_job_name(self.name)
@@ -75,6 +77,11 @@ class TrainingJob:
         if self.batch_norm not in ("per-rank", "sync"):
             raise BadValue(f"job {self.name!r}: batch_norm is 'per-rank' (each rank's own statistics) or 'sync' "
                            f"(SyncBatchNorm over all ranks, on GPUs), got {str(self.batch_norm)[:40]!r}")
+        if self.keep_best is not None:
+            try:
+                BestRule.parse(self.keep_best)
+            except BadValue as e:
+                raise BadValue(f"job {self.name!r}: {e}") from None
         if not isinstance(self.deterministic, bool):
             raise BadValue(f"job {self.name!r}: deterministic is True or False, got {str(self.deterministic)[:40]!r}")
         if self.loop is None and self.workload not in WORKLOADS:

@@ -75,6 +75,7 @@ class FragmentConfig:
     compile: str | None = None        # the built-in loop runs torch.compile(model, backend=compile) ("inductor")
     channels_last: bool = False       # the built-in loop's model and 4-d inputs in channels-last memory format
     sync_batchnorm: bool = False      # BatchNorm statistics over all ranks (SyncBatchNorm, GPU ranks) or per rank
+    keep_best: str | None = None      # the metric whose best checkpoint is kept as best.h5 (train/best.py)
 
     def __post_init__(self) -> None:
         if self.world_size < 1:
@@ -93,6 +94,9 @@ class FragmentConfig:
         except ValueError:
             raise BadValue(f"precision must be one of {', '.join(p.value for p in Precision)}, got "
                            f"{str(self.precision)[:40]!r}") from None
+        if self.keep_best is not None:
+            from .best import BestRule
+            BestRule.parse(self.keep_best)
         if self.compile == "":
             raise BadValue("compile names a torch.compile backend (e.g. 'inductor'), or is None")
         if not self.fragment_id:

@@ -334,13 +334,16 @@ class TrainContext:
         self._decide(stop, late)
         return stop or late
 
-    def _save_if_due(self) -> None:
+    def _save_if_due(self, now: bool = False) -> None:
         """The built-in loop's periodic save (skipped while the last one still writes) and live progress, on
-        rank 0 after a step it goes on from; before the first save, the copy buffers are made ready."""
+        rank 0 after a step it goes on from; before the first save, the copy buffers are made ready. ``now``: a
+        save at this step whatever the interval (a candidate for the best checkpoint: its metric was measured)."""
         assert self._snapshot is not None
         every = self._cfg.checkpoint_every_s
-        if self.should_save():
+        if self.should_save() or (now and self.step > self.saved_step):
             t = time.perf_counter()
+            if now:
+                self._rs.saver.background.wait()               # not skipped for a write still going
             if self._rs.saver.periodic(self._snapshot()):      # the pause is a memory copy; a thread writes
                 self.saves, self.save_s = self.saves + 1, self.save_s + time.perf_counter() - t
                 self.saved_step, self._saved_at = self.step, time.time()

@@ -7,6 +7,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from .best import BestRule, keep_if_best
 from .checkpoint import BackgroundSave, CheckpointStore, TrainingState, finite_weights
 from .config import FragmentConfig, FragmentFailed
 from .protocol import JobDir, Progress
@@ -34,6 +35,7 @@ class Saver:
         self.handed_over: tuple[int, int] | None = None  # the final save handed ``written`` over (see ``save``)
         self._lock = threading.Lock()                    # progress is written by the loop and by the writer
         self._progress: Progress | None = None
+        self.best = BestRule.parse(cfg.keep_best) if cfg.keep_best else None
 
     def _fenced(self) -> str | None:
         """Why this fragment may no longer write the job's files, or None: a newer orchestrator life owns the job
@@ -90,6 +92,8 @@ class Saver:
                                  "(the last finite checkpoint stays)")
         t = time.perf_counter()
         path = self.store.save(state, fsync=self.cfg.fsync)
+        if self.best is not None:
+            keep_if_best(self.best, path, state.step, state.metrics)
         started = self._started
         with self._lock:
             self.written, self.write_s = (state.step, state.samples_done), time.perf_counter() - t

@@ -30,6 +30,7 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import GradBucket  # dist.GradBucket: DDP checks the hook's annotation
 from torch.utils.data import Dataset, TensorDataset
 
+from .best import BestRule
 from .checkpoint import TrainingState, restore_rng
 from .config import FragmentFailed, Precision
 from .freezing import GradRecorder, carry_optimizer_state, freeze_prefix
@@ -120,6 +121,7 @@ def _train_steps(ctx: "TrainContext", run: _Run, net: torch.nn.Module, fwd: torc
     """Step after step until the context stops it; evaluation and logging on rank 0, and its periodic saves."""
     cfg, wl = ctx._cfg, run.wl
     micro = cfg.micro_batch or -(-ctx.global_batch // ctx.world_size)
+    best = BestRule.parse(cfg.keep_best).metric if cfg.keep_best else None
     for idx in ctx._batches(_len(run.data)):
         run.opt.zero_grad(set_to_none=False)
         loss_sum = _backward(ctx, run, net, fwd, idx, micro)
@@ -142,7 +144,7 @@ def _train_steps(ctx: "TrainContext", run: _Run, net: torch.nn.Module, fwd: torc
         if stop_now:
             break
         if ctx.rank == 0:
-            ctx._save_if_due()
+            ctx._save_if_due(now=best is not None and best in ctx.metrics[-1])
 
 
 def _backward(ctx: "TrainContext", run: _Run, net: torch.nn.Module, fwd: torch.nn.Module, idx: torch.Tensor,
