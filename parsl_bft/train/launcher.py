@@ -27,13 +27,13 @@ import threading
 import time
 import warnings
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import timedelta
 from multiprocessing.connection import wait as wait_any
 from multiprocessing.context import ForkServerContext
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TextIO
 
 from ..errors import ParslBftError
 from ..parent_death import signal_on_parent_death
@@ -419,6 +419,30 @@ def _cap_log(limit: int, every_s: float = 1.0) -> None:
             return
 
 
+class _Stamped:
+    """A rank's ``sys.stdout`` / ``sys.stderr``: each line begins with the time it was written (prints, warnings,
+    tracebacks; what C code writes to the descriptors itself - gloo, NCCL - is not stamped)."""
+
+    def __init__(self, f: TextIO) -> None:
+        self._f, self._line_start = f, True
+
+    def write(self, s: str) -> int:
+        if not s:
+            return 0
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S ")
+        out = (stamp if self._line_start else "") + s.replace("\n", "\n" + stamp)
+        self._line_start = s.endswith("\n")
+        self._f.write(out[: -len(stamp)] if self._line_start else out)
+        return len(s)
+
+    def writelines(self, lines: Iterable[str]) -> None:
+        for line in lines:
+            self.write(line)
+
+    def __getattr__(self, name: str) -> Any:      # flush, fileno, isatty, encoding, buffer: the file's own
+        return getattr(self._f, name)
+
+
 def _rank_entry(cfg_file: str, env: dict[str, str], log_path: str, job_dir: str, fragment: str, rank: int) -> None:
     _die_with_forkserver()
     adopt_orphans()         # what the loop starts stays below the rank, whatever its session and environment
@@ -430,8 +454,8 @@ def _rank_entry(cfg_file: str, env: dict[str, str], log_path: str, job_dir: str,
     os.dup2(fd, 2)
     os.close(fd)
     threading.Thread(target=_cap_log, args=(int(env.get("PARSL_BFT_RANK_LOG_MAX", LOG_MAX)),), daemon=True).start()
-    sys.stdout = open(1, "w", buffering=1, closefd=False)   # noqa: SIM115 (the rank's stdout until it exits)
-    sys.stderr = open(2, "w", buffering=1, closefd=False)   # noqa: SIM115
+    sys.stdout = _Stamped(open(1, "w", buffering=1, closefd=False))   # noqa: SIM115 (the rank's, until it exits)
+    sys.stderr = _Stamped(open(2, "w", buffering=1, closefd=False))   # noqa: SIM115
     from .fragment import main  # the forkserver has it imported already (rank_preload)
 
     try:

@@ -1,6 +1,7 @@
 """Training fragments on real torch.distributed (gloo on CPU), real HDF5 checkpoints, real signals."""
 import contextlib
 import os
+import re
 import signal
 import sys
 import threading
@@ -376,6 +377,8 @@ def test_a_failed_ranks_whole_traceback_and_output_reach_the_error_and_stay_on_d
     assert "ValueError: lr 10.0 is too large" in msg and "in check" in msg and "in train" in msg   # whole traceback
     log = Path(msg.rsplit("output: ", 1)[1].rstrip(")"))
     assert log.parent == d / "logs" and "hello from rank 1" in log.read_text()
+    # each line the rank printed begins with its time
+    assert re.search(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d hello from rank 1$", log.read_text(), re.M), log.read_text()
     run_fragment(cfg(d, loop=f"{tmp_path / 'user.py'}:train", steps=3))      # a good fragment's output stays too
     assert any("hello from rank 0" in f.read_text() for f in (d / "logs").glob("*-rank0.log"))
 
