@@ -21,6 +21,8 @@ def add_metrics_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser])
     m.add_argument("--csv", action="store_true", help="write the metrics as CSV to stdout")
     m.add_argument("--plot", metavar="FILE", help="draw loss and each evaluation metric against the step into FILE "
                    "(.png, .pdf, .svg)")
+    m.add_argument("--tensorboard", metavar="DIR", help="write them as TensorBoard event files into DIR/<job> "
+                   "(then: tensorboard --logdir DIR); again later, the job's file there is replaced")
     m.add_argument("--last", type=int, default=20, metavar="N", help="rows in the table: the last N steps (default "
                    "20; 0: all)")
     m.set_defaults(func=cmd_metrics)
@@ -41,9 +43,11 @@ def cmd_metrics(args: argparse.Namespace) -> int:
     columns, rows = read_metrics(path)
     if not rows:
         raise UsageError(f"job {job!r} has no metrics yet ({path} is written by its rank 0 as it trains)")
+    if args.tensorboard:
+        print(f"wrote {write_tensorboard(job, rows, args.tensorboard)}", file=sys.stderr)
     if args.csv:
         sys.stdout.write(path.read_text())
-    elif not args.plot:
+    elif not args.plot and not args.tensorboard:
         _table(job, columns, rows, args.last)
         _best(path.parent)
     if args.plot:
@@ -79,6 +83,27 @@ def _best(job_dir: Path) -> None:
 
 def _fmt(v: float) -> str:
     return str(int(v)) if math.isfinite(v) and v == int(v) and abs(v) < 1e15 else f"{v:.5g}"
+
+
+def write_tensorboard(job: str, rows: list[dict[str, float]], out: str | Path) -> Path:
+    """The job's metrics as one TensorBoard event file in ``out/<job>`` (what was there before for the job goes:
+    metrics.csv is the one history, each step once, so an export never duplicates a resumed fragment's steps)."""
+    from .extras import optional_imports
+
+    with optional_imports():
+        import tensorboard  # noqa: F401  (torch's writer needs it; missing: which extra installs it)
+    from torch.utils.tensorboard import SummaryWriter
+
+    d = Path(out) / job
+    d.mkdir(parents=True, exist_ok=True)
+    for old in d.glob("events.out.tfevents.*"):
+        old.unlink()
+    with SummaryWriter(log_dir=str(d)) as w:
+        for r in rows:
+            for name, v in r.items():
+                if name != "step":
+                    w.add_scalar(name, v, int(r["step"]))
+    return d
 
 
 def plot_metrics(job: str, columns: list[str], rows: list[dict[str, float]], path: str | Path) -> None:

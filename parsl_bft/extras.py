@@ -1,8 +1,9 @@
 """Optional dependencies: the extra of parsl-bft that installs each, and the one-line error when one is missing.
 
 The library (the planner, the runtime, the Python API) needs none of them; the command line's tables and bars need
-rich, plots need matplotlib, Globus Compute sites and ``parsl-bft remote`` need the Globus Compute SDK. Each is
-imported where it is used (never at import of parsl_bft), inside ``optional_imports()``.
+rich, plots need matplotlib, Globus Compute sites and ``parsl-bft remote`` need the Globus Compute SDK, an export
+to TensorBoard needs tensorboard. Each is imported where it is used (never at import of parsl_bft), inside
+``optional_imports()``.
 """
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from contextlib import contextmanager
 
 from .errors import ParslBftError
 
-EXTRAS = {"rich": "cli", "matplotlib": "plots", "globus_compute_sdk": "remote", "globus_sdk": "remote"}
+EXTRAS = {"rich": "cli", "matplotlib": "plots", "globus_compute_sdk": "remote", "globus_sdk": "remote",
+          "tensorboard": "tensorboard"}
 
 
 class MissingExtra(ParslBftError, ModuleNotFoundError):

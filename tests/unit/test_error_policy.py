@@ -133,7 +133,7 @@ def test_skipped_keeps_the_level_for_trouble_and_logs_a_bug_at_error(caplog):
 
 # --- optional dependencies: a one-line error naming the extra -------------------------------------------------
 @pytest.mark.parametrize("module, extra", [("matplotlib.pyplot", "plots"), ("globus_compute_sdk", "remote"),
-                                           ("rich.table", "cli")])
+                                           ("rich.table", "cli"), ("tensorboard", "tensorboard")])
 def test_a_missing_optional_package_names_its_extra(monkeypatch, module, extra):
     for name in [m for m in sys.modules if m == module.split(".")[0] or m.startswith(module.split(".")[0] + ".")]:
         monkeypatch.setitem(sys.modules, name, None)

@@ -146,3 +146,32 @@ def test_metrics_refuses_a_negative_last(tmp_path, bad, capsys):
     from parsl_bft.cli import main
     assert main(["metrics", str(tmp_path), "--last", bad]) == 2
     assert "--last must be >= 0" in capsys.readouterr().err
+
+
+def test_metrics_export_to_tensorboard_each_step_once(tmp_path, capsys):
+    """`--tensorboard DIR`: TensorBoard event files in DIR/<job>, from metrics.csv (each step once, resumed
+    fragments included); a second export replaces the first, it does not add to it."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from parsl_bft.cli import main
+    from parsl_bft.execution.jobstore import JobStore
+
+    state = tmp_path / "state"
+    (state / "jobs" / "j").mkdir(parents=True)
+    db = JobStore(state / "state.sqlite")
+    db.add("j", {"name": "j", "samples": 100})
+    db.close()
+    log = MetricsLog(state / "jobs" / "j" / "metrics.csv")
+    log.resume(0, [])
+    log.append([{"step": s, "loss": 1.0 / s, "world": 2, **({"acc": s / 10} if s % 2 == 0 else {})}
+                for s in range(1, 5)])
+    for _ in range(2):
+        assert main(["metrics", str(state), "--tensorboard", str(tmp_path / "tb")]) == 0
+    assert f"wrote {tmp_path / 'tb' / 'j'}" in capsys.readouterr().err
+    assert len(list((tmp_path / "tb" / "j").glob("events.out.tfevents.*"))) == 1
+    ea = EventAccumulator(str(tmp_path / "tb" / "j"))
+    ea.Reload()
+    assert sorted(ea.Tags()["scalars"]) == ["acc", "loss", "world"]
+    assert [(e.step, round(e.value, 6)) for e in ea.Scalars("loss")] == [(1, 1.0), (2, 0.5), (3, 0.333333),
+                                                                         (4, 0.25)]
+    assert [(e.step, round(e.value, 6)) for e in ea.Scalars("acc")] == [(2, 0.2), (4, 0.4)]
