@@ -269,7 +269,11 @@ class JobDir:
         return sorted(out, key=lambda e: (e.t, e.rank))
 
     def forget_fragment(self, fragment: str) -> None:
-        """Remove the fragment's recorded rank errors (it has been reported)."""
+        """Remove the fragment's recorded rank errors (it has been reported) and what a launcher killed before its
+        end left of the handshake."""
+        for f in self.path.glob(f".ready-{fragment}-*"):
+            f.unlink(missing_ok=True)
+        self._result_path(fragment).unlink(missing_ok=True)
         d = self.errors_dir(fragment)
         if d.exists():
             for f in d.iterdir():
