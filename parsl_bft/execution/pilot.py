@@ -351,6 +351,10 @@ class PilotProvider(ClusterProvider):
             raise ValueError(f"cannot use {path!r} in a batch script (quotes or control characters)")
         return path if re.fullmatch(r"[\w./@%+,:=-]+", path) else f'"{path}"'
 
+    # A pilot ended by its scheduler (TERM, then KILL) leaves its worker pool's multiprocessing resource tracker to
+    # unlink the pool's semaphores, which it does, with a warning that was in every pilot's output: not ours to see
+    QUIET_TRACKER = 'export PYTHONWARNINGS="ignore:resource_tracker:UserWarning${PYTHONWARNINGS:+,$PYTHONWARNINGS}"'
+
     def notice_trap(self, job_id_var: str, grace_s: int = 3) -> list[str]:
         """Shell lines: run the worker in its own process group; the walltime notice (USR1) only marks the pilot
         (a mark of its own: the orchestrator has the fragment checkpoint; the worker keeps serving until then);

@@ -98,6 +98,7 @@ class PBSPilotProvider(PilotProvider, RepresentationMixin):
                 f"-o {self.directive_path(f'{self.script_dir}/')}"]
         opts += [f"-A {self.account}"] if self.account else []
         lines = ["#!/bin/bash", *[f"#PBS {o}" for o in opts + self.scheduler_options], self.worker_init,
+                 self.QUIET_TRACKER,
                  f"setsid {self.on_each_node(command, shape.nodes)} &", *self.notice_trap("PBS_JOBID")]
         return "\n".join(line for line in lines if line) + "\n"
 

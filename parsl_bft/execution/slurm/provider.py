@@ -199,7 +199,7 @@ class SlurmPilotProvider(PilotProvider, RepresentationMixin):
         shape = shape or self.default_shape()
         opts = [f"--job-name={job_name}", *self.job_options(minutes, shape), f"--signal=B:USR1@{self.notice_s}",
                 "--no-requeue", f"--output={self.directive_path(f'{self.script_dir}/%j.out')}"]
-        lines = ["#!/bin/bash", *[f"#SBATCH {o}" for o in opts], self.worker_init,
+        lines = ["#!/bin/bash", *[f"#SBATCH {o}" for o in opts], self.worker_init, self.QUIET_TRACKER,
                  f"setsid {self.on_each_node(command, shape.nodes)} &",
                  *self.notice_trap("SLURM_JOB_ID", self.grace())]
         return "\n".join(line for line in lines if line) + "\n"
