@@ -301,6 +301,8 @@ def test_one_sigterm_to_the_group_ends_a_run_with_pilots_within_the_notice(slurm
     ends = {j: state_of(slurm, j) for j in pilots}
     assert "COMPLETED" in ends.values() and set(ends.values()) <= {"COMPLETED", "CANCELLED", "TIMEOUT"}, ends
     assert_nothing_left(state, 60)
+    said = {f.name: f.read_text() for f in state.glob("runinfo/*/submit_scripts/*.out")}
+    assert said and not [n for n, text in said.items() if "leaked semaphore" in text], said
 
 
 @pytest.mark.slurm
