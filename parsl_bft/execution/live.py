@@ -70,8 +70,10 @@ class LiveBars:
         self._seen, new = orch.db.events_after(self._seen)
         self._ledger.feed(new)
         now = self.clock()
+        # a job submitted from another thread is in live_progress (the inbox's) a turn before the loop has added
+        # it to orch.jobs: it shows from the next turn
         rows = [(name, done, *self._state(orch, name), self.rates.words(name, done, orch.jobs[name].samples, now))
-                for name, done in orch.live_progress().items()]
+                for name, done in orch.live_progress().items() if name in orch.jobs]
         if self.plain is not None:
             if now - self._last_line >= self.every_s:
                 self._last_line = now

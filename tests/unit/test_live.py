@@ -143,3 +143,18 @@ def test_a_fragment_launched_with_frozen_layers_says_so(tmp_path):
     ledger = RunLedger({"j": 10}).feed(db.events())
     assert ledger.jobs["j"].state == "running on 1 node(s)"
     assert [d.get("freeze") for _, k, d in db.events("launch")] == [3, None]
+
+
+def test_a_job_submitted_but_not_yet_added_by_the_loop_shows_from_the_next_turn(tmp_path):
+    """live_progress() reads the inbox's jobs (any thread may submit); orch.jobs is the loop's and gets a job at
+    the loop's next turn. Between the two the bars raised KeyError and the run ended with it (the replay's smoke
+    run, where the submit now comes while the workers start)."""
+    out = io.StringIO()
+    orch = _orch(tmp_path)
+    orch.live_progress = lambda: {"ok": 1000, "late": 0}
+    with LiveBars(Console(file=io.StringIO(), force_terminal=False), every_s=0, plain_to=out) as bars:
+        bars(orch)
+        assert [line.split()[2] for line in out.getvalue().splitlines()[1:]] == ["ok:"]
+        orch.jobs["late"] = SimpleNamespace(samples=1000, global_batch=10)
+        bars(orch)
+        assert "late: 0.0% of 1,000 samples" in out.getvalue()
