@@ -170,6 +170,20 @@ def test_a_failing_squeue_is_an_error_not_an_empty_cluster(tmp_path):
         prov.status(["7"])                       # not "pilot 7 is missing"
 
 
+@pytest.mark.parametrize("rc, ok", [(0, True), (1, True), (229, True), (225, True), (2, False)])
+def test_releasing_a_pilot_that_already_ends_is_no_error(rc, ok):
+    """A pilot given back twice while it ended (the pool's snapshot still showed it running): scancel exits with
+    Slurm's error number mod 256, 229 (ESLURM_ALREADY_DONE); that raised and stopped the run."""
+    from parsl_bft.execution.slurm.commands import SlurmError
+    cmd = SlurmCommands(lambda argv: (rc, "", ""))
+    for call in (cmd.release, cmd.cancel):
+        if ok:
+            call(["5", "6"])
+        else:
+            with pytest.raises(SlurmError, match="exit 2"):
+                call(["5", "6"])
+
+
 def test_the_topology_is_asked_of_slurm_once(tmp_path, caplog):
     answers = {"scontrol show topology": (0, TOPOLOGY, "")}
     runner = Canned(answers)

@@ -12,6 +12,10 @@ from ...topology import Topology, parse_slurm_topology
 from ..commands import NoJobId, Runner, SchedulerCommands, SchedulerError, run_local
 from ..pilot import QueueJob
 
+# scancel's exit status for jobs that are gone or going: 1 for an id Slurm no longer knows, or Slurm's own error
+# number mod 256 (seen: 229, ESLURM_ALREADY_DONE 2021 "Job/step already completing or completed", for a pilot
+# released twice while it ended; ESLURM_INVALID_JOB_ID 2017 alike)
+SCANCEL_GONE = (0, 1, 2017 % 256, 2021 % 256)
 
 class SlurmError(SchedulerError):
     """A Slurm command that failed (sinfo, squeue, sbatch, scancel, ...)."""
@@ -211,14 +215,14 @@ class SlurmCommands(SchedulerCommands):
 
     def release(self, job_ids: list[str]) -> None:
         """Ask running pilots to end themselves: USR2 to their batch scripts (``scancel --batch --signal``), whose
-        trap stops the worker and exits 0 (ids Slurm no longer knows are no error)."""
+        trap stops the worker and exits 0 (ids Slurm no longer knows, or jobs already ending, are no error)."""
         if job_ids:
-            self._run(["scancel", "--batch", "--signal=USR2", *job_ids], ok_codes=(0, 1))
+            self._run(["scancel", "--batch", "--signal=USR2", *job_ids], ok_codes=SCANCEL_GONE)
 
     def cancel(self, job_ids: list[str]) -> None:
-        """scancel these jobs (ids Slurm no longer knows are no error)."""
+        """scancel these jobs (ids Slurm no longer knows, or jobs already ending, are no error)."""
         if job_ids:
-            self._run(["scancel", *job_ids], ok_codes=(0, 1))
+            self._run(["scancel", *job_ids], ok_codes=SCANCEL_GONE)
 
     def job_limit(self, user: str) -> int | None:
         """The user's cap on jobs in the queue (the smaller of MaxJobs and MaxSubmitJobs of their associations);
