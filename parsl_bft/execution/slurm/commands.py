@@ -17,6 +17,7 @@ from ..pilot import QueueJob
 # released twice while it ended; ESLURM_INVALID_JOB_ID 2017 alike)
 SCANCEL_GONE = (0, 1, 2017 % 256, 2021 % 256)
 
+
 class SlurmError(SchedulerError):
     """A Slurm command that failed (sinfo, squeue, sbatch, scancel, ...)."""
 
