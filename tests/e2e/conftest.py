@@ -13,7 +13,7 @@ from paths import ROOT
 
 
 @pytest.fixture(scope="module")
-def slurm():
+def local_slurm():
     """The local Slurm of tools/local-slurm.sh, at $SLURM_LOCAL_BASE (default /tmp/local-slurm) on
     $SLURM_LOCAL_PORT (default 16817): two clusters on one machine (two worktrees' tests) need a base and ports
     each."""
@@ -27,3 +27,14 @@ def slurm():
     os.environ["SLURM_CONF"] = f"{base}/etc/slurm.conf"
     yield SlurmCommands()
     subprocess.run(["scancel", "--user", "root"], capture_output=True)
+
+
+@pytest.fixture
+def slurm(local_slurm):
+    """The module's local Slurm, its queue emptied after each test: a failed test's jobs (pilots, the facility
+    jobs it made) held nodes the next test counted on, and that test failed too."""
+    yield local_slurm
+    subprocess.run(["scancel", "--user", "root"], capture_output=True)
+    from harness import wait_for
+    wait_for(lambda: not [j for j in local_slurm.queue() if j.state in ("PENDING", "RUNNING", "COMPLETING")], 120,
+             what="an empty queue after the test")
