@@ -40,6 +40,7 @@ from pathlib import Path
 
 from facility_stream import LocalSlurm, Replayed, StreamJob, finish, replay, stream_from_swf
 
+from parsl_bft.execution.errors import StateError
 from parsl_bft.execution.jobstore import JobStore
 from parsl_bft.train.emulated import dedicated_rate
 
@@ -227,8 +228,12 @@ def started(state: Path, orch: subprocess.Popen, timeout_s: float = 300.0) -> No
     while time.monotonic() < deadline:
         if orch.poll() is not None:
             raise RuntimeError(f"parsl-bft run exited with {orch.returncode} before it started (see run.log)")
-        if (state / "state.sqlite").exists() and JobStore(state / "state.sqlite", readonly=True).events("start"):
-            return
+        if (state / "state.sqlite").exists():
+            try:
+                if JobStore(state / "state.sqlite", readonly=True).events("start"):
+                    return
+            except StateError:          # made, its tables not yet: read again
+                pass
         time.sleep(0.5)
     raise RuntimeError(f"ran out of time waiting for parsl-bft run to start ({timeout_s:.0f} s)")
 

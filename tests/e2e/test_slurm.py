@@ -223,7 +223,7 @@ def test_a_site_the_scheduler_refuses_stops_the_run_with_its_words(slurm, tmp_pa
     assert r.returncode == 2, r.stderr[-3000:]
     last = r.stderr.strip().splitlines()[-1]
     assert last.startswith(f"parsl-bft run: error: {words}"), r.stderr[-3000:]
-    assert took < 30 and {j.job_id for j in slurm.queue()} == before      # nothing submitted
+    assert took < 30 and not {j.job_id for j in slurm.queue()} - before      # nothing submitted
     assert not list(tmp_path.glob("state/runinfo/*/submit_scripts/*.sh"))
     check = subprocess.run([sys.executable, "-m", "parsl_bft.cli", "sites", "check", "site.yaml"], cwd=tmp_path,
                            capture_output=True, text=True, timeout=120)
@@ -232,7 +232,7 @@ def test_a_site_the_scheduler_refuses_stops_the_run_with_its_words(slurm, tmp_pa
     check = subprocess.run([sys.executable, "-m", "parsl_bft.cli", "sites", "check", str(good)], cwd=tmp_path,
                            capture_output=True, text=True, timeout=120)
     assert check.returncode == 0 and "partition 'backfill': 8 nodes" in check.stdout, check.stdout + check.stderr
-    assert "sbatch --test-only would start at" in check.stdout and {j.job_id for j in slurm.queue()} == before
+    assert "sbatch --test-only would start at" in check.stdout and not {j.job_id for j in slurm.queue()} - before
 
 
 @pytest.mark.slurm
