@@ -9,6 +9,7 @@ folder, a hard link to that checkpoint file (no bytes copied; it stays when rete
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 from collections.abc import Mapping, Sequence
@@ -50,7 +51,7 @@ def value_at(step: int, rows: Sequence[Mapping[str, float]], metric: str) -> flo
     for row in reversed(rows):
         if row.get("step") == step:
             v = row.get(metric)
-            return float(v) if isinstance(v, (int, float)) and v == v and abs(v) != float("inf") else None
+            return float(v) if isinstance(v, (int, float)) and math.isfinite(v) else None
     return None
 
 

@@ -207,28 +207,24 @@ class JobDir:
         """Whether every rank of ``ranks`` has said ``mark_ready``."""
         return all(self._ready_path(fragment, r).exists() for r in ranks)
 
-    def _result_path(self, fragment: str) -> Path:
-        return self.path / f".result-{fragment}.json"
+    @staticmethod
+    def _result_name(fragment: str) -> str:
+        return f".result-{fragment}.json"
 
     def write_result(self, fragment: str, text: str) -> None:
         """Rank 0's result, whole or not at all (a reader never sees half of it)."""
-        tmp = self.path / f".result-{fragment}.{os.getpid()}"
-        tmp.write_text(text)
-        os.replace(tmp, self._result_path(fragment))
+        self._mark(self._result_name(fragment), text)
 
     def read_result(self, fragment: str) -> str | None:
         """Rank 0's result (None: it wrote none)."""
-        try:
-            return self._result_path(fragment).read_text()
-        except FileNotFoundError:
-            return None
+        return self._marked(self._result_name(fragment))
 
     def end_handshake(self, fragment: str, ranks: list[int]) -> None:
         """The launcher of ``ranks`` is done with their marks (and with the result, when rank 0 was its)."""
         for r in ranks:
             self._ready_path(fragment, r).unlink(missing_ok=True)
         if 0 in ranks:
-            self._result_path(fragment).unlink(missing_ok=True)
+            (self.path / self._result_name(fragment)).unlink(missing_ok=True)
 
     # --- failures ------------------------------------------------------------------------------------
     # --- rank output ----------------------------------------------------------------------------------
@@ -273,7 +269,7 @@ class JobDir:
         end left of the handshake."""
         for f in self.path.glob(f".ready-{fragment}-*"):
             f.unlink(missing_ok=True)
-        self._result_path(fragment).unlink(missing_ok=True)
+        (self.path / self._result_name(fragment)).unlink(missing_ok=True)
         d = self.errors_dir(fragment)
         if d.exists():
             for f in d.iterdir():
