@@ -106,8 +106,8 @@ class SimulatedFragments:
                     cfg.job, cfg.world_size, 0, 1, done - start, done, 1.0, 0.0, 0.0, 0.0, 0.0,
                     StopReason.DONE if done >= cfg.total_samples else StopReason.SIGNAL, 0.5, ""))
 
-    def prime(self, nodes) -> None:
-        pass
+    def prime(self, nodes) -> list:
+        return []
 
     def placed(self, fragment: str, nodes: int) -> dict[int, str]:
         return {}

@@ -32,25 +32,25 @@ def fragment_node_task(cfg: FragmentConfig, node_index: int, store: str) -> Frag
 
 def warm_up(barrier: str, n: int, timeout_s: float = 120.0, gang: bool = False) -> str:
     """Start this worker's rank forkserver (torch and the fragment code imported once) before any node is
-    planned, so the first fragment on it starts in a second. ``n`` of these meet at ``barrier`` (a directory):
-    each waits for the others, so every one of the executor's n workers runs exactly one (n = 1: no barrier).
-    A worker of a gang (pilots) also imports the store client its shares use (torch), while the forkserver
-    imports; a local worker never needs torch itself."""
+    planned, so the first fragment on it starts in a second; returns the node it ran on. ``n`` of these meet at
+    ``barrier`` (a directory): each waits for the others, so every one of the executor's n workers runs exactly
+    one (n = 1: no barrier). A worker of a gang (pilots) also imports the store client its shares use (torch),
+    while the forkserver imports; a local worker never needs torch itself."""
     import importlib
     import os
     import socket
     import time
     from pathlib import Path
 
-    from parsl_bft.train.launcher import start_rank_server
+    from parsl_bft.train.launcher import node_name, start_rank_server
 
     start_rank_server((lambda: importlib.import_module("parsl_bft.train.rank")) if gang else None)
     if n <= 1:
-        return f"{socket.gethostname()}:{os.getpid()}"
+        return node_name()
     d = Path(barrier)
     d.mkdir(parents=True, exist_ok=True)
     (d / f"{socket.gethostname()}-{os.getpid()}").touch()
     deadline = time.monotonic() + timeout_s
     while len(list(d.iterdir())) < n and time.monotonic() < deadline:
         time.sleep(0.05)
-    return f"{socket.gethostname()}:{os.getpid()}"
+    return node_name()

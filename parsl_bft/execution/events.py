@@ -188,7 +188,8 @@ class Placed(Event):
 @dataclass(frozen=True)
 class FragmentDone(Event):
     """A fragment ended with a result (it saved its checkpoint): ``samples`` trained in it, ``ended``: unix time it
-    was collected (``launched`` to ``ended`` is the node-time it held; older logs lack both)."""
+    was collected (``launched`` to ``ended`` is the node-time it held; older logs lack both). ``launched`` to
+    ``train_started`` is its start: ranks started, ``restore_s`` (workload, checkpoint), ``rendezvous_s``."""
 
     kind = EventKind.FRAGMENT_DONE
     job: str
@@ -205,6 +206,8 @@ class FragmentDone(Event):
     checkpoint_s: float
     samples: int | None = _opt()
     ended: float | None = _opt()
+    restore_s: float | None = _opt()
+    rendezvous_s: float | None = _opt()
 
 
 @dataclass(frozen=True)

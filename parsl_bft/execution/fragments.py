@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Callable, Mapping
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -48,8 +49,9 @@ class FragmentRunner(Protocol):
     def launch(self, cfg: FragmentConfig, nodes: tuple[str, ...]) -> FragmentHandle:
         """Start a fragment on ``nodes`` (names at the site)."""
 
-    def prime(self, nodes: list[str]) -> None:
-        """Nodes joined: prepare them for a first fragment."""
+    def prime(self, nodes: list[str]) -> list[Future[str]]:
+        """Nodes joined: prepare them for a first fragment. Each future answers with the node (its name at the
+        site) that is ready; none: they are ready as they are."""
 
     def placed(self, fragment: str, nodes: int) -> dict[int, str]:
         """Node share index -> the node it landed on, for the shares that have said so."""
@@ -261,4 +263,5 @@ def done_event(job: str, r: Running, c: Collected) -> FragmentDone:
     assert res is not None
     return FragmentDone(job, r.fragment, r.nodes, res.world_size, r.launched, res.train_started, res.train_s,
                         res.start_step, res.end_step, res.stopped_by, res.periodic_saves, res.checkpoint_s,
-                        samples=res.samples, ended=c.ended)
+                        samples=res.samples, ended=c.ended, restore_s=round(res.restore_s, 3),
+                        rendezvous_s=round(res.rendezvous_s, 3))

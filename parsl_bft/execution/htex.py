@@ -176,14 +176,14 @@ class SiteRunner:
                                    for i, n in enumerate(nodes)], self.store, cfg.fragment_id)
         return FragmentHandle([self._app(cfg, self.addr)])
 
-    def prime(self, nodes: list[str]) -> None:
+    def prime(self, nodes: list[str]) -> list[Future[str]]:
         """Pilots just joined on ``nodes``: have their fresh workers start the rank forkserver (torch imported)
-        now, while the plan settles, not when the first fragment lands there. Fire and forget: at worst a
-        slower start."""
-        if self.gang:
-            from .apps import warm_up
-            for n in nodes:
-                self._app_on(warm_up, n)("", 1, gang=True)
+        before any fragment is planned there. Each future answers with the node it ran on (a lane's task may
+        land on any of its workers). Local workers were warmed up at start: nothing to do."""
+        if not self.gang:
+            return []
+        from .apps import warm_up
+        return [self._app_on(warm_up, n)("", 1, gang=True) for n in nodes]
 
     def placed(self, fragment: str, nodes: int) -> dict[int, str]:
         """node index -> the node its share landed on, for the shares that have said so."""

@@ -54,6 +54,7 @@ from .report import RunSummary, live_progress, run_summary
 from .signals import sigterm_unwinds, stop_reason
 from .statedir import StateDir, lock_state_dir
 from .training_job import TrainingJob, check_job_name, submit_when_ready
+from .warming import WarmingNodes
 
 __all__ = ["JobFailed", "Orchestrator", "RunStopped", "StateLocked", "TrainingJob", "check_job_name",
            "lock_state_dir"]
@@ -105,6 +106,7 @@ class Orchestrator:
         self.pool_node_s = 0.0
         self.warm_up_s = 0.0
         self._runners: dict[str, FragmentRunner] = {}
+        self._warming = WarmingNodes(self._runners)   # joined nodes enter the plan once warm (warming.py)
         self._store: RendezvousStore | None = None
         self._bg = BackgroundLoop(self._inbox, self.dir)   # the loop, when it runs in the background (start())
         self._stopping = self._inbox.stopping
@@ -220,6 +222,7 @@ class Orchestrator:
     def _run(self, progress: Callable[[Orchestrator], object] | None, timeout_s: float | None,
              stay: bool) -> RunSummary:
         self._runners = self._make_runners(self.sites)
+        self._warming = WarmingNodes(self._runners)
         self._arrivals.clear()
         pending = self.pending_specs()
         ctl = Controller(pending, self.curves, self.planner, max_concurrent=self.max_concurrent, model_costs=False,
@@ -232,12 +235,11 @@ class Orchestrator:
         why: str = events.RunEnd.DONE
         with sigterm_unwinds():
             try:
-                t_warm = self.clock.monotonic()
                 if self.warm_up:
                     for name, runner in self._runners.items():
                         runner.warm_up(self.state.warm_up_dir(self.generation, name), self.db.record,
                                        self._stopping.is_set)
-                self.warm_up_s = self.clock.monotonic() - t_warm
+                self.warm_up_s = self.clock.monotonic() - t_start
                 self.pool.start()
                 t_start = self.clock.monotonic()
                 why = self._loop(ctl, t_start, progress, timeout_s, stay)
@@ -273,12 +275,14 @@ class Orchestrator:
             self.pool_node_s += len(ctl.pool) * dt
             ctl.accrue(dt)
             for ev in self.pool.poll():
-                if ev.kind == "join":     # nodes arrive one by one: plan once they have settled
-                    self._nodes_joined(ctl, ev, t_start)
-                    joined_at = now
+                if ev.kind == "join":
+                    self._nodes_joined(ev, t_start, now)
                 else:
                     self._nodes_reclaimed(ctl, ev)
                     changed = True
+            if warm := self._warming.warmed(now):   # nodes arrive one by one: plan once they have settled
+                ctl.nodes_joined([n for n, _ in warm], [u for _, u in warm])
+                joined_at = now
             self._follow_placement(ctl)
             changed |= self._collect(ctl)
             self._release_checkpointed()
@@ -309,17 +313,16 @@ class Orchestrator:
                 changed = True
         return changed
 
-    def _nodes_joined(self, ctl: Controller, ev: PoolEvent, t_start: float) -> None:
+    def _nodes_joined(self, ev: PoolEvent, t_start: float, now: float) -> None:
         self._inbox.check_owner("Orchestrator._nodes_joined")
         for r in self.running.values():
             r.gone.difference_update(ev.nodes)     # a new pilot there: a share may start on it
-        ctl.nodes_joined(ev.nodes, [t_start + u for u in ev.until] if ev.until else ())
-        for site in {site_of(n) for n in ev.nodes}:
-            self._runners[site].prime([local_name(n) for n in ev.nodes if site_of(n) == site])
+        self._warming.add(ev.nodes, [t_start + u for u in ev.until] if ev.until else (), now)
 
     def _nodes_reclaimed(self, ctl: Controller, ev: PoolEvent) -> None:
         """A notice: checkpoint now, and plan without these nodes already; a leave: kill what still runs."""
         self._inbox.check_owner("Orchestrator._nodes_reclaimed")
+        self._warming.drop(ev.nodes)
         for a in list(ctl.active.values()):
             r = self.running.get(a.name)
             if r is not None and set(ev.nodes) & set(a.state.nodes):

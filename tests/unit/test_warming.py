@@ -1,0 +1,122 @@
+"""Joined nodes enter the plan once their worker is warm (execution/warming.py): on fakes for the runner's
+warm-up tasks, and the orchestrator on simulated time, where a job keeps training on its nodes while a new
+pilot's worker imports torch."""
+from __future__ import annotations
+
+from concurrent.futures import Future
+
+from simulated import RATE, ScriptedPool, SimulatedFragments, _orchestrator
+
+from parsl_bft.execution.clock import SimulatedClock
+from parsl_bft.execution.orchestrator import TrainingJob
+from parsl_bft.execution.warming import WarmingNodes
+
+
+class Primed:
+    """A runner whose warm-ups are futures the test answers (with the node a warm-up ran on)."""
+
+    def __init__(self, gang: bool = True):
+        self.gang = gang
+        self.sent: list[tuple[str, Future]] = []
+
+    def prime(self, nodes):
+        if not self.gang:
+            return []
+        futs = [Future() for _ in nodes]
+        self.sent += list(zip(nodes, futs))
+        return futs
+
+    def answer(self, i: int, node: str | None = None, error: bool = False) -> None:
+        node_asked, fut = self.sent[i]
+        fut.set_exception(RuntimeError("worker lost")) if error else fut.set_result(node or node_asked)
+
+
+def test_nodes_of_workers_that_need_no_warm_up_are_ready_at_once():
+    w = WarmingNodes({"": Primed(gang=False)})
+    w.add(["a", "b"], [50.0, 60.0], now=0.0)
+    assert w.warmed(0.0) == [("a", 50.0), ("b", 60.0)]
+    assert w.warmed(1.0) == []
+
+
+def test_a_node_is_ready_when_its_worker_answers_and_not_before():
+    r = Primed()
+    w = WarmingNodes({"": r}, wait_s=30)
+    w.add(["a", "b"], [], now=0.0)
+    assert w.warmed(5.0) == [] and "a" in w
+    r.answer(1)
+    assert w.warmed(6.0) == [("b", float("inf"))]
+    r.answer(0)
+    assert w.warmed(7.0) == [("a", float("inf"))] and "a" not in w
+
+
+def test_a_warm_up_that_ran_on_another_worker_is_sent_again_for_the_cold_node():
+    r = Primed()
+    w = WarmingNodes({"": r}, wait_s=30)
+    w.add(["c"], [], now=0.0)
+    r.answer(0, node="old")            # the lane's idle, warm worker took it
+    assert w.warmed(1.0) == [] and [n for n, _ in r.sent] == ["c", "c"]
+    r.answer(1)
+    assert w.warmed(2.0) == [("c", float("inf"))]
+
+
+def test_a_node_whose_worker_never_answers_is_planned_after_the_wait_and_a_failure_is_not_resent():
+    r = Primed()
+    w = WarmingNodes({"": r}, wait_s=30)
+    w.add(["a"], [90.0], now=10.0)
+    r.answer(0, error=True)
+    assert w.warmed(39.0) == [] and len(r.sent) == 1
+    assert w.warmed(40.0) == [("a", 90.0)]
+
+
+def test_a_node_that_leaves_before_it_is_warm_never_joins():
+    r, local = Primed(), Primed(gang=False)
+    w = WarmingNodes({"s": r, "t": local}, wait_s=30)
+    w.add(["s:a", "s:b", "t:x"], [1.0, 2.0, 3.0], now=0.0)
+    w.drop(["s:a", "t:x"])
+    r.answer(0)
+    r.answer(1)
+    assert w.warmed(100.0) == [("s:b", 2.0)]
+
+
+class WarmingFragments(SimulatedFragments):
+    """Simulated fragments on pilots whose workers are warm ``warm_s`` after they join; launches are recorded
+    with their simulated time."""
+
+    def __init__(self, clock: SimulatedClock, warm_s: float, **kw):
+        super().__init__(clock, **kw)
+        self.warm_s, self.warming, self.at = warm_s, [], []
+        clock.on_sleep.append(lambda _: self._answer())
+
+    def prime(self, nodes):
+        futs = []
+        for n in nodes:
+            f: Future = Future()
+            self.warming.append((self.clock.monotonic() + self.warm_s, n, f))
+            futs.append(f)
+        return futs
+
+    def _answer(self):
+        for item in [w for w in self.warming if w[0] <= self.clock.monotonic()]:
+            self.warming.remove(item)
+            item[2].set_result(item[1])
+
+    def launch(self, cfg, nodes):
+        self.at.append((self.clock.monotonic(), len(nodes)))
+        return super().launch(cfg, nodes)
+
+
+def test_a_job_trains_on_while_a_new_pilots_worker_warms_up_and_grows_once_it_is_warm(tmp_path):
+    clock = SimulatedClock()
+    pool = ScriptedPool(clock, [(0, "join", ("a",)), (100, "join", ("b", "c"))])
+    frags = WarmingFragments(clock, warm_s=20)
+    orch = _orchestrator(tmp_path, clock, pool, frags)
+    orch.submit(TrainingJob("x", samples=120_000, min_nodes=1, max_nodes=3, global_batch=12, rate_guess=RATE))
+    t0 = clock.monotonic()
+    summary = orch.run(timeout_s=10_000)
+    assert summary.jobs[0].status == "done"
+    sizes = [(round(t - t0), n) for t, n in frags.at]
+    assert [n for _, n in sizes][:2] == [1, 3], sizes
+    first, grown = sizes[0][0], sizes[1][0]
+    assert first >= 20, f"the first fragment started before its nodes were warm: {sizes}"
+    assert grown >= 120, f"the job stopped for nodes b, c before their workers were warm: {sizes}"
+    orch.close()
