@@ -39,6 +39,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from facility_stream import LocalSlurm, Replayed, StreamJob, finish, replay, stream_from_swf
+from held_time import held_time
 
 from parsl_bft.execution.errors import StateError
 from parsl_bft.execution.jobstore import JobStore
@@ -87,6 +88,8 @@ class Training:
     train_node_s: float                          # node-seconds ranks trained within the window
     fragments: list[tuple[float, float, int]]    # (start, end, nodes) of each fragment's training
     restart_s: float                             # median launch -> training of a fragment
+    restore_s: float                             # ... of which restoring (workload, checkpoint)
+    rendezvous_s: float                          # ... and the process group's rendezvous
     save_s: float                                # median save at a fragment's stop
     failed: int
 
@@ -94,7 +97,8 @@ class Training:
 def read_training(state: Path, t0: float, window_s: float) -> Training:
     db = JobStore(state / "state.sqlite", readonly=True)
     frags, samples, node_s, launch, saves = [], 0.0, 0.0, [], []
-    for _, _, e in db.events("fragment-done"):
+    done = [e for _, _, e in db.events("fragment-done")]
+    for e in done:
         a, b = e["train_started"] - t0, e["train_started"] - t0 + e["train_s"]
         inside = max(0.0, min(b, window_s) - max(a, 0.0))
         share = inside / (b - a) if b > a else 0.0
@@ -106,8 +110,10 @@ def read_training(state: Path, t0: float, window_s: float) -> Training:
     failed = db.events("fragment-failed")
     for _, _, e in failed:                       # what a failed fragment saved before it died still counts
         samples += max(0, e["saved_step"] - e["resume_step"]) * BATCH
-    return Training(samples, node_s, frags, statistics.median(launch) if launch else 0.0,
-                    statistics.median(saves) if saves else 0.0, len(failed))
+    def median(xs: list[float]) -> float:
+        return statistics.median(xs) if xs else 0.0
+    return Training(samples, node_s, frags, median(launch), median([e.get("restore_s") or 0.0 for e in done]),
+                    median([e.get("rendezvous_s") or 0.0 for e in done]), median(saves), len(failed))
 
 
 def node_seconds(spans: list[tuple[float, float | None, int]], window_s: float) -> float:
@@ -261,7 +267,7 @@ def figures(mode: str, alone: Replayed, rep: Replayed, tr: Training, jobs: dict[
         "fragments_failed": tr.failed,
         "e_used_vs_dedicated": tr.samples / (held * rate) if held else 0.0,
         "real_e_idle": tr.samples / (idle * rate) if idle else 0.0,
-        "restart_s": tr.restart_s, "save_s": tr.save_s,
+        "restart_s": tr.restart_s, "restore_s": tr.restore_s, "rendezvous_s": tr.rendezvous_s, "save_s": tr.save_s,
     }
 
 
@@ -442,6 +448,7 @@ def main() -> None:
     results = []
     for mode, (rep, tr) in runs.items():
         r = figures(mode, alone, rep, tr, by_name, args.nodes, window_s)
+        r["held_node_s_by_part"] = {k: round(v, 1) for k, v in held_time(rep, out / mode / "state", window_s).items()}
         naive = simulate(alone, args.nodes, window_s, tr, out / mode / "sim-naive")
         late = pilot_start_s(rep, out / mode / "state", rep.t0)
         sim = simulate(alone, args.nodes, window_s, tr, out / mode / "sim", late)
@@ -465,6 +472,9 @@ def main() -> None:
             f"{r['bounded_slowdown_ratio']:.3f}; held {r['idle_share_held']:.1%} of the idle node-time, trained "
             f"{r['held_training_share']:.1%} of it; e_used vs dedicated {r['e_used_vs_dedicated']:.3f}; e_idle real "
             f"{r['real_e_idle']:.3f} / simulated {r['sim_e_idle']:.3f}")
+        held = r["held_node_s"] or 1.0
+        say(f"{r['mode']}: the held node-time went to " + ", ".join(
+            f"{k} {v / held:.1%}" for k, v in r["held_node_s_by_part"].items()))
     say(f"plot: {out / 'facility_replay.png'}; all figures: {out / 'result.json'}")
     for r in results:
         print(json.dumps({**common, **r}))

@@ -195,6 +195,7 @@ class PilotProvider(ClusterProvider):
         self.mem_per_node: float | None = None
         self._refusals: list[str] = []
         self.refused: PilotsRefused | None = None
+        self._yielded: dict[str, set[str]] = {}   # a waiting facility job -> the pilots given back to it
 
     # --- hooks ------------------------------------------------------------------------------------------
     @abstractmethod
@@ -378,23 +379,49 @@ class PilotProvider(ClusterProvider):
 
     @locked
     def claimed(self, within_s: float, now: float | None = None) -> set[str]:
-        """Nodes a waiting facility job (not one of our pilots) is planned to start on within ``within_s``, or
-        on a running pilot's node no later than that pilot's walltime ends: then the pilot is what the job
-        waits for (a job that arrived after the pilot started, where no preemption takes the node back). Give
-        them back now."""
-        soon = (self.clock() if now is None else now) + within_s
-        jobs = self.snapshot().jobs
-        ours = {n: job.end for j in self.submitted if (job := jobs.get(j)) is not None and job.end is not None
-                for n in job.nodes}
+        """Nodes of our running pilots that a waiting facility job (not one of ours) needs back. Give them back
+        now. A job needs a node when
+        - it is planned onto it within ``within_s``;
+        - it is planned onto it no later than the pilot's walltime ends: the pilot is what it waits for (it
+          arrived after the pilot started, and nothing preempts the pilot);
+        - it is planned later, elsewhere, but the idle nodes and our pilots' nodes would start it now, and some
+          pilot would hold its node past the job's planned start: without pilots it would have started at once.
+          Pilots go in turn, the youngest first, until the job fits; a job is given pilots once (one that still
+          waits for other reasons does not take every new pilot)."""
+        now = self.clock() if now is None else now
+        snap = self.snapshot()
+        ours = sorted(((job.start or 0.0, j, job.nodes, job.end) for j in self.submitted
+                       if (job := snap.jobs.get(j)) is not None and job.end is not None and job.nodes), reverse=True)
+        end_of = {n: end for _, _, nodes, end in ours for n in nodes}
         out: set[str] = set()
-        for j in self.waiting():
+        free = len(snap.idle)
+        for j in sorted(snap.waiting(), key=lambda j: math.inf if j.start is None else j.start):
             if j.job_id in self.submitted or j.start is None:
                 continue
-            if j.start <= soon:
+            if j.start <= now + within_s:
                 out.update(j.nodes)
-            else:          # a survey later than the pilot's end still shows the plan made at that end
-                out.update(n for n in j.nodes if n in ours and j.start <= ours[n] + self.poll_s + 1)
+            elif any(j.start <= end_of[n] + self.poll_s + 1 for n in j.nodes if n in end_of):
+                out.update(n for n in j.nodes if n in end_of)   # a survey after the pilot's end still shows that plan
+            elif j.job_id in self._yielded:
+                out.update(n for _, p, nodes, _ in ours if p in self._yielded[j.job_id] for n in nodes)
+            elif (need := len(j.nodes) - free) > 0 and any(end > j.start for *_, end in ours):
+                given = self._yield_to(need, [p for p in ours if not out.issuperset(p[2])])
+                self._yielded[j.job_id] = {p for _, p, _, _ in given}
+                out.update(n for _, _, nodes, _ in given for n in nodes)
+            free = max(0, free - len(j.nodes))
         return out
+
+    @staticmethod
+    def _yield_to(need: int, pilots: list[tuple[float, str, tuple[str, ...], float]]
+                  ) -> list[tuple[float, str, tuple[str, ...], float]]:
+        """The first of ``pilots`` that together hold ``need`` nodes; none if they cannot."""
+        given, n = [], 0
+        for p in pilots:
+            if n >= need:
+                break
+            given.append(p)
+            n += len(p[2])
+        return given if n >= need else []
 
     def noticed(self, job_id: str) -> bool:
         """Has the scheduler begun ending this pilot (SIGTERM: preempted, cancelled)?"""

@@ -41,6 +41,9 @@ def test_the_facility_replay_smoke_run(tmp_path):
         assert m["pilots"] >= 1 and m["held_node_s"] > 0 and m["fragments"] >= 1, m     # pilots soaked holes
         assert m["samples"] > 0 and 0 < m["e_used_vs_dedicated"] <= 1.0, m            # ... and trained in them
         assert 0 < m["real_e_idle"] <= m["idle_share_held"] + 1e-9, m
+        parts = m["held_node_s_by_part"]      # every held node-second is in one part, training among them
+        assert abs(sum(parts.values()) - m["held_node_s"]) <= 1.0 + 0.01 * m["held_node_s"], m
+        assert abs(parts["training"] - m["train_node_s"]) <= 1.0 + 0.02 * m["train_node_s"], m
     assert modes["no-preempt"]["planned_start_violations"] == 0, modes["no-preempt"]
     assert modes["preempt"]["facility_delay_max_s"] <= GRACE_S + 10, modes["preempt"]
     assert (tmp_path / "facility_replay.png").stat().st_size > 10_000

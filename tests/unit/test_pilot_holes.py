@@ -44,3 +44,38 @@ def test_no_pilot_for_a_hole_shorter_than_the_shortest_pilot(tmp_path):
     assert short.current_holes() == []
     long = provider(f"12|PENDING|{NOW + 120}|N/A|n[7-8]||Resources\n", tmp_path)
     assert [h.node for h in long.current_holes()] == ["n8"] and long.walltime_minutes(now=NOW) == 2
+
+
+def test_a_job_that_would_start_now_but_for_a_pilot_gets_the_youngest_pilots_once(tmp_path):
+    # no preemption: pilots 11 (n5, since 100 s) and 14 (n7, since 10 s) hold their nodes for 30 minutes; job 13
+    # arrived and waits for n6, where facility job 12 ends in 60 s, though alone it would have started on a
+    # pilot's node at once: the youngest pilot gives it n7
+    run = (f"11|RUNNING|{NOW - 100}|{NOW + 1800}|(null)|n5|None\n"
+           f"14|RUNNING|{NOW - 10}|{NOW + 1800}|(null)|n7|None\n"
+           f"12|RUNNING|{NOW - 500}|{NOW + 60}|(null)|n6|None\n")
+    prov = provider(run + f"13|PENDING|{NOW + 60}|N/A|n6||Resources\n", tmp_path, sinfo="n5|alloc\nn6|alloc\n")
+    prov.submitted.update({"11": NOW - 110, "14": NOW - 20})
+    assert prov.claimed(4) == {"n7"}
+    # still waiting at the next survey: the same pilot, not another one too
+    prov._snapshot = None
+    assert prov.claimed(4) == {"n7"}
+    # once that pilot has gone, a new pilot on n7 is not taken for the same job again
+    again = run.replace("14|RUNNING", "15|RUNNING") + f"13|PENDING|{NOW + 60}|N/A|n6||Resources\n"
+    prov.cmd = SlurmCommands(lambda argv: (0, again, "") if argv[:2] == ["squeue", "-h"] else
+                             (0, "n5|alloc\nn6|alloc\n", "") if argv[0] == "sinfo" else (0, "", ""))
+    prov._snapshot = None
+    prov.submitted["15"] = NOW - 5
+    assert prov.claimed(4) == set()
+
+
+def test_a_job_the_idle_nodes_start_or_the_pilots_cannot_start_takes_no_pilot(tmp_path):
+    run = (f"11|RUNNING|{NOW - 100}|{NOW + 1800}|(null)|n5|None\n"
+           f"12|RUNNING|{NOW - 500}|{NOW + 60}|(null)|n6|None\n")
+    # a 2-node job planned at n6's end: the one pilot and no idle node cannot start it now
+    prov = provider(run + f"13|PENDING|{NOW + 60}|N/A|n[6-7]||Resources\n", tmp_path, sinfo="n5|alloc\nn6|alloc\n")
+    prov.submitted["11"] = NOW - 110
+    assert prov.claimed(4) == set()
+    # a job an idle node (n8) starts without the pilot's
+    idle = provider(run + f"13|PENDING|{NOW + 60}|N/A|n6||Resources\n", tmp_path, sinfo="n5|alloc\nn8|idle\n")
+    idle.submitted["11"] = NOW - 110
+    assert idle.claimed(4) == set()
