@@ -26,6 +26,7 @@ JSON object per mode.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import shutil
@@ -50,6 +51,7 @@ SHARED = Path(os.environ.get("PARSL_BFT_SHARED", ROOT.parent / "shared"))
 GRACE_S = 10.0                  # tools/local-slurm.sh: GraceTime of the preemptable partition
 TAU_S = 10.0                    # bounded slowdown's floor on run time (the usual 10 s)
 PLAN_TOLERANCE_S = 2.0          # squeue's 1 s resolution + the scheduler's 1 s cycle
+RELAUNCH_S = 5.0                # a fragment launched within this of the job's last one's end: a resize
 MODES = {"preempt": "backfill", "no-preempt": "debug"}
 DEFAULT_START, SMOKE_START = "2022-09-27T16:30", "2022-09-27T11:00"
 # the emulated jobs: 840 = lcm(1..8), so every size a job may take divides the batch: rate(n) = n * rate(1)
@@ -92,6 +94,7 @@ class Training:
     rendezvous_s: float                          # ... and the process group's rendezvous
     save_s: float                                # median save at a fragment's stop
     failed: int
+    pause_s: float = 0.0                         # median pause of a resize: last step -> the next fragment's first
 
 
 def read_training(state: Path, t0: float, window_s: float) -> Training:
@@ -113,7 +116,21 @@ def read_training(state: Path, t0: float, window_s: float) -> Training:
     def median(xs: list[float]) -> float:
         return statistics.median(xs) if xs else 0.0
     return Training(samples, node_s, frags, median(launch), median([e.get("restore_s") or 0.0 for e in done]),
-                    median([e.get("rendezvous_s") or 0.0 for e in done]), median(saves), len(failed))
+                    median([e.get("rendezvous_s") or 0.0 for e in done]), median(saves), len(failed),
+                    median(resize_pauses(done)))
+
+
+def resize_pauses(done: list[dict]) -> list[float]:
+    """Each job's pause between a fragment's last step and the next one's first, where the next was launched
+    as the last was collected (a resize: stop, save, collect, plan, launch, restore, rendezvous), not later
+    for want of nodes: what the simulator's restart cost stands for."""
+    out = []
+    for job in {e["job"] for e in done}:
+        mine = sorted((e for e in done if e["job"] == job), key=lambda e: e["launched"])
+        for a, b in itertools.pairwise(mine):
+            if a.get("ended") is not None and b["launched"] - a["ended"] <= RELAUNCH_S:
+                out.append(b["train_started"] - (a["train_started"] + a["train_s"]))
+    return out
 
 
 def node_seconds(spans: list[tuple[float, float | None, int]], window_s: float) -> float:
@@ -194,7 +211,7 @@ def run_alone(cluster: LocalSlurm, jobs: list[StreamJob], window_s: float, out: 
 
 def run_with_training(cluster: LocalSlurm, jobs: list[StreamJob], window_s: float, mode: str, out: Path
                       ) -> tuple[Replayed, Training]:
-    """The stream with `parsl-bft run` training beside it, started with the stream and stopped (Ctrl-C: the
+    """The stream with `parsl-bft run` training beside it, started with the stream and stopped (SIGTERM: the
     fragments checkpoint, the pilots are given back) at the window's end."""
     cluster.restart()
     d = out / mode
@@ -216,11 +233,13 @@ def run_with_training(cluster: LocalSlurm, jobs: list[StreamJob], window_s: floa
         try:
             started(state, orch)
             rep = replay(cluster, jobs, window_s, ticker(mode, window_s))
-            orch.send_signal(signal.SIGINT)
+            # SIGTERM, not SIGINT: a process started in the background by a non-interactive shell inherits SIGINT
+            # ignored (and Python then installs no handler for it); both take the same orderly path
+            orch.send_signal(signal.SIGTERM)
             orch.wait(timeout=240)
         finally:
             if orch.poll() is None:
-                say(f"{mode}: the orchestrator did not stop within 240 s of Ctrl-C: killed")
+                say(f"{mode}: the orchestrator did not stop within 240 s of SIGTERM: killed")
                 os.killpg(orch.pid, signal.SIGKILL)
                 orch.wait()
     rep = finish(cluster, rep)
@@ -268,6 +287,7 @@ def figures(mode: str, alone: Replayed, rep: Replayed, tr: Training, jobs: dict[
         "e_used_vs_dedicated": tr.samples / (held * rate) if held else 0.0,
         "real_e_idle": tr.samples / (idle * rate) if idle else 0.0,
         "restart_s": tr.restart_s, "restore_s": tr.restore_s, "rendezvous_s": tr.rendezvous_s, "save_s": tr.save_s,
+        "resize_pause_s": tr.pause_s,
     }
 
 
@@ -325,13 +345,16 @@ def simulate(alone: Replayed, nodes: int, window_s: float, tr: Training, d: Path
     with open(d / "idle.csv", "w") as f:
         f.write("node,idle_start,idle_end\n")
         f.writelines(f"{n},{t0 + a:.3f},{t0 + b:.3f}\n" for n, a, b in usable)
+    # a resize pauses a job for what this run measured (last step -> next first step), else launch -> first step
+    # and the save (a run with no resize)
+    restart = tr.pause_s or tr.restart_s + tr.save_s
     (d / "emu.jobs.csv").write_text("name,model,min_nodes,max_nodes,t_up,t_down,samples,submit\n" + "".join(
-        f"emu-{x},emulated,1,{MAX_NODES},{tr.restart_s:.3f},{tr.restart_s:.3f},{10**12},{t0}\n" for x in "ab"))
+        f"emu-{x},emulated,1,{MAX_NODES},{restart:.3f},{restart:.3f},{10**12},{t0}\n" for x in "ab"))
     (d / "emu.scaling.csv").write_text("model,nodes,samples_per_sec\n" + "".join(
         f"emulated,{n},{dedicated_rate(n, BATCH, SAMPLE_MS):.3f}\n" for n in range(1, MAX_NODES + 1)))
     (d / "emu.costs.csv").write_text(
         "model,device,restart_s,launch_s,restore_s,first_step_s,warmup_s,save_s,stall_s,notice_reservation,"
-        f"notice_preemption,estimate\nemulated,emulated,{tr.restart_s + tr.save_s:.3f},0,0,0,0,{tr.save_s:.3f},"
+        f"notice_preemption,estimate\nemulated,emulated,{restart:.3f},0,0,0,0,{tr.save_s:.3f},"
         "0.001,1,1,0\n")
     cli = str(Path(sys.executable).with_name("parsl-bft"))
     r = subprocess.run([cli, "simulate", "--idle-intervals", str(d / "idle.csv"), "--jobs", str(d / "emu.jobs.csv"),
