@@ -2,15 +2,18 @@
 has seen. C is the measured save time; M the mean time between losses WITHOUT notice (a pilot killed, a node
 crash, a lost worker pool) of a fragment on n nodes, estimated from the node-seconds held and the losses
 counted so far, starting from a prior of one loss per ``prior_mtbf_node_s``. A known hole end caps the interval
-at half the time left, so a hole that ends without its notice still keeps half of its work."""
+at half the time left, so a hole that ends without its notice still keeps half of its work. The books also keep
+how long the last stops took (``stop_s``): a pilot's walltime notice needs no more lead than that."""
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..errors import BadValue
 from ..save_interval import MAX_INTERVAL_S, MIN_INTERVAL_S, PRIOR_MTBF_NODE_S, mtbf_node_s, young_interval
+
+STOPS_KEPT = 20
 
 
 @dataclass
@@ -26,6 +29,7 @@ class CheckpointPolicy:
     losses: int = 0                  # fragments lost without notice
     save_s: float | None = None      # running mean of measured saves
     saves: int = 0
+    stops: list[float] = field(default_factory=list)   # the last STOPS_KEPT stops: request -> fragment collected
 
     def __post_init__(self) -> None:
         if not 0 < self.min_interval_s <= self.max_interval_s:
@@ -37,6 +41,17 @@ class CheckpointPolicy:
         if seconds > 0:
             self.saves += 1
             self.save_s = seconds if self.save_s is None else self.save_s + (seconds - self.save_s) / self.saves
+
+    def observe_stop(self, asked: float | None, collected: float) -> None:
+        """A fragment asked to stop at ``asked`` (None: it was not) was collected at ``collected``: it finished its
+        step, saved and exited in between."""
+        if asked is not None:
+            self.stops = [*self.stops, max(collected - asked, 0.0)][-STOPS_KEPT:]
+
+    @property
+    def stop_s(self) -> float | None:
+        """How long a stop takes, as the slowest of the last stops; None: none seen yet."""
+        return max(self.stops) if self.stops else None
 
     def observe_training(self, node_seconds: float, lost_without_notice: bool) -> None:
         """A fragment ended after ``node_seconds`` of training, lost without notice or not: M learns it."""

@@ -13,6 +13,7 @@ that had held them ``NO_REPORT_S`` without a single progress report of its own (
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
@@ -23,16 +24,18 @@ from typing import TYPE_CHECKING, Protocol
 
 from parsl.executors.high_throughput.errors import ManagerLost
 
+from ..nodes import node_id
 from ..train.config import FragmentConfig, FragmentResult, Precision, StopReason
 from ..train.config import new_fragment_id as new_fragment_id  # the orchestrator's, minted where FragmentConfig's is
 from ..train.leftovers import kill_share_processes, share_mark
 from ..train.protocol import JobDir
-from .events import Abandon, Event, FragmentDone, FragmentFailedEvent, StopRequest
+from .events import Abandon, Event, FragmentDone, FragmentFailedEvent, Placed, StopRequest
 from .htex import FragmentHandle, FragmentLost, interchange_gone
 from .jobstore import JobStore
 from .training_job import TrainingJob
 
 if TYPE_CHECKING:
+    from ..control import Controller
     from ..train.checkpoint import TrainingState
 
 logger = logging.getLogger(__name__)
@@ -82,6 +85,7 @@ class Running:
     resume_step: int               # the newest checkpoint when it was launched (what it restores)
     interval_s: float              # its periodic checkpoint interval
     stop_requested: bool = False
+    stop_at: float | None = None   # unix time the stop was requested
     killed: bool = False           # we killed it (its node was reclaimed): a normal event, not a failure
     placed: set[str] = field(default_factory=set)
     doomed: set[str] = field(default_factory=set)    # its nodes the facility is taking back
@@ -115,8 +119,8 @@ class Fragments:
     directories: fence, stop request, giving up waiting shares, kill. ``generation`` names this orchestrator's
     life (a fragment of another life must not save)."""
 
-    def __init__(self, db: JobStore, job_dir: Callable[[str], Path]):
-        self.db, self.job_dir = db, job_dir
+    def __init__(self, db: JobStore, job_dir: Callable[[str], Path], clock: Callable[[], float] = time.time):
+        self.db, self.job_dir, self.clock = db, job_dir, clock
         self.running: dict[str, Running] = {}
         self.generation = uuid.uuid4().hex[:12]
 
@@ -132,7 +136,7 @@ class Fragments:
         newest periodic checkpoint when redoing the steps since costs less than a save (``saver.hand_over``)."""
         r = self.running.get(name)
         if r and not r.stop_requested:
-            r.stop_requested = True
+            r.stop_requested, r.stop_at = True, self.clock()
             JobDir(self.job_dir(name)).request_stop(hand_over=why != "shutdown")
             self.db.record(StopRequest(name, why))
 
@@ -146,6 +150,21 @@ class Fragments:
         if n:
             r.killed = True        # not the job's own failure
             self.db.record(Abandon(name, r.fragment, n))
+
+    def follow_placement(self, ctl: Controller, runners: Mapping[str, FragmentRunner]) -> None:
+        """A gang's shares say which node they landed on: the books (who is hit by a reclaim) follow."""
+        for name, r in self.running.items():
+            runner = runners[r.site]
+            if not runner.gang or len(r.placed) == r.nodes or name not in ctl.active:
+                continue
+            for node in runner.placed(r.fragment, r.nodes).values():
+                node = node_id(r.site, node)
+                if node not in r.placed:
+                    ctl.bind(name, node, r.placed)
+                    if node in ctl.active[name].state.nodes:
+                        r.placed.add(node)
+            if len(r.placed) == r.nodes:     # where its ranks run (the plan's nodes, or swapped within a group)
+                self.db.record(Placed(name, r.fragment, sorted(r.placed)))
 
     def unreachable(self, labels: Mapping[str, str]) -> bool:
         """Whether no running fragment can end the ordinary way any more: every one's executor (``labels``: site

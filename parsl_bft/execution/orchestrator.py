@@ -21,7 +21,7 @@ from typing import IO, Any
 
 from ..control import Controller, Timeline
 from ..jobs import JobSpec
-from ..nodes import local_name, node_id, site_of
+from ..nodes import local_name, site_of
 from ..planner.freeze import LayerThroughput
 from ..scaling import ScalingCurve
 from ..train.launcher import RendezvousStore
@@ -99,7 +99,7 @@ class Orchestrator:
         self.layers: dict[str, LayerThroughput] = {}       # freezable jobs' (execution/layers.py)
         self.futures: dict[str, Future[str | None]] = {}
         self._inbox = Inbox(self.dir)                  # how other threads reach this state (inbox.py)
-        self.fragments = Fragments(self.db, self.job_dir)
+        self.fragments = Fragments(self.db, self.job_dir, self.clock.time)
         self.running: dict[str, Running] = self.fragments.running
         self.generation = self.fragments.generation
         self.timeline = Timeline()
@@ -270,6 +270,7 @@ class Orchestrator:
             used = {n for a in ctl.active.values() for n in a.state.nodes}
             for name, site in self.sites.items():  # no pilots for nodes no job could use; long unused ones go back
                 site.pool.demand, site.pool.in_use = ctl.demand, {local_name(n) for n in used if site_of(n) == name}
+                site.pool.stop_s = self.policy.stop_s      # a walltime's notice: no earlier than a stop needs
             now = self.clock.monotonic()
             dt, last = now - last, now
             self.pool_node_s += len(ctl.pool) * dt
@@ -283,7 +284,7 @@ class Orchestrator:
             if warm := self._warming.warmed(now):   # nodes arrive one by one: plan once they have settled
                 ctl.nodes_joined([n for n, _ in warm], [u for _, u in warm])
                 joined_at = now
-            self._follow_placement(ctl)
+            self.fragments.follow_placement(ctl, self._runners)
             changed |= self._collect(ctl)
             self._release_checkpointed()
             if changed or (joined_at is not None and now - joined_at >= self.settle_s):
@@ -393,21 +394,6 @@ class Orchestrator:
         self.db.record(events.Launch(name, len(nodes), len(nodes) * k, fragment, list(nodes), resume,
                                      round(interval, 2), site or None, freeze or None))
 
-    def _follow_placement(self, ctl: Controller) -> None:
-        """A gang's shares say which node they landed on: the books (who is hit by a reclaim) follow."""
-        for name, r in self.running.items():
-            runner = self._runners[r.site]
-            if not runner.gang or len(r.placed) == r.nodes or name not in ctl.active:
-                continue
-            for node in runner.placed(r.fragment, r.nodes).values():
-                node = node_id(r.site, node)
-                if node not in r.placed:
-                    ctl.bind(name, node, r.placed)
-                    if node in ctl.active[name].state.nodes:
-                        r.placed.add(node)
-            if len(r.placed) == r.nodes:     # where its ranks run (the plan's nodes, or swapped within a group)
-                self.db.record(events.Placed(name, r.fragment, sorted(r.placed)))
-
     def _collect(self, ctl: Controller) -> bool:
         """Collect every fragment that has ended (or lost all its nodes), account for it and settle its job;
         True if any ended."""
@@ -438,6 +424,7 @@ class Orchestrator:
         held_s = max(self.clock.time() - r.launched, 0.0) * r.nodes
         if c.result is not None:
             self._record_result(ctl, name, r, c)
+            self.policy.observe_stop(r.stop_at, c.ended)
             self.policy.observe_training(held_s, lost_without_notice=False)
             self.db.update(name, fragments=row.fragments + 1,
                            train_node_s=row.train_node_s + c.result.train_s * r.nodes)

@@ -17,12 +17,9 @@ from __future__ import annotations
 
 import logging
 import math
-import subprocess
 import time
 from collections import deque
 from collections.abc import Callable, Collection, Iterable
-from dataclasses import dataclass, field
-from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -30,89 +27,23 @@ from parsl.jobs.states import JobState
 
 from ..errors import BadValue
 from ..topology import Topology
-from .commands import NoJobId, SchedulerError
 from .lanes import Lanes
 from .pilot import Hole, PilotProvider, PilotShape, PilotsRefused
+from .pilot_records import (
+    JOINED,
+    OVER,
+    Changes,
+    LaneBlock,
+    Pilot,
+    PilotState,
+    Survey,
+    Where,
+    hold_block,
+    skipped,
+)
 from .protocols import NoticeReason, PilotExecutor, PoolEvent, PoolEventKind
 
 logger = logging.getLogger(__name__)
-
-# What a scheduler command can end with besides its answer: it failed (SchedulerError), could not start (OSError),
-# hung (TimeoutExpired) or answered without a job id (NoJobId). The facility's trouble, not ours: one line in the
-# log, and the next poll tries again.
-SCHEDULER_TROUBLE = (SchedulerError, NoJobId, OSError, subprocess.SubprocessError)
-
-
-def skipped(what: str, e: Exception, level: int = logging.WARNING) -> None:
-    """Log a poll step that failed and is skipped. Every step reads the scheduler's answers (parsed: an odd one
-    can raise anywhere in a parser) or calls into Parsl, so each keeps a broad catch: a bug there must not end a
-    run that holds the facility's nodes. But only SCHEDULER_TROUBLE is expected; anything else is logged as the
-    bug it is, with its traceback (at ERROR, whatever ``level``), not as one more "skipped" line."""
-    if isinstance(e, SCHEDULER_TROUBLE):
-        logger.log(level, "%s: %s", what, e)
-    else:
-        logger.error("%s: unexpected %s (a bug; its traceback follows)", what, type(e).__name__, exc_info=e)
-
-Where = dict[str, tuple[tuple[str, ...], float | None]]    # job id -> (its nodes, when its walltime ends)
-LaneBlock = tuple[str, str]                                # (lane, Parsl block id) of a pilot
-
-
-class PilotState(StrEnum):
-    """Where one pilot stands, as the pool sees it."""
-
-    QUEUED = "queued"        # submitted; its nodes have not joined (queued, or running while worker pools connect)
-    RUNNING = "running"      # joined: its nodes are the orchestrator's
-    NOTICED = "noticed"      # joined and on notice: no new tasks; given back when released or claimed
-    LEFT = "left"            # left us (ended or worker pools lost); the scheduler may still run it: cancel it
-    GONE = "gone"            # ended, cancelled or given back: never looked at again
-
-    def __str__(self) -> str:
-        return self.value
-
-
-_JOINED = (PilotState.RUNNING, PilotState.NOTICED)
-_OVER = (PilotState.LEFT, PilotState.GONE)
-
-
-@dataclass
-class Pilot:
-    """The pool's record of one pilot job."""
-
-    job_id: str
-    state: PilotState = PilotState.QUEUED
-    nodes: tuple[str, ...] = ()         # joined: its nodes
-    release_at: float | None = None     # when to cancel it (a facility job wants a node, or the orchestrator is
-    #                                     done with it on notice); None: not planned
-    cancelled: bool = False             # the cancel for ``release_at`` went out
-    looked: bool = False                # its worker pool's connection made us survey at once
-    recorded: bool = False              # written to this run's ledger
-    unused_since: float | None = None   # joined and none of its nodes planned for a job since then
-
-
-@dataclass
-class _Survey:
-    """What one poll learned: worker pools connected per (lane, block), and where the pilots run."""
-
-    managers: dict[LaneBlock, int]
-    where: Where
-
-
-@dataclass
-class _Changes:
-    """What one poll found changed: pilots whose nodes joined, got their notice, or left."""
-
-    joined: list[tuple[str, tuple[str, ...], float | None]] = field(default_factory=list)
-    noticed: list[tuple[str, NoticeReason]] = field(default_factory=list)
-    left: list[str] = field(default_factory=list)
-
-
-def hold_block(executor: Any, block_id: str) -> None:
-    """Send no more tasks to the worker pools of one block of a HighThroughputExecutor. HTEX only learns that a
-    worker pool died when its heartbeats stop; until then it would still send it tasks. This is how Parsl's
-    own scale-in holds blocks; Parsl has no public call for it, so this is the one place that makes it (the name
-    is checked by tests/unit/test_upstream_contracts.py)."""
-    executor._hold_block(block_id)
-
 
 class PilotPool:
     """Live idle capacity on a batch system: pilot jobs of an HTEX executor whose provider is a PilotProvider.
@@ -133,6 +64,7 @@ class PilotPool:
     gang: bool = True
     demand: int | None = None   # set by the orchestrator: nodes its jobs could use; no pilots beyond that
     in_use: set[str] | None = None  # ... and the nodes its plan gives a job now
+    stop_s: float | None = None     # ... and how long a fragment takes to stop and save (None: not seen yet)
 
     def __init__(self, executor: PilotExecutor, *, max_nodes: int = 64, probe_s: float = 5.0, poll_s: float = 1.0,
                  notice_s: float | None = None, release_s: float = 3.0, clock: Callable[[], float] = time.time,
@@ -183,7 +115,7 @@ class PilotPool:
 
     def _joined(self) -> dict[str, Pilot]:
         """The pilots whose nodes are ours (RUNNING or NOTICED)."""
-        return {j: p for j, p in self._book.items() if p.state in _JOINED}
+        return {j: p for j, p in self._book.items() if p.state in JOINED}
 
     def _set(self, job_ids: Iterable[str], state: PilotState) -> None:
         for j in job_ids:
@@ -230,7 +162,7 @@ class PilotPool:
     def _pilots(self) -> dict[str, LaneBlock]:
         """job id -> (lane, block) of the pilots not known to have ended."""
         return {str(j): (lane, str(b)) for lane, ex in self._executors().items()
-                for b, j in list(ex.blocks_to_job_id.items()) if self._state(str(j)) not in _OVER}
+                for b, j in list(ex.blocks_to_job_id.items()) if self._state(str(j)) not in OVER}
 
     def executor_label(self, node: str) -> str | None:
         """The label of the executor whose worker pools run on ``node``'s group; None: the pool's one executor."""
@@ -266,7 +198,7 @@ class PilotPool:
         events += self._joins(changes.joined, pilots, w)
         if probe:                                    # after the notices: their replacements start now
             try:
-                self._soak({j: b for j, b in pilots.items() if self._state(j) not in _OVER})
+                self._soak({j: b for j, b in pilots.items() if self._state(j) not in OVER})
             except Exception as e:                   # Parsl's scale-out and the provider's sbatch/qsub
                 skipped("pilot submission skipped", e)
             self._record(self._pilots())
@@ -303,7 +235,7 @@ class PilotPool:
         except Exception as e:           # scancel/qdel (Slurm's cancel surveys the queue first, parsed)
             skipped("pilot cancel failed", e)
 
-    def _survey(self, pilots: dict[str, LaneBlock]) -> _Survey | None:
+    def _survey(self, pilots: dict[str, LaneBlock]) -> Survey | None:
         """The worker pools connected to each executor, and where the pilots run; None when the scheduler or an
         interchange did not answer (no news is not "every node left")."""
         try:
@@ -312,7 +244,7 @@ class PilotPool:
                 for m in ex.connected_managers():
                     key = (lane, str(m.get("block_id")))
                     managers[key] = managers.get(key, 0) + 1
-            started = [j for j, b in pilots.items() if b in managers and self._state(j) not in _JOINED
+            started = [j for j, b in pilots.items() if b in managers and self._state(j) not in JOINED
                        and not self.pilot(j).looked]
             if started:     # a worker pool connected, so its pilot runs: look now, not at the next survey
                 for j in started:
@@ -322,12 +254,12 @@ class PilotPool:
         except Exception as e:           # the interchanges' worker pools and the scheduler's queue, parsed
             skipped("pilot poll skipped", e)
             return None
-        return _Survey(managers, where)
+        return Survey(managers, where)
 
     def _cancel_claimed_early(self, pilots: dict[str, LaneBlock], where: Where, claimed: set[str]) -> None:
         """A pilot that has not joined yet runs nothing to checkpoint: give a claimed node back at once (it is
         dropped from ``pilots``; tried again at the next poll when the cancel fails)."""
-        early = [j for j in pilots if self._state(j) not in _JOINED and j in where and claimed & set(where[j][0])]
+        early = [j for j in pilots if self._state(j) not in JOINED and j in where and claimed & set(where[j][0])]
         if not early:
             return
         try:
@@ -339,14 +271,14 @@ class PilotPool:
         except Exception as e:           # as in _cancel_due (_hold catches its own)
             skipped("pilot cancel failed", e)
 
-    def _changes(self, pilots: dict[str, LaneBlock], seen: _Survey, now: float) -> _Changes:
+    def _changes(self, pilots: dict[str, LaneBlock], seen: Survey, now: float) -> Changes:
         """Which pilots join (running, every node's worker pool connected), get their notice, or leave (no
         longer running, or their worker pools are gone)."""
-        out = _Changes()
+        out = Changes()
         for jid, block in pilots.items():
             nodes, end = seen.where.get(jid, ((), None))
             state = self._state(jid)
-            if state in _JOINED:
+            if state in JOINED:
                 if not (nodes and seen.managers.get(block)):
                     out.left.append(jid)
                 elif state is PilotState.RUNNING and (why := self._notice(jid, end, now)) is not None:
@@ -361,13 +293,22 @@ class PilotPool:
             return NoticeReason.FACILITY_JOB
         if self.provider.noticed(jid):
             return NoticeReason.SIGNAL
-        if end is not None and now >= end - self.notice_s:
+        if end is not None and now >= end - self.walltime_lead_s():
             return NoticeReason.WALLTIME
         # the scheduler's own walltime signal only where the end is unknown: Slurm sends it up to 60 s early,
         # which would end a 1-minute pilot's use of its node as it joins
         if end is None and self.provider.walltime_signalled(jid):
             return NoticeReason.WALLTIME
         return NoticeReason.UNUSED if self._unused_too_long(self.pilot(jid), now) else None
+
+    def walltime_lead_s(self) -> float:
+        """How long before its walltime ends a pilot gets its notice: ``notice_s``, or, once the orchestrator has
+        seen how long a stop takes, twice that plus three polls (the notice seen, the release, the cancel), if
+        less. A short pilot then trains until shortly before its end instead of handing its last ``notice_s``
+        seconds to nobody; a stop that still runs late saves on the scheduler's SIGTERM."""
+        if self.stop_s is None:
+            return self.notice_s
+        return min(self.notice_s, 2 * self.stop_s + 3 * self.poll_s)
 
     def _unused_too_long(self, p: Pilot, now: float) -> bool:
         """Whether none of the pilot's nodes has been planned for a job for ``unused_s``: its allocation hours
@@ -450,7 +391,7 @@ class PilotPool:
         the facility caps our jobs below the holes: then holes share pilots (they all end together: at the
         earliest planned start of a waiting job). With lanes, pilots are aimed at hole nodes (``Lanes.pilots``):
         the holes not covered are those no queued pilot is aimed at."""
-        waiting = [j for j in pilots if self._state(j) not in _JOINED]
+        waiting = [j for j in pilots if self._state(j) not in JOINED]
         size = self.provider.sizes
         joined = self._joined()
         live = sum(len(p.nodes) for p in joined.values() if p.state is PilotState.RUNNING)
@@ -502,7 +443,7 @@ class PilotPool:
                     pilots_n: int) -> None:
         """Pilots aimed at hole nodes, each under the executor (lane) of its group."""
         held = {lanes.group(n) for p in self._joined().values() if p.state is PilotState.RUNNING for n in p.nodes}
-        busy = {lane for j, (lane, _) in pilots.items() if self._state(j) not in _OVER}
+        busy = {lane for j, (lane, _) in pilots.items() if self._state(j) not in OVER}
         for group, nodes in lanes.pilots(holes, want, per, pilots_n, held):
             with self.provider.pilots(PilotShape(nodes=len(nodes), target=nodes)):
                 lanes.executor(group, busy).scale_out_facade(1)

@@ -19,7 +19,8 @@ from typing import Any
 from ..errors import BadValue
 from ..idle.intervals import IdleIntervals, read_idle_intervals
 from ..topology import Topology
-from .pilot_pool import PilotPool, PilotState, hold_block
+from .pilot_pool import PilotPool
+from .pilot_records import PilotState, hold_block
 from .protocols import IdlePool, NoticeReason, PoolEvent, PoolEventKind
 
 __all__ = ["DEMO_TRACE", "EmulatedPool", "IdlePool", "MultiPool", "NoticeReason", "PilotPool", "PilotState",
@@ -36,6 +37,7 @@ class EmulatedPool:
     gang: bool = False             # a fragment's ranks all run in one task on this machine
     demand: int | None = None   # the emulated nodes come and go by the trace, whatever the jobs need
     in_use: set[str] | None = None
+    stop_s: float | None = None    # the trace says when nodes leave; their notice is the trace's
     topology: Topology | None = None   # one machine: no network groups
 
     def __init__(self, intervals: IdleIntervals, *, speedup: float = 30.0, notice_s: float = 3.0,

@@ -55,6 +55,7 @@ class IdlePool(Protocol):
     gang: bool                       # True: one Parsl task per node (pilots); False: all ranks in one task
     demand: int | None               # nodes the jobs could use now (None: unknown); pilots soak no more
     in_use: set[str] | None          # its nodes the plan gives a job now (None: unknown); pilots idle long go back
+    stop_s: float | None             # how long a fragment takes to stop and save (None: not seen yet)
     topology: Topology | None        # the network's groups of its nodes, where known
 
     def start(self) -> None:

@@ -16,7 +16,8 @@ import pytest
 from parsl_bft.cli import main
 from parsl_bft.errors import BadValue, ParslBftError
 from parsl_bft.execution.commands import SchedulerError
-from parsl_bft.execution.pilot_pool import PilotPool, skipped
+from parsl_bft.execution.pilot_pool import PilotPool
+from parsl_bft.execution.pilot_records import skipped
 from parsl_bft.extras import MissingExtra, optional_imports
 
 DEMO_CSV = str(files("parsl_bft") / "data" / "demo_idle_intervals.csv")

@@ -157,3 +157,21 @@ def test_the_pool_is_told_which_of_its_nodes_the_plan_gives_a_job(tmp_path):
     orch.run(timeout_s=10_000, progress=lambda o: seen.append(set(pool.in_use)))
     assert seen[0] == set() and max(len(s) for s in seen) == 2 and all(s <= {"a", "b", "c"} for s in seen)
     orch.close()
+
+
+def test_the_pool_learns_how_long_a_stop_takes_and_the_next_run_remembers(tmp_path):
+    """Every stop the orchestrator asks for (here a rescale when nodes join) is timed from the request to the
+    fragment's collection; the pool is told the slowest of the last ones (its walltime notice needs no more
+    lead than that), and the state directory keeps them for the next run."""
+    clock = SimulatedClock()
+    pool = ScriptedPool(clock, [(0, "join", ("a",)), (100, "join", ("b", "c"))])
+    orch = _orchestrator(tmp_path, clock, pool, SimulatedFragments(clock))
+    orch.submit(TrainingJob("x", samples=120_000, min_nodes=1, max_nodes=3, global_batch=12, rate_guess=RATE))
+    orch.run(timeout_s=10_000)
+    assert [d["why"] for _, _, d in orch.db.events("stop-request")][:1] == ["rescale 1 -> 3"]
+    # the simulated fragments see a STOP file at the next tick of the clock (poll_s = 1 s): collected 1-2 s later
+    assert pool.stop_s is not None and 0 < pool.stop_s <= 3.0, pool.stop_s
+    orch.close()
+    again = _orchestrator(tmp_path, clock, ScriptedPool(clock, []), SimulatedFragments(clock))
+    assert again.policy.stop_s == pool.stop_s
+    again.close()

@@ -323,3 +323,25 @@ def test_a_pilot_the_plan_leaves_unused_is_given_back_after_the_bound():
     assert step(1, {"n7"}) == [("leave", ("n8",), "")] and fake.cancelled == ["101"]
     assert step(400, {"n7"}) == []                       # planned for a job: never unused
     assert pool.states()["100"] == PilotState.RUNNING
+
+
+def test_a_pilots_walltime_notice_comes_as_late_as_the_measured_stops_allow():
+    """Before any stop is measured a pilot gets its walltime notice notice_s (20 s) ahead; once the orchestrator
+    says a stop takes 1.5 s, 2 x 1.5 + 3 polls (1 s each) = 6 s ahead, so a 1-minute pilot trains 14 s longer.
+    A slow stop never pushes the notice past notice_s."""
+    clock, fake, pool = _fake_pool(max_nodes=1, probe_s=100.0, poll_s=1.0)
+    assert pool.walltime_lead_s() == 20.0
+    pool.stop_s = 1.5
+    assert pool.walltime_lead_s() == 6.0
+    fake.holes_n = 1
+    clock["t"] += 1
+    pool.poll()
+    fake.running["100"], fake.managers = ("n7", clock["t"] + 60), {"0"}
+    clock["t"] += 1
+    assert [e.kind for e in pool.poll()] == ["join"]
+    clock["t"] += 52                                     # 7 s left: 20 s ahead would have been 12 s ago
+    assert pool.poll() == []
+    clock["t"] += 1.5
+    assert [(e.kind, e.why) for e in pool.poll()] == [("notice", "walltime ends")]
+    pool.stop_s = 60.0
+    assert pool.walltime_lead_s() == 20.0
