@@ -30,13 +30,11 @@ def fragment_node_task(cfg: FragmentConfig, node_index: int, store: str) -> Frag
     return run_gang_task(cfg, node_index, store)
 
 
-def warm_up(barrier: str, n: int, timeout_s: float = 120.0, gang: bool = False) -> str:
+def warm_up(barrier: str, n: int, timeout_s: float = 120.0) -> str:
     """Start this worker's rank forkserver (torch and the fragment code imported once) before any node is
     planned, so the first fragment on it starts in a second; returns the node it ran on. ``n`` of these meet at
     ``barrier`` (a directory): each waits for the others, so every one of the executor's n workers runs exactly
-    one (n = 1: no barrier). A worker of a gang (pilots) also imports the store client its shares use (torch),
-    while the forkserver imports; a local worker never needs torch itself."""
-    import importlib
+    one (n = 1: no barrier). The worker itself never imports torch (launcher.claim_share)."""
     import os
     import socket
     import time
@@ -44,7 +42,7 @@ def warm_up(barrier: str, n: int, timeout_s: float = 120.0, gang: bool = False) 
 
     from parsl_bft.train.launcher import node_name, start_rank_server
 
-    start_rank_server((lambda: importlib.import_module("parsl_bft.train.rank")) if gang else None)
+    start_rank_server()
     if n <= 1:
         return node_name()
     d = Path(barrier)

@@ -183,7 +183,7 @@ class SiteRunner:
         if not self.gang:
             return []
         from .apps import warm_up
-        return [self._app_on(warm_up, n)("", 1, gang=True) for n in nodes]
+        return [self._app_on(warm_up, n)("", 1) for n in nodes]
 
     def placed(self, fragment: str, nodes: int) -> dict[int, str]:
         """node index -> the node its share landed on, for the shares that have said so."""

@@ -27,7 +27,7 @@ import threading
 import time
 import warnings
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from datetime import timedelta
 from multiprocessing.connection import wait as wait_any
 from multiprocessing.context import ForkServerContext
@@ -326,15 +326,36 @@ def run_gang_task(cfg: FragmentConfig, node_index: int, store: str) -> FragmentR
     """One node's share of a fragment whose nodes were chosen by the executor: ranks
     ``node_index * ranks_per_node ...`` on this node, bound to its accelerators by local rank. Says which node
     it landed on (the orchestrator's books follow the executor's placement). A share the orchestrator gave up
-    before it started returns None at once."""
+    before it started returns None at once: no rank starts, nothing is written."""
+    if not claim_share(store, cfg.fragment_id, node_index, cfg.timeout_s):
+        return None            # given up while it waited for a worker (FragmentHandle.abandon): never start
+    k = cfg.ranks_per_node
+    return run_fragment(cfg, ranks=list(range(node_index * k, (node_index + 1) * k)), store=store)
+
+
+GIVEN_UP = 3        # _claim's exit status for a share the orchestrator gave up
+
+
+def claim_share(store: str, fragment: str, index: int, timeout_s: float) -> bool:
+    """Mark share ``index`` of ``fragment`` started in the orchestrator's store, unless it was given up (False),
+    and say this node. The store client needs torch, which this worker never imports: a child of the rank
+    forkserver (torch imported there) does it, in milliseconds."""
+    p = _rank_context().Process(target=_claim, args=(store, fragment, index, node_name(), timeout_s))
+    p.start()
+    p.join()
+    if p.exitcode not in (0, GIVEN_UP):
+        raise FragmentFailed(f"fragment {fragment}: share {index} could not reach the orchestrator's store "
+                             f"({store.partition('@')[2]}) to start (exit status {p.exitcode})")
+    return p.exitcode == 0
+
+
+def _claim(store: str, fragment: str, index: int, node: str, timeout_s: float) -> None:
     from .rank import store_client
 
-    k = cfg.ranks_per_node
-    kv = store_client(store, cfg.fragment_id, cfg.timeout_s)
-    if kv.compare_set(f"share/{node_index}", "", "started") != b"started":
-        return None            # given up while it waited for a worker (FragmentHandle.abandon): never start
-    kv.set(f"node/{node_index}", node_name())
-    return run_fragment(cfg, ranks=list(range(node_index * k, (node_index + 1) * k)), store=store)
+    kv = store_client(store, fragment, timeout_s)
+    if kv.compare_set(f"share/{index}", "", "started") != b"started":
+        sys.exit(GIVEN_UP)
+    kv.set(f"node/{index}", node)
 
 
 _CTX: ForkServerContext | None = None
@@ -371,12 +392,9 @@ def _noop() -> None:
     pass
 
 
-def start_rank_server(meanwhile: Callable[[], object] | None = None) -> None:
-    """Start the forkserver now (and wait until it has imported everything), not at the first fragment;
-    ``meanwhile`` runs here while it imports."""
+def start_rank_server() -> None:
+    """Start the forkserver now (and wait until it has imported everything), not at the first fragment."""
     ctx = _rank_context()
-    if meanwhile is not None:
-        meanwhile()
     p = ctx.Process(target=_noop)
     p.start()
     p.join()

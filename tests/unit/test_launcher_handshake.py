@@ -37,3 +37,20 @@ def test_a_local_worker_imports_no_torch_to_launch_or_warm_up():
             "import parsl_bft.execution.orchestrator\nprint('torch' in sys.modules)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and r.stdout.split() == ["False"], r.stderr
+
+
+def test_a_gang_worker_starts_its_share_or_sees_it_given_up_without_importing_torch():
+    """A pilot's worker says its share started (or finds it given up) through the orchestrator's store, whose
+    client needs torch: a child of its rank forkserver does that, so the worker's warm-up imports torch once."""
+    import os
+
+    from parsl_bft.train.launcher import serve_store
+    server = serve_store()
+    server.set("f1/share/1", "abandoned")              # the orchestrator gave share 1 up while it waited
+    code = ("import sys\nfrom parsl_bft.train.launcher import claim_share\n"
+            "print(claim_share(sys.argv[1], 'f1', 0, 30), claim_share(sys.argv[1], 'f1', 1, 30), 'torch' in sys.modules)")
+    r = subprocess.run([sys.executable, "-c", code, server.address()], capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "PARSL_BFT_NODE": "n7"})
+    assert r.returncode == 0 and r.stdout.split() == ["True", "False", "False"], r.stderr[-3000:]
+    assert server.get("f1/share/0") == b"started" and server.get("f1/node/0") == b"n7"
+    assert not server.check(["f1/node/1"])
