@@ -38,6 +38,7 @@ from parsl.providers.cluster_provider import ClusterProvider
 
 from ..errors import BadValue, ParslBftError
 from ..topology import Topology, TopologyError
+from .claims import claimed
 from .commands import BatchCommands, SchedulerError
 
 logger = logging.getLogger(__name__)
@@ -195,7 +196,7 @@ class PilotProvider(ClusterProvider):
         self.mem_per_node: float | None = None
         self._refusals: list[str] = []
         self.refused: PilotsRefused | None = None
-        self._yielded: dict[str, set[str]] = {}   # a waiting facility job -> the pilots given back to it
+        self._yielded: dict[str, set[str]] = {}   # a waiting facility job -> the pilots given back to it (claims)
 
     # --- hooks ------------------------------------------------------------------------------------------
     @abstractmethod
@@ -379,49 +380,10 @@ class PilotProvider(ClusterProvider):
 
     @locked
     def claimed(self, within_s: float, now: float | None = None) -> set[str]:
-        """Nodes of our running pilots that a waiting facility job (not one of ours) needs back. Give them back
-        now. A job needs a node when
-        - it is planned onto it within ``within_s``;
-        - it is planned onto it no later than the pilot's walltime ends: the pilot is what it waits for (it
-          arrived after the pilot started, and nothing preempts the pilot);
-        - it is planned later, elsewhere, but the idle nodes and our pilots' nodes would start it now, and some
-          pilot would hold its node past the job's planned start: without pilots it would have started at once.
-          Pilots go in turn, the youngest first, until the job fits; a job is given pilots once (one that still
-          waits for other reasons does not take every new pilot)."""
-        now = self.clock() if now is None else now
-        snap = self.snapshot()
-        ours = sorted(((job.start or 0.0, j, job.nodes, job.end) for j in self.submitted
-                       if (job := snap.jobs.get(j)) is not None and job.end is not None and job.nodes), reverse=True)
-        end_of = {n: end for _, _, nodes, end in ours for n in nodes}
-        out: set[str] = set()
-        free = len(snap.idle)
-        for j in sorted(snap.waiting(), key=lambda j: math.inf if j.start is None else j.start):
-            if j.job_id in self.submitted or j.start is None:
-                continue
-            if j.start <= now + within_s:
-                out.update(j.nodes)
-            elif any(j.start <= end_of[n] + self.poll_s + 1 for n in j.nodes if n in end_of):
-                out.update(n for n in j.nodes if n in end_of)   # a survey after the pilot's end still shows that plan
-            elif j.job_id in self._yielded:
-                out.update(n for _, p, nodes, _ in ours if p in self._yielded[j.job_id] for n in nodes)
-            elif (need := len(j.nodes) - free) > 0 and any(end > j.start for *_, end in ours):
-                given = self._yield_to(need, [p for p in ours if not out.issuperset(p[2])])
-                self._yielded[j.job_id] = {p for _, p, _, _ in given}
-                out.update(n for _, _, nodes, _ in given for n in nodes)
-            free = max(0, free - len(j.nodes))
-        return out
-
-    @staticmethod
-    def _yield_to(need: int, pilots: list[tuple[float, str, tuple[str, ...], float]]
-                  ) -> list[tuple[float, str, tuple[str, ...], float]]:
-        """The first of ``pilots`` that together hold ``need`` nodes; none if they cannot."""
-        given, n = [], 0
-        for p in pilots:
-            if n >= need:
-                break
-            given.append(p)
-            n += len(p[2])
-        return given if n >= need else []
+        """Nodes of our running pilots that a waiting facility job needs back (``claims.claimed``): give them
+        back now."""
+        return claimed(self.snapshot(), self.submitted, self._yielded, within_s,
+                       self.clock() if now is None else now, self.poll_s)
 
     def noticed(self, job_id: str) -> bool:
         """Has the scheduler begun ending this pilot (SIGTERM: preempted, cancelled)?"""

@@ -48,7 +48,8 @@ def test_a_gang_worker_starts_its_share_or_sees_it_given_up_without_importing_to
     server = serve_store()
     server.set("f1/share/1", "abandoned")              # the orchestrator gave share 1 up while it waited
     code = ("import sys\nfrom parsl_bft.train.launcher import claim_share\n"
-            "print(claim_share(sys.argv[1], 'f1', 0, 30), claim_share(sys.argv[1], 'f1', 1, 30), 'torch' in sys.modules)")
+            "print(claim_share(sys.argv[1], 'f1', 0, 30), claim_share(sys.argv[1], 'f1', 1, 30),"
+            " 'torch' in sys.modules)")
     r = subprocess.run([sys.executable, "-c", code, server.address()], capture_output=True, text=True, timeout=300,
                        env={**os.environ, "PARSL_BFT_NODE": "n7"})
     assert r.returncode == 0 and r.stdout.split() == ["True", "False", "False"], r.stderr[-3000:]

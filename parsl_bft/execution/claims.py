@@ -1,0 +1,56 @@
+"""Which nodes of our running pilots the facility's waiting jobs need back, read from one survey of the queue
+(a ``Snapshot``): the pilot pool gives their pilots back (``PilotPool._claims``)."""
+from __future__ import annotations
+
+import math
+from collections.abc import Collection
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .pilot import Snapshot  # pilot.py imports this module
+
+Held = tuple[float, str, tuple[str, ...], float]      # a running pilot: (start, job id, nodes, walltime end)
+
+
+def claimed(snap: Snapshot, ours: Collection[str], yielded: dict[str, set[str]], within_s: float, now: float,
+            poll_s: float) -> set[str]:
+    """Nodes of our running pilots (job ids ``ours``) that a waiting job (not one of ours) needs back. A job
+    needs a node when
+    - it is planned onto it within ``within_s``;
+    - it is planned onto it no later than the pilot's walltime ends: the pilot is what it waits for (it arrived
+      after the pilot started, and nothing preempts the pilot);
+    - it is planned later, elsewhere, but the idle nodes and our pilots' nodes would start it now, and some pilot
+      would hold its node past the job's planned start: without pilots it would have started at once. Pilots go
+      in turn, the youngest first, until the job fits. A job is given pilots once (``yielded``: job id -> the
+      pilots given, kept by the caller), so one that still waits for other reasons does not take every new one."""
+    held = sorted(((job.start or 0.0, j, job.nodes, job.end) for j in ours
+                   if (job := snap.jobs.get(j)) is not None and job.end is not None and job.nodes), reverse=True)
+    end_of = {n: end for _, _, nodes, end in held for n in nodes}
+    out: set[str] = set()
+    free = len(snap.idle)
+    for j in sorted(snap.waiting(), key=lambda j: math.inf if j.start is None else j.start):
+        if j.job_id in ours or j.start is None:
+            continue
+        if j.start <= now + within_s:
+            out.update(j.nodes)
+        elif any(j.start <= end_of[n] + poll_s + 1 for n in j.nodes if n in end_of):
+            out.update(n for n in j.nodes if n in end_of)       # a survey after the pilot's end still shows that plan
+        elif j.job_id in yielded:
+            out.update(n for _, p, nodes, _ in held if p in yielded[j.job_id] for n in nodes)
+        elif (need := len(j.nodes) - free) > 0 and any(end > j.start for *_, end in held):
+            given = _first_holding(need, [p for p in held if not out.issuperset(p[2])])
+            yielded[j.job_id] = {p for _, p, _, _ in given}
+            out.update(n for _, _, nodes, _ in given for n in nodes)
+        free = max(0, free - len(j.nodes))
+    return out
+
+
+def _first_holding(need: int, pilots: list[Held]) -> list[Held]:
+    """The first of ``pilots`` that together hold ``need`` nodes; none if they cannot."""
+    given, n = [], 0
+    for p in pilots:
+        if n >= need:
+            break
+        given.append(p)
+        n += len(p[2])
+    return given if n >= need else []
