@@ -311,10 +311,11 @@ def idle_intervals(alone: Replayed, nodes: int, window_s: float) -> list[tuple[s
     return [(n, a, b) for n, a, b in out if b > a]
 
 
-def pilot_start_s(rep: Replayed, state: Path, t0: float) -> float:
-    """Median seconds from a node going idle to the first fragment launched on it by a pilot there: the survey
-    that sees the hole, sbatch, Slurm's start, the worker pool's connection and the plan (what a replay of idle
-    intervals does not see: it takes a node as usable the moment it is idle)."""
+def pilot_start_s(rep: Replayed, state: Path, t0: float, from_hole: bool = True) -> float:
+    """Median seconds from a node going idle (``from_hole``; else: from its pilot's start) to the first fragment
+    launched on it by a pilot there: the survey that sees the hole, sbatch, Slurm's start, the worker pool's
+    connection, its warm-up and the plan (what a replay of idle intervals does not see: it takes a node as
+    usable the moment it is idle)."""
     launches = [(t - t0, set(e["nodes"])) for t, _, e in JobStore(state / "state.sqlite", readonly=True)
                 .events("launch")]
     ends: dict[str, list[float]] = {}
@@ -329,18 +330,23 @@ def pilot_start_s(rep: Replayed, state: Path, t0: float) -> float:
         first = min((t for t, ns in launches if t >= p.start and ns & set(p.nodes)), default=None)
         if first is None or (p.end is not None and first > p.end):
             continue                       # never trained: that pilot's time is held, not a start-up
-        idle_since = max((e for n in p.nodes for e in ends.get(n, []) if e <= p.start), default=0.0)
-        waits.append(first - idle_since)
+        since = max((e for n in p.nodes for e in ends.get(n, []) if e <= p.start), default=0.0)
+        waits.append(first - (since if from_hole else p.start))
     return statistics.median(waits) if waits else 0.0
 
 
-def simulate(alone: Replayed, nodes: int, window_s: float, tr: Training, d: Path, late_s: float = 0.0) -> dict:
-    """`parsl-bft simulate` on the alone run's idle nodes, the same two jobs, the costs this run measured; with
-    ``late_s``, each idle interval is taken as usable that much after it begins (the pilots' start-up), and
-    e_idle is stated against the idle node-seconds as they were."""
+def held_spans(rep: Replayed, window_s: float) -> list[tuple[str, float, float]]:
+    """Each node's spans under a pilot, within [0, window_s]."""
+    return [(n, p.start, min(window_s, window_s if p.end is None else p.end)) for p in rep.pilots()
+            if p.start is not None and p.start < window_s for n in p.nodes]
+
+
+def simulate(idle: list[tuple[str, float, float]], t0: float, tr: Training, d: Path, late_s: float = 0.0) -> dict:
+    """`parsl-bft simulate` on ``idle`` ((node, start, end), s from ``t0``), the same two jobs, the costs this run
+    measured; with ``late_s``, each interval is taken as usable that much after it begins (the pilots' start-up),
+    and e_idle is stated against the intervals as they were."""
     d.mkdir(parents=True, exist_ok=True)
-    t0 = round(alone.t0)
-    idle = idle_intervals(alone, nodes, window_s)
+    t0 = round(t0)
     usable = [(n, a + late_s, b) for n, a, b in idle if b > a + late_s]
     with open(d / "idle.csv", "w") as f:
         f.write("node,idle_start,idle_end\n")
@@ -472,12 +478,18 @@ def main() -> None:
     for mode, (rep, tr) in runs.items():
         r = figures(mode, alone, rep, tr, by_name, args.nodes, window_s)
         r["held_node_s_by_part"] = {k: round(v, 1) for k, v in held_time(rep, out / mode / "state", window_s).items()}
-        naive = simulate(alone, args.nodes, window_s, tr, out / mode / "sim-naive")
+        idle = idle_intervals(alone, args.nodes, window_s)
+        naive = simulate(idle, alone.t0, tr, out / mode / "sim-naive")
         late = pilot_start_s(rep, out / mode / "state", rep.t0)
-        sim = simulate(alone, args.nodes, window_s, tr, out / mode / "sim", late)
-        e_sim = sim["e_idle_of_all_idle"]
+        e_sim = simulate(idle, alone.t0, tr, out / mode / "sim", late)["e_idle_of_all_idle"]
+        # the same on the node-time the pilots held, each from its pilot's start: the runtime against the model,
+        # whatever the pilots' own fit to the holes
+        warm = pilot_start_s(rep, out / mode / "state", rep.t0, from_hole=False)
+        e_held = simulate(held_spans(rep, window_s), rep.t0, tr, out / mode / "sim-held", warm)["e_idle_of_all_idle"]
         r.update({"sim_e_idle_naive": naive["e_idle_of_all_idle"], "pilot_start_s": late, "sim_e_idle": e_sim,
-                  "sim_gap": abs(r["real_e_idle"] - e_sim) / e_sim if e_sim else None})
+                  "sim_gap": abs(r["real_e_idle"] - e_sim) / e_sim if e_sim else None,
+                  "pilot_warm_s": warm, "sim_e_held": e_held,
+                  "held_gap": abs(r["e_used_vs_dedicated"] - e_held) / e_held if e_held else None})
         results.append(r)
     plot(alone, runs, args.nodes, window_s, out / "facility_replay.png")
     wall = time.time() - t_begin
@@ -494,7 +506,8 @@ def main() -> None:
             f"{r['planned_start_violations']} (alone {r['planned_start_violations_alone']}); bounded slowdown x"
             f"{r['bounded_slowdown_ratio']:.3f}; held {r['idle_share_held']:.1%} of the idle node-time, trained "
             f"{r['held_training_share']:.1%} of it; e_used vs dedicated {r['e_used_vs_dedicated']:.3f}; e_idle real "
-            f"{r['real_e_idle']:.3f} / simulated {r['sim_e_idle']:.3f}")
+            f"{r['real_e_idle']:.3f} / simulated {r['sim_e_idle']:.3f}; on the held node-time real "
+            f"{r['e_used_vs_dedicated']:.3f} / simulated {r['sim_e_held']:.3f}")
         held = r["held_node_s"] or 1.0
         say(f"{r['mode']}: the held node-time went to " + ", ".join(
             f"{k} {v / held:.1%}" for k, v in r["held_node_s_by_part"].items()))
