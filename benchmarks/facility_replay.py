@@ -39,7 +39,7 @@ from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from facility_stream import LocalSlurm, Replayed, StreamJob, finish, replay, stream_from_swf
+from facility_stream import JobRecord, LocalSlurm, Replayed, StreamJob, finish, replay, stream_from_swf
 from held_time import held_time
 
 from parsl_bft.execution.errors import StateError
@@ -375,6 +375,39 @@ def simulate(idle: list[tuple[str, float, float]], t0: float, tr: Training, d: P
     return metrics
 
 
+def mode_figures(mode: str, alone: Replayed, rep: Replayed, tr: Training, jobs: dict[str, StreamJob], nodes: int,
+                 window_s: float, d: Path) -> dict:
+    """Every figure of one mode (``d``: its folder): the facility's, the training's, where the held node-time
+    went, and the simulator's on the alone run's holes and on the held node-time."""
+    r = figures(mode, alone, rep, tr, jobs, nodes, window_s)
+    r["held_node_s_by_part"] = {k: round(v, 1) for k, v in held_time(rep, d / "state", window_s).items()}
+    idle = idle_intervals(alone, nodes, window_s)
+    naive = simulate(idle, alone.t0, tr, d / "sim-naive")
+    late = pilot_start_s(rep, d / "state", rep.t0)
+    e_sim = simulate(idle, alone.t0, tr, d / "sim", late)["e_idle_of_all_idle"]
+    # the same on the node-time the pilots held, each from its pilot's start: the runtime against the model,
+    # whatever the pilots' own fit to the holes
+    warm = pilot_start_s(rep, d / "state", rep.t0, from_hole=False)
+    e_held = simulate(held_spans(rep, window_s), rep.t0, tr, d / "sim-held", warm)["e_idle_of_all_idle"]
+    r.update({"sim_e_idle_naive": naive["e_idle_of_all_idle"], "pilot_start_s": late, "sim_e_idle": e_sim,
+              "sim_gap": abs(r["real_e_idle"] - e_sim) / e_sim if e_sim else None,
+              "pilot_warm_s": warm, "sim_e_held": e_held,
+              "held_gap": abs(r["e_used_vs_dedicated"] - e_held) / e_held if e_held else None})
+    return r
+
+
+def load_runs(out: Path, modes: list[str], window_s: float) -> tuple[Replayed, dict[str, tuple[Replayed, Training]]]:
+    """The records an earlier run left in ``out`` (--figures-only)."""
+    def replayed(path: Path) -> Replayed:
+        d = json.loads(path.read_text())
+        return Replayed(**{**d, "records": [JobRecord(**{**r, "nodes": tuple(r["nodes"])}) for r in d["records"]]})
+    runs = {}
+    for m in modes:
+        rep = replayed(out / m / "replay.json")
+        runs[m] = (rep, read_training(out / m / "state", rep.t0, window_s))
+    return replayed(out / "alone" / "replay.json"), runs
+
+
 # --- the plot --------------------------------------------------------------------------------------------------
 def counts(spans_: list[tuple[float, float | None, int]], grid: list[float], window_s: float) -> list[int]:
     return [sum(n for a, b, n in spans_ if a <= t < (window_s if b is None else b)) for t in grid]
@@ -448,8 +481,10 @@ def main() -> None:
     ap.add_argument("--smoke", action="store_true", help="90-second runs (the test suite's)")
     ap.add_argument("--slurm-base", default="/tmp/local-slurm-replay", help="where its local Slurm lives")
     ap.add_argument("--slurm-port", type=int, default=19817, help="its slurmctld's port (slurmd: the next ones)")
+    ap.add_argument("--figures-only", action="store_true", help="replay nothing: the figures, simulations and plot "
+                    "again from the records an earlier run (same options) left in --out")
     args = ap.parse_args()
-    if os.geteuid() != 0:
+    if os.geteuid() != 0 and not args.figures_only:
         sys.exit("facility_replay.py needs root: it starts a local Slurm (tools/local-slurm.sh)")
     minutes = 1.5 if args.smoke else args.minutes
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
@@ -465,40 +500,31 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     say(f"{len(jobs)} facility jobs from {Path(args.swf).name}, {minutes:g} min a run on {args.nodes} nodes, "
         f"{args.compression:g}x; offered load {info.log_load:.2f} (log) -> {info.replay_load:.2f} (replayed)")
-    cluster = LocalSlurm(args.nodes, args.slurm_base, args.slurm_port)
-    load = os.getloadavg()[1]
-    t_begin = time.time()
-    try:
-        alone = run_alone(cluster, jobs, window_s, out)
-        runs = {m: run_with_training(cluster, jobs, window_s, m, out) for m in modes}
-    finally:
-        cluster.clean()
+    if args.figures_only:       # an earlier run's records: its own wall time, machine and date stay
+        alone, runs = load_runs(out, modes, window_s)
+        ran = {k: v for k, v in json.loads((out / "result.json").read_text())[0].items()
+               if k in ("wall_s", "date", "cpus", "load_5min_before", "platform", "python", "slurm", "parsl",
+                        "torch", "parsl-bft")}
+    else:
+        cluster = LocalSlurm(args.nodes, args.slurm_base, args.slurm_port)
+        load = os.getloadavg()[1]
+        t_begin = time.time()
+        try:
+            alone = run_alone(cluster, jobs, window_s, out)
+            runs = {m: run_with_training(cluster, jobs, window_s, m, out) for m in modes}
+        finally:
+            cluster.clean()
+        ran = {"wall_s": time.time() - t_begin, **machine(load)}
     by_name = {j.name: j for j in jobs}
-    results = []
-    for mode, (rep, tr) in runs.items():
-        r = figures(mode, alone, rep, tr, by_name, args.nodes, window_s)
-        r["held_node_s_by_part"] = {k: round(v, 1) for k, v in held_time(rep, out / mode / "state", window_s).items()}
-        idle = idle_intervals(alone, args.nodes, window_s)
-        naive = simulate(idle, alone.t0, tr, out / mode / "sim-naive")
-        late = pilot_start_s(rep, out / mode / "state", rep.t0)
-        e_sim = simulate(idle, alone.t0, tr, out / mode / "sim", late)["e_idle_of_all_idle"]
-        # the same on the node-time the pilots held, each from its pilot's start: the runtime against the model,
-        # whatever the pilots' own fit to the holes
-        warm = pilot_start_s(rep, out / mode / "state", rep.t0, from_hole=False)
-        e_held = simulate(held_spans(rep, window_s), rep.t0, tr, out / mode / "sim-held", warm)["e_idle_of_all_idle"]
-        r.update({"sim_e_idle_naive": naive["e_idle_of_all_idle"], "pilot_start_s": late, "sim_e_idle": e_sim,
-                  "sim_gap": abs(r["real_e_idle"] - e_sim) / e_sim if e_sim else None,
-                  "pilot_warm_s": warm, "sim_e_held": e_held,
-                  "held_gap": abs(r["e_used_vs_dedicated"] - e_held) / e_held if e_held else None})
-        results.append(r)
+    results = [mode_figures(mode, alone, rep, tr, by_name, args.nodes, window_s, out / mode)
+               for mode, (rep, tr) in runs.items()]
     plot(alone, runs, args.nodes, window_s, out / "facility_replay.png")
-    wall = time.time() - t_begin
     common = {"swf": Path(args.swf).name, "window": [datetime.fromtimestamp(t, UTC).isoformat()
                                                       for t in info.window],
               "nodes": args.nodes, "compression": args.compression, "facility_jobs_submitted": len(jobs),
               "offered_load_log": info.log_load, "offered_load_replayed": info.replay_load,
               "workload": f"emulated accelerator: {SAMPLE_MS} ms/sample/rank, {PARAMS_MB} MB all-reduce, "
-                          f"global batch {BATCH}, 2 jobs of 1-{MAX_NODES} nodes", "wall_s": wall, **machine(load)}
+                          f"global batch {BATCH}, 2 jobs of 1-{MAX_NODES} nodes", **ran}
     (out / "result.json").write_text(json.dumps([{**common, **r} for r in results], indent=1))
     for r in results:
         say(f"{r['mode']}: facility delay median {r['facility_delay_median_s']:.1f} s, p95 "

@@ -48,3 +48,9 @@ def test_the_facility_replay_smoke_run(tmp_path):
     assert modes["preempt"]["facility_delay_max_s"] <= GRACE_S + 10, modes["preempt"]
     assert (tmp_path / "facility_replay.png").stat().st_size > 10_000
     assert len(json.loads((tmp_path / "result.json").read_text())) == 2
+    # the figures again from the records the run left (nothing replayed): the same, to the last digit
+    again = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "facility_replay.py"), "--smoke", "--out",
+                            str(tmp_path), "--figures-only"], cwd=ROOT / "benchmarks", capture_output=True, text=True,
+                           timeout=600)
+    assert again.returncode == 0, again.stderr[-4000:]
+    assert [json.loads(line) for line in again.stdout.splitlines() if line.startswith("{")] == list(modes.values())
