@@ -114,8 +114,9 @@ class HoleDiscovery(_Strict):
     max_pending_seconds: float = Field(default=30.0, gt=0, description="a pilot still queued after this long is "
                                        "cancelled (the hole was taken)")
     notice_seconds: int = Field(default=60, ge=0, description="the reclaim notice: the scheduler signals a "
-                                "pilot this long before its walltime ends (Slurm --signal), and its fragment "
-                                "checkpoints")
+                                "pilot this long before its walltime ends (Slurm --signal); its fragment is told "
+                                "to checkpoint at most this long before, and once stops have been timed, twice "
+                                "the slowest recent stop plus three polls before")
     grace_seconds: int | None = Field(default=None, ge=1, description="Slurm: seconds a pilot's worker gets to "
                                       "save after the scheduler's SIGTERM (preemption, scancel) before the pilot "
                                       "kills it; unset: the partition's GraceTime (scontrol show partition), "
