@@ -310,8 +310,11 @@ def test_one_signal_to_parsl_bft_run_checkpoints_and_leaves_nothing_behind(tmp_p
     foreground group: interchange, worker pool and ranks included): the fragments save a checkpoint newer than
     the signal, the run exits at once, and no process of it (interchange, worker pool, ranks) is left."""
     workflow = HERE.parent / "workflows" / "image_classifier.py"
+    # as a terminal starts it: a suite started in the background by a non-interactive shell passes SIGINT on
+    # ignored, and a process that inherits it so never sees a Ctrl-C
     p = subprocess.Popen([sys.executable, "-m", "parsl_bft.cli", "run", str(workflow)], cwd=tmp_path,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     state = tmp_path / "bft-state" / "image_classifier"
     try:
         wait_for(lambda: live_ranks(state) and any(JobDir(d).progress() for d in state.glob("jobs/*")), timeout=300)
