@@ -18,6 +18,16 @@ def _fake_pool(**kw):
     return clock, fake, pool
 
 
+def _one_pilot_joined(clock, fake, pool, walltime_s: float) -> None:
+    """One hole, one pilot on n7 whose walltime ends ``walltime_s`` after it starts: it joins."""
+    fake.holes_n = 1
+    clock["t"] += 1
+    pool.poll()
+    fake.running["100"], fake.managers = ("n7", clock["t"] + walltime_s), {"0"}
+    clock["t"] += 1
+    assert [e.kind for e in pool.poll()] == ["join"]
+
+
 def test_a_pilot_whose_worker_pool_is_lost_is_cancelled_not_left_holding_its_node():
     clock, fake, pool = _fake_pool(max_nodes=1, probe_s=60.0, poll_s=0.0, release_s=3.0)
     fake.holes_n = 1
@@ -218,12 +228,7 @@ def test_a_pilot_on_notice_is_given_back_once_the_orchestrator_is_done_with_it()
     orchestrator releases the node: the pilot is cancelled now (not at its time limit), so a replacement can
     start on the node."""
     clock, fake, pool = _fake_pool(max_nodes=1, probe_s=100.0, poll_s=0.0)
-    fake.holes_n = 1
-    clock["t"] += 1
-    pool.poll()
-    fake.running["100"], fake.managers = ("n7", clock["t"] + 30), {"0"}
-    clock["t"] += 1
-    assert [e.kind for e in pool.poll()] == ["join"]
+    _one_pilot_joined(clock, fake, pool, walltime_s=30)
     clock["t"] += 15                                     # within notice_s (20 s) of its end
     assert [(e.kind, e.why) for e in pool.poll()] == [("notice", "walltime ends")]
     pool.release({"n8"})                                 # not its node: nothing happens
@@ -333,12 +338,7 @@ def test_a_pilots_walltime_notice_comes_as_late_as_the_measured_stops_allow():
     assert pool.walltime_lead_s() == 20.0
     pool.stop_s = 1.5
     assert pool.walltime_lead_s() == 6.0
-    fake.holes_n = 1
-    clock["t"] += 1
-    pool.poll()
-    fake.running["100"], fake.managers = ("n7", clock["t"] + 60), {"0"}
-    clock["t"] += 1
-    assert [e.kind for e in pool.poll()] == ["join"]
+    _one_pilot_joined(clock, fake, pool, walltime_s=60)
     clock["t"] += 52                                     # 7 s left: 20 s ahead would have been 12 s ago
     assert pool.poll() == []
     clock["t"] += 1.5
