@@ -22,13 +22,17 @@ def claimed(snap: Snapshot, ours: Collection[str], yielded: dict[str, set[str]],
     - it is planned later, elsewhere, but the idle nodes and our pilots' nodes would start it now, and some pilot
       would hold its node past the job's planned start: without pilots it would have started at once. Pilots go
       in turn, the youngest first, until the job fits. A job is given pilots once (``yielded``: job id -> the
-      pilots given, kept by the caller), so one that still waits for other reasons does not take every new one."""
+      pilots given, kept by the caller while the job waits), so one that still waits for other reasons does not
+      take every new one."""
     held = sorted(((job.start or 0.0, j, job.nodes, job.end) for j in ours
                    if (job := snap.jobs.get(j)) is not None and job.end is not None and job.nodes), reverse=True)
     end_of = {n: end for _, _, nodes, end in held for n in nodes}
     out: set[str] = set()
     free = len(snap.idle)
-    for j in sorted(snap.waiting(), key=lambda j: math.inf if j.start is None else j.start):
+    waiting = snap.waiting()
+    for gone in set(yielded) - {j.job_id for j in waiting}:    # started or left the queue: forgotten
+        del yielded[gone]
+    for j in sorted(waiting, key=lambda j: math.inf if j.start is None else j.start):
         if j.job_id in ours or j.start is None:
             continue
         if j.start <= now + within_s:

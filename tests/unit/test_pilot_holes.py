@@ -66,6 +66,10 @@ def test_a_job_that_would_start_now_but_for_a_pilot_gets_the_youngest_pilots_onc
     prov._snapshot = None
     prov.submitted["15"] = NOW - 5
     assert prov.claimed(4) == set()
+    # once the job has left the queue its record goes too: a long run's books do not grow with every job
+    prov.cmd = SlurmCommands(lambda argv: (0, run, "") if argv[:2] == ["squeue", "-h"] else (0, "", ""))
+    prov._snapshot = None
+    assert prov.claimed(4) == set() and prov._yielded == {}
 
 
 def test_a_job_the_idle_nodes_start_or_the_pilots_cannot_start_takes_no_pilot(tmp_path):
