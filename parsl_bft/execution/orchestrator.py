@@ -281,9 +281,10 @@ class Orchestrator:
                 else:
                     self._nodes_reclaimed(ctl, ev)
                     changed = True
-            if warm := self._warming.warmed(now):   # nodes arrive one by one: plan once they have settled
+            if warm := self._warming.warmed(now):   # nodes arrive one by one: plan once they have settled ...
                 ctl.nodes_joined([n for n, _ in warm], [u for _, u in warm])
-                joined_at = now
+                # ... or at once when they had to warm up and no other is warming: none is about to come
+                joined_at = now - self.settle_s if self._warming.drained else now
             self.fragments.follow_placement(ctl, self._runners)
             changed |= self._collect(ctl)
             self._release_checkpointed()

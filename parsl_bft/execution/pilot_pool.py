@@ -453,12 +453,13 @@ class PilotPool:
     # --- the orchestrator's calls ---------------------------------------------------------------------------
     def release(self, nodes: Collection[str]) -> None:
         """The orchestrator is done with these nodes on notice (what ran there has checkpointed): cancel their
-        pilots at the next poll instead of holding the nodes to the pilots' time limits, so that replacement
-        pilots can start on them."""
+        pilots now, not at the next poll nor at the pilots' time limits, so that the facility job waiting for
+        them, or replacement pilots, can start on them."""
         nodes = set(nodes)
         for p in self._joined().values():     # a claimed pilot waits no longer than what ran there
             if p.state is PilotState.NOTICED and set(p.nodes) <= nodes and not p.cancelled:
                 p.release_at = -math.inf
+        self._cancel_due(self._pilots(), self.clock())
 
     def stop(self) -> None:
         """Give every node back: cancel all pilots (also those still queued)."""

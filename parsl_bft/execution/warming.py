@@ -2,7 +2,8 @@
 imported) in seconds, tens of seconds from a parallel file system. Planned at once, such a node would make the
 job it is added to stop its running fragment and wait, on all its other nodes, for that import. So a node
 enters the plan once its worker reports warm (``FragmentRunner.prime``), or after ``wait_s`` at the latest; the
-job's fragment trains on meanwhile. Owner: the orchestrator's loop."""
+job's fragment trains on meanwhile. Once the last warming node is ready, none is about to come (``drained``):
+the orchestrator plans at once instead of waiting for more joins. Owner: the orchestrator's loop."""
 from __future__ import annotations
 
 import math
@@ -31,6 +32,7 @@ class WarmingNodes:
         self._runners, self.wait_s = runners, wait_s
         self._sites: dict[str, _Site] = {}
         self._ready: list[tuple[str, float]] = []
+        self.drained = False    # the last nodes ready had warmed up and no other is warming: none is about to come
 
     def __contains__(self, node: str) -> bool:
         return any(node in s.cold for s in self._sites.values())
@@ -59,6 +61,7 @@ class WarmingNodes:
     def warmed(self, now: float) -> list[tuple[str, float]]:
         """The nodes ready now, as (node id, until): their worker answered, or they waited ``wait_s``."""
         ready, self._ready = self._ready, []
+        no_warm_up = len(ready)
         for site, s in self._sites.items():
             answered = [f.result() for f in s.pending if f.done() and f.exception() is None]
             s.pending = [f for f in s.pending if not f.done()]
@@ -68,4 +71,6 @@ class WarmingNodes:
             ready += [(n, s.cold.pop(n)[0]) for n, (_, dl) in list(s.cold.items()) if now >= dl]
             if s.cold and not s.pending and answered:    # it ran on a warm worker: once more for the cold ones
                 s.pending = self._runners[site].prime([local_name(n) for n in s.cold])
+        if ready:
+            self.drained = len(ready) > no_warm_up and not any(s.cold for s in self._sites.values())
         return ready

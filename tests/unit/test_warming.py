@@ -45,8 +45,16 @@ def test_a_node_is_ready_when_its_worker_answers_and_not_before():
     assert w.warmed(5.0) == [] and "a" in w
     r.answer(1)
     assert w.warmed(6.0) == [("b", float("inf"))]
+    assert not w.drained, "b was ready while a still warmed up: more was about to come"
     r.answer(0)
     assert w.warmed(7.0) == [("a", float("inf"))] and "a" not in w
+    assert w.drained, "the last warming node was ready: nothing else was about to come"
+
+
+def test_nodes_that_needed_no_warm_up_do_not_end_the_wait_for_more_joins():
+    w = WarmingNodes({"": Primed(gang=False)})
+    w.add(["a"], [], now=0.0)
+    assert w.warmed(0.0) and not w.drained
 
 
 def test_a_warm_up_that_ran_on_another_worker_is_sent_again_for_the_cold_node():
@@ -119,4 +127,5 @@ def test_a_job_trains_on_while_a_new_pilots_worker_warms_up_and_grows_once_it_is
     first, grown = sizes[0][0], sizes[1][0]
     assert first >= 20, f"the first fragment started before its nodes were warm: {sizes}"
     assert grown >= 120, f"the job stopped for nodes b, c before their workers were warm: {sizes}"
+    assert grown < 120 + orch.settle_s, f"the job waited for more joins though no node was warming: {sizes}"
     orch.close()
