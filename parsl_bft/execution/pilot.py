@@ -42,7 +42,7 @@ from .claims import claimed
 from .commands import BatchCommands, SchedulerError
 
 logger = logging.getLogger(__name__)
-
+SURVEY_SLACK_S = 0.25   # a survey this much short of its max age is due anyway (clock reads a poll apart)
 
 _JUST_SUBMITTED = ""
 
@@ -272,10 +272,13 @@ class PilotProvider(ClusterProvider):
 
     @locked
     def snapshot(self, max_age_s: float | None = None) -> Snapshot:
-        """The latest survey, taken anew only when older than ``max_age_s`` (default: ``poll_s``)."""
+        """The latest survey, taken anew only when older than ``max_age_s`` (default: ``poll_s``), give or take
+        ``SURVEY_SLACK_S``: a pool polling every ``poll_s`` reads its clock a little before the survey that the
+        last poll took, and without the slack would find every other survey not yet due (a facility job
+        seen two polls late)."""
         age = self.poll_s if max_age_s is None else max_age_s
         now = self.clock()
-        if self._snapshot is None or now - self._snapshot.taken >= age:
+        if self._snapshot is None or now - self._snapshot.taken >= age - SURVEY_SLACK_S:
             self._snapshot = self.survey()
         return self._snapshot
 

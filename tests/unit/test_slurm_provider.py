@@ -197,3 +197,21 @@ def test_the_topology_is_asked_of_slurm_once(tmp_path, caplog):
     prov = SlurmPilotProvider("debug", commands=SlurmCommands(runner), script_dir=str(tmp_path))
     assert prov.topology() is None and prov.topology() is None and len(runner.calls) == 3
     assert "Socket timed out" in caplog.text
+
+
+def test_a_pool_polling_every_poll_s_gets_a_fresh_survey_every_poll():
+    """The pool reads its clock a little before the provider's survey starts; the next poll, poll_s later by
+    the pool's clock, finds that survey a little short of poll_s old. It must still be surveyed anew, or a
+    facility job that arrived is seen a whole poll late (and waits that much longer for a pilot's node)."""
+    surveys, clock = [], {"t": 1_800_000_000.0}
+
+    def run(argv):
+        if argv[0] == "squeue":
+            surveys.append(clock["t"])
+        return 0, "", ""
+    prov = SlurmPilotProvider("debug", commands=SlurmCommands(run), poll_s=1)
+    prov.clock = lambda: clock["t"]
+    for poll in range(5):
+        clock["t"] = 1_800_000_000.0 + poll + (0.1 if poll % 2 == 0 else 0.0)   # the survey's clock read jitters
+        prov.snapshot()
+    assert len(surveys) == 5, f"{len(surveys)} surveys in 5 polls: {surveys}"
