@@ -151,8 +151,11 @@ class Fragments:
             r.killed = True        # not the job's own failure
             self.db.record(Abandon(name, r.fragment, n))
 
-    def follow_placement(self, ctl: Controller, runners: Mapping[str, FragmentRunner]) -> None:
-        """A gang's shares say which node they landed on: the books (who is hit by a reclaim) follow."""
+    def follow_placement(self, ctl: Controller, runners: Mapping[str, FragmentRunner]) -> set[str]:
+        """A gang's shares say which node they landed on: the books (who is hit by a reclaim) follow. Returns
+        the nodes a share landed on that the plan does not have yet (a joined node still warming up, whose idle
+        worker took a task meant for another node): once they are in the plan, the books follow."""
+        outside: set[str] = set()
         for name, r in self.running.items():
             runner = runners[r.site]
             if not runner.gang or len(r.placed) == r.nodes or name not in ctl.active:
@@ -163,8 +166,11 @@ class Fragments:
                     ctl.bind(name, node, r.placed)
                     if node in ctl.active[name].state.nodes:
                         r.placed.add(node)
+                    elif node not in ctl.pool:
+                        outside.add(node)
             if len(r.placed) == r.nodes:     # where its ranks run (the plan's nodes, or swapped within a group)
                 self.db.record(Placed(name, r.fragment, sorted(r.placed)))
+        return outside
 
     def unreachable(self, labels: Mapping[str, str]) -> bool:
         """Whether no running fragment can end the ordinary way any more: every one's executor (``labels``: site

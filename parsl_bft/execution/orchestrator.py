@@ -285,7 +285,7 @@ class Orchestrator:
                 ctl.nodes_joined([n for n, _ in warm], [u for _, u in warm])
                 # ... or at once when they had to warm up and no other is warming: none is about to come
                 joined_at = now - self.settle_s if self._warming.drained else now
-            self.fragments.follow_placement(ctl, self._runners)
+            changed |= self._follow_placement(ctl)
             changed |= self._collect(ctl)
             self._release_checkpointed()
             if changed or (joined_at is not None and now - joined_at >= self.settle_s):
@@ -300,6 +300,16 @@ class Orchestrator:
                 return events.RunEnd.TIMEOUT
             self.clock.sleep(self.poll_s)
         return self._inbox.stop_reason if self._stopping.is_set() else events.RunEnd.DONE
+
+    def _follow_placement(self, ctl: Controller) -> bool:
+        """The books follow where fragments' ranks landed. A rank on a joined node still warming up (its idle
+        worker took a task meant for another node) makes that node ready now: its warm-up waits behind the rank
+        on the node's one worker. True if so (the node the rank was meant for is free: plan again)."""
+        landed = self._warming.take(self.fragments.follow_placement(ctl, self._runners))
+        if landed:
+            ctl.nodes_joined([n for n, _ in landed], [u for _, u in landed])
+            self.fragments.follow_placement(ctl, self._runners)
+        return bool(landed)
 
     def _take_arrivals(self, ctl: Controller) -> bool:
         """Jobs submitted while the loop runs join the plan; True if any did."""

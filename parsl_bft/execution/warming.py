@@ -7,7 +7,7 @@ the orchestrator plans at once instead of waiting for more joins. Owner: the orc
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
@@ -57,6 +57,11 @@ class WarmingNodes:
             for n in nodes:
                 s.cold.pop(n, None)
         self._ready = [(n, u) for n, u in self._ready if n not in nodes]
+
+    def take(self, nodes: Collection[str]) -> list[tuple[str, float]]:
+        """Nodes a fragment's rank already runs on, as (node id, until): ready now, whatever their warm-up says
+        (it waits behind that rank on the node's one worker)."""
+        return [(n, s.cold.pop(n)[0]) for s in self._sites.values() for n in nodes if n in s.cold]
 
     def warmed(self, now: float) -> list[tuple[str, float]]:
         """The nodes ready now, as (node id, until): their worker answered, or they waited ``wait_s``."""

@@ -129,3 +129,44 @@ def test_a_job_trains_on_while_a_new_pilots_worker_warms_up_and_grows_once_it_is
     assert grown >= 120, f"the job stopped for nodes b, c before their workers were warm: {sizes}"
     assert grown < 120 + orch.settle_s, f"the job waited for more joins though no node was warming: {sizes}"
     orch.close()
+
+
+class StrayFragments(WarmingFragments):
+    """A gang on pilots sharing one executor: the first fragment's rank lands on ``stray`` (a joined node whose
+    worker was idle, still warming up) instead of the node it was planned on; that node's warm-up then waits
+    behind the rank and never answers while it runs."""
+
+    gang = True
+
+    def __init__(self, clock: SimulatedClock, warm_s: float, stray: str, **kw):
+        super().__init__(clock, warm_s, **kw)
+        self.stray, self.landed = stray, {}
+
+    def _answer(self):
+        self.warming = [w for w in self.warming if w[1] != self.stray]
+        super()._answer()
+
+    def launch(self, cfg, nodes):
+        self.landed[cfg.fragment_id] = dict(enumerate(nodes)) if self.landed else {0: self.stray}
+        return super().launch(cfg, nodes)
+
+    def placed(self, fragment, nodes):
+        return self.landed.get(fragment, {})
+
+
+def test_a_rank_that_lands_on_a_node_still_warming_makes_it_ready_and_frees_the_node_it_was_meant_for(tmp_path):
+    """Node b joins while a's fragment is about to launch; the fragment's one rank lands on b, whose warm-up
+    then cannot run. The books follow at once (b is the job's), and a, free, is planned again: the job grows
+    to both nodes long before b's warm-up would have timed out (30 s after it joined)."""
+    clock = SimulatedClock()
+    pool = ScriptedPool(clock, [(0, "join", ("a",)), (10, "join", ("b",))])
+    frags = StrayFragments(clock, warm_s=20, stray="b")
+    orch = _orchestrator(tmp_path, clock, pool, frags)
+    orch.submit(TrainingJob("x", samples=60_000, min_nodes=1, max_nodes=2, global_batch=12, rate_guess=RATE))
+    t0 = clock.monotonic()
+    summary = orch.run(timeout_s=10_000)
+    assert summary.jobs[0].status == "done"
+    sizes = [(round(t - t0), n) for t, n in frags.at]
+    assert [n for _, n in sizes][:2] == [1, 2], sizes
+    assert sizes[1][0] < 10 + 30, f"node a stayed idle until b's warm-up timed out: {sizes}"
+    orch.close()
