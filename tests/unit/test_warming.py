@@ -113,22 +113,29 @@ class WarmingFragments(SimulatedFragments):
         return super().launch(cfg, nodes)
 
 
-def test_a_job_trains_on_while_a_new_pilots_worker_warms_up_and_grows_once_it_is_warm(tmp_path):
-    clock = SimulatedClock()
-    pool = ScriptedPool(clock, [(0, "join", ("a",)), (100, "join", ("b", "c"))])
-    frags = WarmingFragments(clock, warm_s=20)
-    orch = _orchestrator(tmp_path, clock, pool, frags)
-    orch.submit(TrainingJob("x", samples=120_000, min_nodes=1, max_nodes=3, global_batch=12, rate_guess=RATE))
+def _launch_sizes(tmp_path, clock: SimulatedClock, joins, frags: WarmingFragments, samples: int,
+                  max_nodes: int) -> tuple[list[tuple[int, int]], float]:
+    """One job ``x`` run to the end on nodes that join as ``joins`` says: its fragments' launches as (simulated
+    s from the start, nodes), and the orchestrator's settle_s."""
+    orch = _orchestrator(tmp_path, clock, ScriptedPool(clock, joins), frags)
+    orch.submit(TrainingJob("x", samples=samples, min_nodes=1, max_nodes=max_nodes, global_batch=12,
+                            rate_guess=RATE))
     t0 = clock.monotonic()
     summary = orch.run(timeout_s=10_000)
+    orch.close()
     assert summary.jobs[0].status == "done"
-    sizes = [(round(t - t0), n) for t, n in frags.at]
+    return [(round(t - t0), n) for t, n in frags.at], orch.settle_s
+
+
+def test_a_job_trains_on_while_a_new_pilots_worker_warms_up_and_grows_once_it_is_warm(tmp_path):
+    clock = SimulatedClock()
+    sizes, settle_s = _launch_sizes(tmp_path, clock, [(0, "join", ("a",)), (100, "join", ("b", "c"))],
+                                    WarmingFragments(clock, warm_s=20), samples=120_000, max_nodes=3)
     assert [n for _, n in sizes][:2] == [1, 3], sizes
     first, grown = sizes[0][0], sizes[1][0]
     assert first >= 20, f"the first fragment started before its nodes were warm: {sizes}"
     assert grown >= 120, f"the job stopped for nodes b, c before their workers were warm: {sizes}"
-    assert grown < 120 + orch.settle_s, f"the job waited for more joins though no node was warming: {sizes}"
-    orch.close()
+    assert grown < 120 + settle_s, f"the job waited for more joins though no node was warming: {sizes}"
 
 
 class StrayFragments(WarmingFragments):
@@ -159,14 +166,7 @@ def test_a_rank_that_lands_on_a_node_still_warming_makes_it_ready_and_frees_the_
     then cannot run. The books follow at once (b is the job's), and a, free, is planned again: the job grows
     to both nodes long before b's warm-up would have timed out (30 s after it joined)."""
     clock = SimulatedClock()
-    pool = ScriptedPool(clock, [(0, "join", ("a",)), (10, "join", ("b",))])
-    frags = StrayFragments(clock, warm_s=20, stray="b")
-    orch = _orchestrator(tmp_path, clock, pool, frags)
-    orch.submit(TrainingJob("x", samples=60_000, min_nodes=1, max_nodes=2, global_batch=12, rate_guess=RATE))
-    t0 = clock.monotonic()
-    summary = orch.run(timeout_s=10_000)
-    assert summary.jobs[0].status == "done"
-    sizes = [(round(t - t0), n) for t, n in frags.at]
+    sizes, _ = _launch_sizes(tmp_path, clock, [(0, "join", ("a",)), (10, "join", ("b",))],
+                             StrayFragments(clock, warm_s=20, stray="b"), samples=60_000, max_nodes=2)
     assert [n for _, n in sizes][:2] == [1, 2], sizes
     assert sizes[1][0] < 10 + 30, f"node a stayed idle until b's warm-up timed out: {sizes}"
-    orch.close()
