@@ -27,13 +27,14 @@ import threading
 import time
 import warnings
 import weakref
-from collections.abc import Iterable
+from collections.abc import Callable
 from datetime import timedelta
 from multiprocessing.connection import wait as wait_any
 from multiprocessing.context import ForkServerContext
+from multiprocessing.process import BaseProcess
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, Any
 
 from ..errors import ParslBftError
 from ..parent_death import signal_on_parent_death
@@ -41,6 +42,7 @@ from ..safe_python import python_command, safe_path_env
 from .config import FragmentConfig, FragmentFailed, FragmentResult
 from .leftovers import SHARE_ENV, adopt_orphans, kill_descendants, kill_share_processes, share_mark
 from .protocol import JobDir
+from .rank_output import LOG_MAX, output_to_log
 
 if TYPE_CHECKING:
     from torch._C._distributed_c10d import Store, TCPStore  # typed here; torch.distributed re-exports
@@ -340,13 +342,11 @@ def claim_share(store: str, fragment: str, index: int, timeout_s: float) -> bool
     """Mark share ``index`` of ``fragment`` started in the orchestrator's store, unless it was given up (False),
     and say this node. The store client needs torch, which this worker never imports: a child of the rank
     forkserver (torch imported there) does it, in milliseconds."""
-    p = _rank_context().Process(target=_claim, args=(store, fragment, index, node_name(), timeout_s))
-    p.start()
-    p.join()
-    if p.exitcode not in (0, GIVEN_UP):
+    code = _run_child(_claim, store, fragment, index, node_name(), timeout_s)
+    if code not in (0, GIVEN_UP):
         raise FragmentFailed(f"fragment {fragment}: share {index} could not reach the orchestrator's store "
-                             f"({store.partition('@')[2]}) to start (exit status {p.exitcode})")
-    return p.exitcode == 0
+                             f"({store.partition('@')[2]}) to start (exit status {code})")
+    return code == 0
 
 
 def _claim(store: str, fragment: str, index: int, node: str, timeout_s: float) -> None:
@@ -394,10 +394,39 @@ def _noop() -> None:
 
 def start_rank_server() -> None:
     """Start the forkserver now (and wait until it has imported everything), not at the first fragment."""
-    ctx = _rank_context()
-    p = ctx.Process(target=_noop)
-    p.start()
-    p.join()
+    _run_child(_noop)
+
+
+_CHILDREN = threading.Lock()
+"""Threads of one process start and reap forkserver children in turn. CPython's are not thread-safe: a
+``Process.start`` reaps every other live child (``multiprocessing.process._cleanup``), and of two threads that
+read one child's exit status at once, the loser reads EOF and records 255 (a gang's two shares in one process
+failed so). Waiting on a child's sentinel needs no turn."""
+
+
+def _start(p: BaseProcess) -> None:
+    with _CHILDREN:
+        p.start()
+
+
+def _exitcode(p: BaseProcess) -> int | None:
+    with _CHILDREN:
+        return p.exitcode
+
+
+def _join(p: BaseProcess) -> int:
+    wait_any([p.sentinel])
+    with _CHILDREN:
+        p.join()
+    assert p.exitcode is not None     # joined
+    return p.exitcode
+
+
+def _run_child(target: Callable[..., None], *args: Any) -> int:
+    """Run ``target(*args)`` in a child of the forkserver; its exit status."""
+    p = _rank_context().Process(target=target, args=args)
+    _start(p)
+    return _join(p)
 
 
 def _die_with_forkserver() -> None:
@@ -420,60 +449,12 @@ def _die_with_forkserver() -> None:
     signal_on_parent_death(signal.SIGKILL)
 
 
-LOG_MAX = 64 << 20         # bytes of one rank's output kept (a loop printing in a tight loop wrote 3 GB in 70 s)
-
-
-def _cap_log(limit: int, every_s: float = 1.0) -> None:
-    """Keep this rank's log (fd 1 and 2) near ``limit`` bytes: whatever grows past it is cut off, once a second,
-    under a note (the first ``limit`` bytes stay; a failed rank's traceback is kept apart, in .errors/)."""
-    note = f"\n[parsl-bft: output beyond {limit:,} bytes dropped]\n".encode()
-    while True:
-        time.sleep(every_s)
-        try:
-            if os.fstat(1).st_size > limit + len(note):
-                os.ftruncate(1, limit)
-                os.write(1, note)
-        except OSError:
-            return
-
-
-class _Stamped:
-    """A rank's ``sys.stdout`` / ``sys.stderr``: each line begins with the time it was written (prints, warnings,
-    tracebacks; what C code writes to the descriptors itself - gloo, NCCL - is not stamped)."""
-
-    def __init__(self, f: TextIO) -> None:
-        self._f, self._line_start = f, True
-
-    def write(self, s: str) -> int:
-        if not s:
-            return 0
-        stamp = time.strftime("%Y-%m-%d %H:%M:%S ")
-        out = (stamp if self._line_start else "") + s.replace("\n", "\n" + stamp)
-        self._line_start = s.endswith("\n")
-        self._f.write(out[: -len(stamp)] if self._line_start else out)
-        return len(s)
-
-    def writelines(self, lines: Iterable[str]) -> None:
-        for line in lines:
-            self.write(line)
-
-    def __getattr__(self, name: str) -> Any:      # flush, fileno, isatty, encoding, buffer: the file's own
-        return getattr(self._f, name)
-
-
 def _rank_entry(cfg_file: str, env: dict[str, str], log_path: str, job_dir: str, fragment: str, rank: int) -> None:
     _die_with_forkserver()
     adopt_orphans()         # what the loop starts stays below the rank, whatever its session and environment
     os.environ.clear()
     os.environ.update(env)
-    # a file, not a pipe: a chatty rank must never block on its output; appending, so that _cap_log can cut it
-    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
-    os.close(fd)
-    threading.Thread(target=_cap_log, args=(int(env.get("PARSL_BFT_RANK_LOG_MAX", LOG_MAX)),), daemon=True).start()
-    sys.stdout = _Stamped(open(1, "w", buffering=1, closefd=False))   # noqa: SIM115 (the rank's, until it exits)
-    sys.stderr = _Stamped(open(2, "w", buffering=1, closefd=False))   # noqa: SIM115
+    output_to_log(log_path, int(env.get("PARSL_BFT_RANK_LOG_MAX", LOG_MAX)))
     from .fragment import main  # the forkserver has it imported already (rank_preload)
 
     try:
@@ -492,14 +473,14 @@ class _Rank:
                  rank: int) -> None:
         self.p = _rank_context().Process(target=_rank_entry, args=(cfg_file, env, log_path, job_dir, fragment, rank),
                                          daemon=False)
-        self.p.start()
+        _start(self.p)
         assert self.p.pid is not None           # started
         self.pid: int = self.p.pid
         self.sentinel = self.p.sentinel       # readable once the process has ended
 
     def poll(self) -> int | None:
         """The exit code (negative: the signal that ended it), or None while it runs."""
-        return self.p.exitcode
+        return _exitcode(self.p)
 
     def send_signal(self, sig: int) -> None:
         """``sig`` to the rank, unless it has already gone."""
@@ -512,4 +493,4 @@ class _Rank:
 
     def wait(self) -> None:
         """Until it has exited."""
-        self.p.join()
+        _join(self.p)
