@@ -2,12 +2,11 @@
 (a ``Snapshot``): the pilot pool gives their pilots back (``PilotPool._claims``)."""
 from __future__ import annotations
 
-import math
 from collections.abc import Collection
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .pilot import Snapshot  # pilot.py imports this module
+    from .pilot import QueueJob, Snapshot  # pilot.py imports this module
 
 Held = tuple[float, str, tuple[str, ...], float]      # a running pilot: (start, job id, nodes, walltime end)
 
@@ -19,34 +18,49 @@ def claimed(snap: Snapshot, ours: Collection[str], yielded: dict[str, set[str]],
     - it is planned onto it within ``within_s``;
     - it is planned onto it no later than the pilot's walltime ends: the pilot is what it waits for (it arrived
       after the pilot started, and nothing preempts the pilot);
-    - it is planned later, elsewhere, but the idle nodes and our pilots' nodes would start it now, and some pilot
-      would hold its node past the job's planned start: without pilots it would have started at once. Pilots go
-      in turn, the youngest first, until the job fits. A job is given pilots once (``yielded``: job id -> the
-      pilots given, kept by the caller while the job waits), so one that still waits for other reasons does not
-      take every new one."""
+    - it is planned later or elsewhere, but would start now on the idle nodes and our pilots' nodes
+      (``_in_the_way``): without pilots it would have started at once. Pilots go in turn, the youngest first,
+      until the job fits. A job is given pilots once (``yielded``: job id -> the pilots given, kept by the caller
+      while the job waits), so one that still waits for other reasons does not take every new one."""
     held = sorted(((job.start or 0.0, j, job.nodes, job.end) for j in ours
                    if (job := snap.jobs.get(j)) is not None and job.end is not None and job.nodes), reverse=True)
     end_of = {n: end for _, _, nodes, end in held for n in nodes}
     out: set[str] = set()
     free = len(snap.idle)
-    waiting = snap.waiting()
+    waiting = sorted((j for j in snap.waiting() if j.job_id not in ours and j.start is not None),
+                     key=lambda j: j.start or 0.0)
     for gone in set(yielded) - {j.job_id for j in waiting}:    # started or left the queue: forgotten
         del yielded[gone]
-    for j in sorted(waiting, key=lambda j: math.inf if j.start is None else j.start):
-        if j.job_id in ours or j.start is None:
-            continue
+    for i, j in enumerate(waiting):
+        assert j.start is not None
+        size = max(j.size, len(j.nodes))
         if j.start <= now + within_s:
             out.update(j.nodes)
         elif any(j.start <= end_of[n] + poll_s + 1 for n in j.nodes if n in end_of):
             out.update(n for n in j.nodes if n in end_of)       # a survey after the pilot's end still shows that plan
         elif j.job_id in yielded:
             out.update(n for _, p, nodes, _ in held if p in yielded[j.job_id] for n in nodes)
-        elif (need := len(j.nodes) - free) > 0 and any(end > j.start for *_, end in held):
-            given = _first_holding(need, [p for p in held if not out.issuperset(p[2])])
-            yielded[j.job_id] = {p for _, p, _, _ in given}
-            out.update(n for _, _, nodes, _ in given for n in nodes)
-        free = max(0, free - len(j.nodes))
+        elif (need := size - free) > 0:
+            pilots = [p for p in _in_the_way(j, waiting[:i], held, snap, now) if not out.issuperset(p[2])]
+            given = _first_holding(need, pilots)
+            if given:
+                yielded[j.job_id] = {p for _, p, _, _ in given}
+                out.update(n for _, _, nodes, _ in given for n in nodes)
+        free = max(0, free - size)
     return out
+
+
+def _in_the_way(j: QueueJob, before: list[QueueJob], held: list[Held], snap: Snapshot, now: float) -> list[Held]:
+    """The pilots (of ``held``, youngest first) that keep ``j`` from starting now. Where its time limit is known,
+    as backfill would see it: a pilot whose nodes no job planned before it (``before``), nor a reservation,
+    takes within the limit; else the pilots only if one holds a node past j's planned start."""
+    assert j.start is not None
+    if j.limit_s is None:
+        return held if any(end > j.start for *_, end in held) else []
+    until = now + j.limit_s
+    taken = {n for k in before if k.start is not None and k.start < until for n in k.nodes}
+    taken.update(n for n, start in snap.reserved.items() if start < until)
+    return [p for p in held if taken.isdisjoint(p[2])]
 
 
 def _first_holding(need: int, pilots: list[Held]) -> list[Held]:

@@ -77,6 +77,8 @@ class QueueJob:
     start: float | None = None      # waiting: when the scheduler plans to start it; running: when it started
     end: float | None = None        # running: when its time limit ends
     nodes: tuple[str, ...] = ()     # running: where it runs; waiting: where the scheduler plans to run it
+    size: int = 0                   # nodes it asks for (0: not said; then len(nodes))
+    limit_s: float | None = None    # its time limit (walltime), where the scheduler says
 
 
 @dataclass(frozen=True)

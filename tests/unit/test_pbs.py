@@ -20,6 +20,7 @@ def test_parsers():
     assert nodes[0].ngpus == 4 and nodes[0].ncpus == 64
     jobs = {j.job_id: j for j in parse_qstat(QSTAT)}
     assert jobs["1002.polaris-pbs-01"].estimated_start == 1795291800 and jobs["1002.polaris-pbs-01"].nodes == 3
+    assert jobs["1002.polaris-pbs-01"].walltime == 7200 and jobs["1004.polaris-pbs-01"].walltime is None
     assert jobs["1004.polaris-pbs-01"].exit_status == 271
     run = jobs["1001.polaris-pbs-01"]                           # where a running job is, and until when
     assert run.hosts == ("x3001c0s1b0n0",)

@@ -6,12 +6,14 @@ from parsl_bft.execution.slurm import SlurmCommands, SlurmPilotProvider
 NOW = 1_795_000_000
 
 
-def provider(squeue: str, tmp_path, sinfo: str = "n7|alloc\nn8|idle\n") -> SlurmPilotProvider:
+def provider(squeue: str, tmp_path, sinfo: str = "n7|alloc\nn8|idle\n", resv: str = "") -> SlurmPilotProvider:
     def run(argv):
         if argv[0] == "sinfo":
             return 0, sinfo, ""
         if argv[:2] == ["squeue", "-h"]:
             return 0, squeue, ""
+        if argv[:3] == ["scontrol", "show", "reservation"]:
+            return 0, resv, ""
         return 0, "", ""
     prov = SlurmPilotProvider("debug", commands=SlurmCommands(run), script_dir=str(tmp_path), poll_s=1)
     prov.clock = lambda: NOW
@@ -83,3 +85,32 @@ def test_a_job_the_idle_nodes_start_or_the_pilots_cannot_start_takes_no_pilot(tm
     idle = provider(run + f"13|PENDING|{NOW + 60}|N/A|n6||Resources\n", tmp_path, sinfo="n5|alloc\nn8|idle\n")
     idle.submitted["11"] = NOW - 110
     assert idle.claimed(4) == set()
+
+
+def test_a_job_a_pilot_keeps_from_starting_now_gets_it_though_planned_after_the_pilot_ends(tmp_path):
+    """Seen at 5x (facility replay r7): a 1-node job queued behind larger ones became the first in line while
+    our pilot held the one node alone it would have started on. Its plan lay beyond the pilot's walltime, so
+    no rule caught it, and it waited 17 s for the pilot's end. Its time limit says it would start now."""
+    # pilot 11 on n4 for 20 more s; job 12 (3 nodes) planned at +1000 s on n1-n3; job 13 (1 node, 5 minutes)
+    # planned at +3000 s on n1, behind job 12; no idle node
+    run = f"11|RUNNING|{NOW - 40}|{NOW + 20}|(null)|n4|None|1|1:00\n"
+    big = f"12|PENDING|{NOW + 1000}|N/A|n[1-3]||Resources|3|30:00\n"
+    small = f"13|PENDING|{NOW + 3000}|N/A|n1||Priority|1|5:00\n"
+    prov = provider(run + big + small, tmp_path, sinfo="n1|alloc\nn4|alloc\n")
+    prov.submitted["11"] = NOW - 50
+    assert prov.claimed(4) == {"n4"}
+    # a job planned before it takes n4 within its 5 minutes: backfill would not start it there; the pilot stays
+    first = f"12|PENDING|{NOW + 100}|N/A|n[2-4]||Resources|3|30:00\n"
+    prov = provider(run + first + small, tmp_path, sinfo="n1|alloc\nn4|alloc\n")
+    prov.submitted["11"] = NOW - 50
+    assert prov.claimed(4) == set()
+    # ... but it fits before that job if its limit is 1 minute: it gets the pilot
+    short = small.replace("|5:00", "|1:00")
+    prov = provider(run + first + short, tmp_path, sinfo="n1|alloc\nn4|alloc\n")
+    prov.submitted["11"] = NOW - 50
+    assert prov.claimed(4) == {"n4"}
+    # a reservation on n4 that begins within its limit keeps the pilot, as a planned job does
+    maint = f"ReservationName=maint StartTime={NOW + 120} EndTime={NOW + 720} Nodes=n4 NodeCnt=1\n"
+    prov = provider(run + big + small, tmp_path, sinfo="n1|alloc\nn4|alloc\n", resv=maint)
+    prov.submitted["11"] = NOW - 50
+    assert prov.claimed(4) == set()

@@ -43,6 +43,11 @@ def test_parsers_on_recorded_output():
     assert done.state == "COMPLETED" and done.nodes == ("n7",)
     assert parse_squeue("5|PENDING|N/A|N/A|||Priority\n")[0].start is None
     assert parse_squeue("5|PENDING|1795417921|N/A|||Priority\n")[0].start == 1795417921   # SLURM_TIME_FORMAT=%s
+    # %D and %l: nodes asked for, time limit (days-h:m:s, h:m:s, m:s, minutes; UNLIMITED); absent in older output
+    asked = parse_squeue("5|PENDING|N/A|N/A|||Priority|3|1-02:00:30\n6|PENDING|N/A|N/A|||Priority|1|UNLIMITED\n"
+                         "7|PENDING|N/A|N/A|||Priority|1|5:00\n8|PENDING|N/A|N/A|||Priority|2|10\n")
+    assert [(j.size, j.limit_s) for j in asked] == [(3, 26 * 3600 + 30), (1, None), (1, 300), (2, 600)]
+    assert (pend.size, pend.limit_s) == (0, None)
     assert parse_job_limit("|\n") is None and parse_job_limit("20|\n|8\n") == 8      # sacctmgr assoc caps
     assert parse_sbatch("Submitted batch job 42\n") == "42"
     with pytest.raises(ValueError, match="no job id"):

@@ -48,6 +48,7 @@ class PBSJob:
     hosts: tuple[str, ...] = ()  # exec_host's hosts, once it runs
     end: float | None = None    # stime + walltime: when PBS takes the nodes back
     planned_nodes: tuple[str, ...] = ()   # queued: estimated.exec_vnode, where the scheduler plans to run it
+    walltime: float | None = None  # Resource_List.walltime, in seconds
 
 
 def _time(v: Any) -> float | None:
@@ -115,7 +116,7 @@ def _parse_qstat(jobs: dict[str, dict[str, Any]]) -> list[PBSJob]:
         stime, wall = _time(j.get("stime")), _hms(rl.get("walltime", ""))
         out.append(PBSJob(jid, j.get("job_state", "?"), j.get("queue", ""), nodes, _time(est),
                           int(es) if es is not None else None, j.get("comment", ""), hosts,
-                          stime + wall if stime is not None and wall is not None else None, tuple(vnodes)))
+                          stime + wall if stime is not None and wall is not None else None, tuple(vnodes), wall))
     return out
 
 

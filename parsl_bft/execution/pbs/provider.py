@@ -118,4 +118,4 @@ def _queue_job(j: PBSJob) -> QueueJob:
             state = "FAILED"
     waiting = state == "Q"
     return QueueJob(j.job_id, state, j.comment, j.estimated_start if waiting else None, j.end,
-                    j.planned_nodes if waiting else j.hosts)
+                    j.planned_nodes if waiting else j.hosts, j.nodes, j.walltime)

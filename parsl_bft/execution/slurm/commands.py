@@ -82,19 +82,41 @@ def parse_sinfo_nodes(text: str) -> list[NodeRecord]:
 
 
 def parse_squeue(text: str) -> list[QueueJob]:
-    """``squeue -h -t all -o %i|%T|%S|%e|%Y|%N|%r``: every job slurmctld holds (finished ones for MinJobAge).
-    Waiting jobs: %S/%Y = backfill's planned start and nodes; running: %S/%e = start and time-limit end, %N =
-    where."""
+    """``squeue -h -t all -o %i|%T|%S|%e|%Y|%N|%r|%D|%l``: every job slurmctld holds (finished ones for
+    MinJobAge). Waiting jobs: %S/%Y = backfill's planned start and nodes; running: %S/%e = start and time-limit
+    end, %N = where. %D/%l (nodes asked for, time limit) may be missing (older recordings)."""
     out = []
     for line in text.splitlines():
         parts = [x.strip() for x in line.split("|")]
         if len(parts) < 7 or not parts[0]:
             continue
         jid, state, start, end, sched, nodes, reason = parts[:7]
+        size, limit = [*parts[7:9], "", ""][:2]
         waiting = state == "PENDING"
         out.append(QueueJob(jid, state, reason, parse_time(start), None if waiting else parse_time(end),
-                            expand_hostlist(sched if waiting else nodes)))
+                            expand_hostlist(sched if waiting else nodes), int(size) if size.isdigit() else 0,
+                            parse_duration(limit)))
     return out
+
+
+def parse_duration(text: str) -> float | None:
+    """A Slurm time limit in seconds ('minutes', 'minutes:seconds', 'hours:minutes:seconds',
+    'days-hours[:minutes[:seconds]]'); UNLIMITED, NOT_SET, INVALID or empty -> None."""
+    days, _, clock = text.strip().rpartition("-")
+    try:
+        parts = [int(x) for x in clock.split(":")]
+        d = int(days) if days else 0
+    except ValueError:
+        return None
+    if not 1 <= len(parts) <= 3:
+        return None
+    if days:                                    # days-hours[:minutes[:seconds]]
+        h, m, sec = [*parts, 0, 0][:3]
+    elif len(parts) == 3:
+        h, m, sec = parts
+    else:                                       # minutes[:seconds]
+        h, (m, sec) = 0, [*parts, 0][:2]
+    return float(((d * 24 + h) * 60 + m) * 60 + sec)
 
 
 def parse_sacct(text: str) -> list[JobRecord]:
@@ -161,7 +183,7 @@ class SlurmCommands(SchedulerCommands):
 
     def queue(self) -> list[QueueJob]:
         """The whole queue in one query: waiting jobs' plans and our pilots' states alike."""
-        return parse_squeue(self._run(["squeue", "-h", "-t", "all", "-o", "%i|%T|%S|%e|%Y|%N|%r"])[0])
+        return parse_squeue(self._run(["squeue", "-h", "-t", "all", "-o", "%i|%T|%S|%e|%Y|%N|%r|%D|%l"])[0])
 
     def topology(self) -> Topology | None:
         """The tree's leaf switches (``scontrol show topology``); None where Slurm has no topology plugin."""
