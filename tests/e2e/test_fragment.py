@@ -89,13 +89,13 @@ def test_threads_starting_ranks_at_once_each_read_their_own_childs_exit_status()
     got: dict[int, list[int]] = {}
 
     def child_statuses(code):
-        got[code] = [launcher._run_child(sys.exit, code) for _ in range(25)]
+        got[code] = [launcher._run_child(sys.exit, code) for _ in range(10)]
     ts = [threading.Thread(target=child_statuses, args=(code,)) for code in (0, 3, 5, 7)]
     for t in ts:
         t.start()
     for t in ts:
         t.join()
-    assert got == {code: [code] * 25 for code in (0, 3, 5, 7)}
+    assert got == {code: [code] * 10 for code in (0, 3, 5, 7)}
 
 
 @pytest.mark.slow
