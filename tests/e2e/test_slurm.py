@@ -1,5 +1,6 @@
 """Slurm back end on a real local Slurm (tools/local-slurm.sh; root): the parsers and the provider on canned
 output are tested in tests/unit/test_slurm_provider.py, the pilot pool in tests/unit/test_pilot_pool.py."""
+import contextlib
 import json
 import os
 import random
@@ -8,6 +9,7 @@ import subprocess
 import sys
 import time
 from datetime import datetime
+from pathlib import Path
 
 import pytest
 import torch
@@ -147,7 +149,7 @@ def test_chaos_on_real_slurm_pilots(slurm, tmp_path):
             if kind == "pilot":
                 victim = wait_for(lambda: _pilot_under_a_rank(state) or orch.poll() is not None, 120, 0.3, or_none=True)
                 victim = victim if isinstance(victim, str) else None
-                if victim and subprocess.run(["scancel", "--signal=KILL", "--full", victim]).returncode == 0:
+                if victim and _kill_outright(victim):
                     faults["pilot"] += 1
                     killed.add(victim)
             elif kind == "rank":
@@ -330,6 +332,24 @@ def test_local_slurm_start_on_a_cluster_left_running_with_other_settings(slurm):
     assert "restarting" not in start()            # the same settings: nothing restarted
 
 
+def _kill_outright(job_id: str) -> bool:
+    """Every process of a running pilot SIGKILLed at once, its batch shell first, as if its node died. Not
+    ``scancel --signal=KILL``: Slurm takes SIGKILL to a job as a cancel and sends the batch shell TERM first,
+    which the pilot's trap turns into a notice (CI once saw both kills arrive as notices)."""
+    mark = f"SLURM_JOB_ID={job_id}".encode()
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and mark in (proc / "environ").read_bytes().split(b"\0"):
+                pids.append(int(proc.name))
+        except OSError:                    # gone meanwhile, or a kernel thread
+            continue
+    for pid in sorted(pids):               # the batch shell started first: the lowest pid, short of a wrap
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    return bool(pids)
+
+
 def _pilot_under_a_rank(state):
     """A pilot whose node runs a training rank (the rank pid files name their node) and that has no notice:
     neither signalled (its mark: the USR1 notice, --signal=B:USR1@20, comes up to 60 s early on this Slurm) nor
@@ -372,8 +392,12 @@ def _check_outcome(slurm, state, tmp_path, ref, after_id, killed):
             text=True).stdout.splitlines() if "parsl.bft" in line and int(line.split()[0]) > after_id}
     normal = {j: st for j, st in ends.items() if j not in killed}
     assert normal and set(normal.values()) <= {"CANCELLED", "TIMEOUT", "COMPLETED"}, ends
+    # noticed, then given back (or timed out); or the scheduler's own walltime signal (--signal=B:USR1@20) reached
+    # a pilot that was given back to the facility first: whether the training outlasts a pilot's walltime depends
+    # on the run's timing
     walltime = [d for _, _, d in db.events("reclaim") if d.get("why") in ("walltime ends", "scheduler signal")]
-    assert walltime, "no pilot reached the end of its time"       # noticed, then given back (or timed out)
+    signalled = list(state.glob("runinfo/*/submit_scripts/*.noticed.walltime"))
+    assert walltime or signalled, "no pilot reached the end of its time"
     assert wait_for(lambda: not [j for j in ends if state_of(slurm, j) in ("RUNNING", "PENDING")], 60)
     # the models: exact step counts (check_chain: no step skipped or trained twice), the reference's loss, and its
     # parameters up to float summation order. World sizes change here (1, 2, 4 ranks), so every step's gradient
