@@ -9,7 +9,6 @@ import subprocess
 import sys
 import time
 from datetime import datetime
-from pathlib import Path
 
 import pytest
 import torch
@@ -336,14 +335,9 @@ def _kill_outright(job_id: str) -> bool:
     """Every process of a running pilot SIGKILLed at once, its batch shell first, as if its node died. Not
     ``scancel --signal=KILL``: Slurm takes SIGKILL to a job as a cancel and sends the batch shell TERM first,
     which the pilot's trap turns into a notice (CI once saw both kills arrive as notices)."""
-    mark = f"SLURM_JOB_ID={job_id}".encode()
-    pids = []
-    for proc in Path("/proc").iterdir():
-        try:
-            if proc.name.isdigit() and mark in (proc / "environ").read_bytes().split(b"\0"):
-                pids.append(int(proc.name))
-        except OSError:                    # gone meanwhile, or a kernel thread
-            continue
+    from parsl_bft.train.leftovers import _processes
+
+    _, pids = _processes(f"SLURM_JOB_ID={job_id}".encode())
     for pid in sorted(pids):               # the batch shell started first: the lowest pid, short of a wrap
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)

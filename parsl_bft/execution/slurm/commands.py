@@ -95,11 +95,11 @@ def parse_squeue(text: str) -> list[QueueJob]:
         waiting = state == "PENDING"
         out.append(QueueJob(jid, state, reason, parse_time(start), None if waiting else parse_time(end),
                             expand_hostlist(sched if waiting else nodes), int(size) if size.isdigit() else 0,
-                            parse_duration(limit)))
+                            parse_time_limit(limit)))
     return out
 
 
-def parse_duration(text: str) -> float | None:
+def parse_time_limit(text: str) -> float | None:
     """A Slurm time limit in seconds ('minutes', 'minutes:seconds', 'hours:minutes:seconds',
     'days-hours[:minutes[:seconds]]'); UNLIMITED, NOT_SET, INVALID or empty -> None."""
     days, _, clock = text.strip().rpartition("-")
