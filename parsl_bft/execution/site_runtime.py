@@ -193,7 +193,9 @@ class SiteRuntime:
         """An (unstarted) executor of the site's pilots: the site's own, or a lane of one network group that
         shares the site's provider (``lanes``)."""
         from parsl.executors import HighThroughputExecutor
+        from parsl.executors.high_throughput.executor import DEFAULT_LAUNCH_CMD
 
+        from ..train.rank_server import LAUNCH
         from .block_errors import pilot_block_error_handler
 
         address: dict[str, Any] = {"address": self.site.interchange_address} if self.site.interchange_address else {}
@@ -203,6 +205,7 @@ class SiteRuntime:
             heartbeat_period=5, heartbeat_threshold=20,   # pilots come and go: notice lost ones soon
             block_error_handler=pilot_block_error_handler,  # a pilot that ends is normal
             interchange_launch_cmd=interchange_dies_with_us(),
+            launch_cmd=f"{LAUNCH} {DEFAULT_LAUNCH_CMD}",  # torch imported as the pool starts, not after (rank_server)
             provider=provider,
             **address,
         )

@@ -42,6 +42,8 @@ from ..safe_python import python_command, safe_path_env
 from .config import FragmentConfig, FragmentFailed, FragmentResult
 from .leftovers import SHARE_ENV, adopt_orphans, kill_descendants, kill_share_processes, share_mark
 from .protocol import JobDir
+from .rank_client import ENV as RANK_SERVER_ENV
+from .rank_client import RankServerGone, ServedProcess
 from .rank_output import LOG_MAX, output_to_log
 
 if TYPE_CHECKING:
@@ -393,7 +395,8 @@ def _noop() -> None:
 
 
 def start_rank_server() -> None:
-    """Start the forkserver now (and wait until it has imported everything), not at the first fragment."""
+    """Start the forkserver now (and wait until it, or the node's rank server, has imported everything), not at
+    the first fragment."""
     _run_child(_noop)
 
 
@@ -404,17 +407,30 @@ read one child's exit status at once, the loser reads EOF and records 255 (a gan
 failed so). Waiting on a child's sentinel needs no turn."""
 
 
-def _start(p: BaseProcess) -> None:
+_SERVED = {"address": os.environ.get(RANK_SERVER_ENV, "")}  # the pilot node's rank server; "" once it failed
+
+
+def _started(target: Callable[..., None], args: tuple[Any, ...]) -> BaseProcess | ServedProcess:
+    """A started child running ``target(*args)``: the node's rank server's where the pilot started one
+    (rank_server), else (none, or it has gone) this process's forkserver's."""
+    if address := _SERVED["address"]:
+        try:
+            return ServedProcess(address, target, args)
+        except RankServerGone as e:
+            _SERVED["address"] = ""
+            print(f"parsl-bft: {e}; ranks start from this worker's own forkserver from now on", file=sys.stderr)
+    p = _rank_context().Process(target=target, args=args, daemon=False)
     with _CHILDREN:
         p.start()
+    return p
 
 
-def _exitcode(p: BaseProcess) -> int | None:
+def _exitcode(p: BaseProcess | ServedProcess) -> int | None:
     with _CHILDREN:
         return p.exitcode
 
 
-def _join(p: BaseProcess) -> int:
+def _join(p: BaseProcess | ServedProcess) -> int:
     wait_any([p.sentinel])
     with _CHILDREN:
         p.join()
@@ -423,10 +439,8 @@ def _join(p: BaseProcess) -> int:
 
 
 def _run_child(target: Callable[..., None], *args: Any) -> int:
-    """Run ``target(*args)`` in a child of the forkserver; its exit status."""
-    p = _rank_context().Process(target=target, args=args)
-    _start(p)
-    return _join(p)
+    """Run ``target(*args)`` in a child of the forkserver (or of the node's rank server); its exit status."""
+    return _join(_started(target, args))
 
 
 def _die_with_forkserver() -> None:
@@ -467,13 +481,12 @@ def _rank_entry(cfg_file: str, env: dict[str, str], log_path: str, job_dir: str,
 
 
 class _Rank:
-    """One rank process (from the forkserver), with the few Popen-like calls the launcher uses."""
+    """One rank process (from the forkserver or the node's rank server), with the few Popen-like calls the
+    launcher uses."""
 
     def __init__(self, cfg_file: str, env: dict[str, str], log_path: str, job_dir: str, fragment: str,
                  rank: int) -> None:
-        self.p = _rank_context().Process(target=_rank_entry, args=(cfg_file, env, log_path, job_dir, fragment, rank),
-                                         daemon=False)
-        _start(self.p)
+        self.p = _started(_rank_entry, (cfg_file, env, log_path, job_dir, fragment, rank))
         assert self.p.pid is not None           # started
         self.pid: int = self.p.pid
         self.sentinel = self.p.sentinel       # readable once the process has ended

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from datetime import datetime
+from pathlib import Path
 
 import pytest
 import torch
@@ -153,7 +154,13 @@ def test_chaos_on_real_slurm_pilots(slurm, tmp_path):
                     killed.add(victim)
             elif kind == "rank":
                 wait_for(lambda: live_ranks(state) or orch.poll() is not None, 120, 0.3)
-                faults["rank"] += kill_a_rank(state, rng)
+                failed_before = _failures(state)
+                if kill_a_rank(state, rng):
+                    faults["rank"] += 1
+                    # its fragment fails without notice: let the orchestrator record that before the next fault
+                    # (a pilot killed 1.5 s later once reclaimed that fragment first, and it counted as noticed)
+                    wait_for(lambda: _failures(state) > failed_before or orch.poll() is not None, 120, 0.3,
+                             what="the killed rank's fragment to be recorded as failed")
             elif kind == "checkpoint write":
                 break_next_checkpoint_write(chaos_log, orch)
             elif kind == "orchestrator":       # its pilots lose their interchange: their worker pools exit
@@ -271,6 +278,18 @@ with training_session("state") as trainer:
 """
 
 
+def _parent_of(pid: int) -> int:
+    with contextlib.suppress(OSError):
+        return int(Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[1])
+    return 0
+
+
+def _cmdline(pid: int) -> str:
+    with contextlib.suppress(OSError):
+        return Path(f"/proc/{pid}/cmdline").read_text().replace("\0", " ")
+    return ""
+
+
 @pytest.mark.slurm
 @pytest.mark.timeout(600)
 def test_one_sigterm_to_the_group_ends_a_run_with_pilots_within_the_notice(slurm, tmp_path):
@@ -286,8 +305,11 @@ def test_one_sigterm_to_the_group_ends_a_run_with_pilots_within_the_notice(slurm
                          cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                          start_new_session=True)
     try:
-        wait_for(lambda: live_ranks(state) and any(JobDir(d).progress() for d in state.glob("checkpoints/*/*")),
-                 300, what="training on pilots")
+        ranks = wait_for(lambda: any(JobDir(d).progress() for d in state.glob("checkpoints/*/*")) and live_ranks(state),
+                         300, what="training on pilots")
+        # forked by the pilot node's rank server (train/rank_server.py), which imported torch as the pool started
+        assert any("parsl_bft.train.rank_server" in _cmdline(_parent_of(r)) for r in ranks), \
+            {r: _cmdline(_parent_of(r)) for r in ranks}
         t_signal, err = term_group(p, 20 + 10)          # notice_seconds + 10
     finally:
         if p.poll() is None:
@@ -342,6 +364,17 @@ def _kill_outright(job_id: str) -> bool:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
     return bool(pids)
+
+
+def _failures(state) -> int:
+    """How many fragments the run's event log has recorded as failed."""
+    if not (state / "state.sqlite").exists():
+        return 0
+    db = JobStore(state / "state.sqlite", readonly=True)
+    try:
+        return len(db.events("fragment-failed"))
+    finally:
+        db.close()
 
 
 def _pilot_under_a_rank(state):

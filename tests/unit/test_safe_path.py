@@ -95,3 +95,4 @@ def test_every_python_process_is_started_through_safe_python():
     # config.py: the folder of this Python (PATH, interchange.py beside it); facility.py: an error message
     allowed = {"execution/config.py", "remote/facility.py"}
     assert [u for u in uses if u.split(":")[0] not in allowed] == []
+
