@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 import pickle
-import selectors
+import select
 import signal
 import socket
 import struct
@@ -78,9 +78,9 @@ def socket_name(address: str) -> str:
 
 
 def _readable(sock: socket.socket) -> bool:
-    with selectors.DefaultSelector() as sel:
-        sel.register(sock, selectors.EVENT_READ)
-        return bool(sel.select(0))
+    poll = select.poll()        # no descriptor of its own (a selector's epoll would be one per look)
+    poll.register(sock, select.POLLIN)
+    return bool(poll.poll(0))
 
 
 def _framed(data: bytes) -> bytes:

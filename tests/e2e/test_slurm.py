@@ -505,3 +505,49 @@ def test_a_pilot_the_plan_leaves_unused_is_given_back_on_real_slurm(slurm, tmp_p
         if p.poll() is None:
             os.killpg(p.pid, signal.SIGKILL)
             p.wait()
+
+
+@pytest.mark.slurm
+@pytest.mark.timeout(900)
+def test_a_pilot_that_reaches_its_walltime_hands_its_training_to_the_next(slurm, tmp_path):
+    """No facility job, one-minute pilots, one at a time, and a job that outlasts them: each pilot gets its notice
+    from its walltime (the orchestrator's own, 20 s before the end, or Slurm's --signal), its fragment checkpoints,
+    and the next pilot's fragment resumes from that checkpoint. No fragment fails, and Slurm ends no pilot at its
+    time limit by force (TIMEOUT): each is given back first."""
+    from harness import term_group
+    state = tmp_path / "state"
+    site = (SITE.format(conf=os.environ["SLURM_CONF"], state=state)
+            .replace("max_minutes: 3", "max_minutes: 1").replace("max_pilots: 4", "max_pilots: 1"))
+    (tmp_path / "site.yaml").write_text(site)
+    (tmp_path / "w.py").write_text(LONG_WORKFLOW)
+    p = subprocess.Popen([sys.executable, "-m", "parsl_bft.cli", "run", "--quiet", "w.py", "--site", "site.yaml"],
+                         cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         start_new_session=True)
+
+    def events(kind):
+        if not (state / "state.sqlite").exists():
+            return []
+        db = JobStore(state / "state.sqlite", readonly=True)
+        try:
+            return [d for _, _, d in db.events(kind)]
+        finally:
+            db.close()
+
+    def handed_over():
+        walltime = [d for d in events("reclaim") if d.get("why") in ("walltime ends", "scheduler signal")]
+        saved = [d["end_step"] for d in events("fragment-done") if d["stopped_by"] == "signal"]
+        resumed = [d["resume_step"] for d in events("launch")][1:]
+        return walltime and saved and saved[0] > 0 and saved[0] in resumed
+    try:
+        wait_for(handed_over, 600, what="a pilot's walltime notice, and the next fragment resuming from its save")
+        term_group(p, 20 + 10)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+    assert events("fragment-failed") == []
+    pilots = sorted({j for f in state.glob("runinfo/*/submit_scripts/pilots-*") for j in f.read_text().split()})
+    wait_for(lambda: not [j for j in pilots if state_of(slurm, j) in ("RUNNING", "PENDING", "COMPLETING")], 60,
+             what="every pilot's end")
+    ends = {j: state_of(slurm, j) for j in pilots}
+    assert len(pilots) >= 2 and "TIMEOUT" not in ends.values(), ends

@@ -48,6 +48,20 @@ def test_no_pilot_for_a_hole_shorter_than_the_shortest_pilot(tmp_path):
     assert [h.node for h in long.current_holes()] == ["n8"] and long.walltime_minutes(now=NOW) == 2
 
 
+def test_no_pilot_where_the_job_planned_behind_one_that_ended_early_starts_next(tmp_path):
+    # a 2-node job ended early on n7 and n8; job 13, planned there at that job's time limit, has not started yet:
+    # the scheduler starts it at its next pass (pilots sent there only queued behind it; 6 did, in a replay)
+    nxt = provider(f"13|PENDING|{NOW + 600}|N/A|n[7-8]||Resources\n", tmp_path, sinfo="n7|idle\nn8|idle\n")
+    assert nxt.current_holes() == []
+    # the same job held back by something besides nodes (a limit of its user's) leaves a hole until its start
+    held = provider(f"13|PENDING|{NOW + 600}|N/A|n[7-8]||QOSMaxJobsPerUserLimit\n", tmp_path,
+                    sinfo="n7|idle\nn8|idle\n")
+    assert sorted(h.node for h in held.current_holes()) == ["n7", "n8"]
+    # and one planned onto a busy node as well waits: the idle one is a hole until then
+    part = provider(f"13|PENDING|{NOW + 600}|N/A|n[6-7]||Resources\n", tmp_path, sinfo="n6|alloc\nn7|idle\n")
+    assert [(h.node, h.until) for h in part.current_holes()] == [("n7", NOW + 600)]
+
+
 def test_a_job_that_would_start_now_but_for_a_pilot_gets_the_youngest_pilots_once(tmp_path):
     # no preemption: pilots 11 (n5, since 100 s) and 14 (n7, since 10 s) hold their nodes for 30 minutes; job 13
     # arrived and waits for n6, where facility job 12 ends in 60 s, though alone it would have started on a

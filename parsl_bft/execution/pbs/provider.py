@@ -57,7 +57,8 @@ class PBSPilotProvider(PilotProvider, RepresentationMixin):
         """pbsnodes (free nodes) + qstat (the whole queue, with the scheduler's estimated starts)."""
         idle = tuple(n.name for n in self.cmd.nodes() if n.usable)
         jobs = {j.job_id: _queue_job(j) for j in self.cmd.queue()}
-        return Snapshot(self.clock(), idle, jobs, waiting_states=frozenset({"Q"}))
+        return Snapshot(self.clock(), idle, jobs, waiting_states=frozenset({"Q"}),
+                        waits_for_nodes=frozenset())    # its comments are sentences: no word says it
 
     def ended(self, job_ids: list[str]) -> dict[str, tuple[str, str]]:
         """Final states from the server's job history (qstat -x)."""
