@@ -91,6 +91,7 @@ class Snapshot:
     jobs: Mapping[str, QueueJob]              # every job the scheduler holds, by id
     reserved: Mapping[str, float] = field(default_factory=dict)   # node -> start of a reservation not begun
     waiting_states: frozenset[str] = frozenset({"PENDING"})
+    running_states: frozenset[str] = frozenset({"RUNNING", "CONFIGURING", "COMPLETING"})
     waits_for_nodes: frozenset[str] = frozenset({"Resources", "Priority"})   # reasons: nodes are all it lacks
 
     def waiting(self) -> list[QueueJob]:
@@ -99,16 +100,18 @@ class Snapshot:
 
     def holes(self, mine: Collection[str] = ()) -> list[Hole]:
         """Idle nodes, held until the earliest planned start of a waiting job that is not one of ours
-        (conservative: all idle nodes are assumed needed then) or the start of a reservation on the node. Not
-        the nodes of a waiting job that lacks only nodes and is planned onto idle ones: the job before it ended
-        early, and the scheduler starts this one at its next pass, whatever start it had planned (pilots sent
-        there only queued behind it)."""
+        (conservative: all idle nodes are assumed needed then) or the start of a reservation on the node.
+        When a job ends early, the one planned behind it on its nodes starts at the scheduler's next pass,
+        whatever start it had planned, and pilots sent there only queue behind it. So no hole is a node that
+        the queue shows a job running on (the nodes and the queue are two queries: the job started between
+        them), nor one of a waiting job that lacks only nodes and is planned onto idle ones (not started yet)."""
         waiting = [j for j in self.waiting() if j.job_id not in mine]
         until = min((j.start for j in waiting if j.start is not None), default=math.inf)
         idle = set(self.idle)
-        starting = {n for j in waiting if j.reason in self.waits_for_nodes and j.nodes and set(j.nodes) <= idle
-                    for n in j.nodes}
-        return [Hole(n, min(until, self.reserved.get(n, math.inf))) for n in self.idle if n not in starting]
+        taken = {n for j in self.jobs.values() if j.state in self.running_states for n in j.nodes}
+        taken |= {n for j in waiting if j.reason in self.waits_for_nodes and j.nodes and set(j.nodes) <= idle
+                  for n in j.nodes}
+        return [Hole(n, min(until, self.reserved.get(n, math.inf))) for n in self.idle if n not in taken]
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -48,7 +48,7 @@ def test_no_pilot_for_a_hole_shorter_than_the_shortest_pilot(tmp_path):
     assert [h.node for h in long.current_holes()] == ["n8"] and long.walltime_minutes(now=NOW) == 2
 
 
-def test_no_pilot_where_the_job_planned_behind_one_that_ended_early_starts_next(tmp_path):
+def test_no_pilot_where_the_job_planned_behind_one_that_ended_early_starts(tmp_path):
     # a 2-node job ended early on n7 and n8; job 13, planned there at that job's time limit, has not started yet:
     # the scheduler starts it at its next pass (pilots sent there only queued behind it; 6 did, in a replay)
     nxt = provider(f"13|PENDING|{NOW + 600}|N/A|n[7-8]||Resources\n", tmp_path, sinfo="n7|idle\nn8|idle\n")
@@ -57,6 +57,9 @@ def test_no_pilot_where_the_job_planned_behind_one_that_ended_early_starts_next(
     held = provider(f"13|PENDING|{NOW + 600}|N/A|n[7-8]||QOSMaxJobsPerUserLimit\n", tmp_path,
                     sinfo="n7|idle\nn8|idle\n")
     assert sorted(h.node for h in held.current_holes()) == ["n7", "n8"]
+    # the nodes and the queue are two queries: job 13 started between them, on nodes sinfo still called idle
+    started = provider(f"13|RUNNING|{NOW}|{NOW + 600}|(null)|n[7-8]|None\n", tmp_path, sinfo="n7|idle\nn8|idle\n")
+    assert started.current_holes() == []
     # and one planned onto a busy node as well waits: the idle one is a hole until then
     part = provider(f"13|PENDING|{NOW + 600}|N/A|n[6-7]||Resources\n", tmp_path, sinfo="n6|alloc\nn7|idle\n")
     assert [(h.node, h.until) for h in part.current_holes()] == [("n7", NOW + 600)]

@@ -58,6 +58,7 @@ class PBSPilotProvider(PilotProvider, RepresentationMixin):
         idle = tuple(n.name for n in self.cmd.nodes() if n.usable)
         jobs = {j.job_id: _queue_job(j) for j in self.cmd.queue()}
         return Snapshot(self.clock(), idle, jobs, waiting_states=frozenset({"Q"}),
+                        running_states=frozenset({"R", "E"}),
                         waits_for_nodes=frozenset())    # its comments are sentences: no word says it
 
     def ended(self, job_ids: list[str]) -> dict[str, tuple[str, str]]:
