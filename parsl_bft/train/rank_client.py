@@ -41,7 +41,7 @@ class ServedProcess:
             raise RankServerGone(f"rank server {address}: {e}") from None
         if pid is None:
             self._sock.close()
-            raise RankServerGone(f"rank server {address} ended before it started the child")
+            raise RankServerGone(f"rank server {address} did not start the child (its output says why)")
         self._sock.settimeout(None)
         self.pid: int = pid
         self.sentinel: int = self._sock.fileno()
