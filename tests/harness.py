@@ -324,3 +324,42 @@ def inline_orchestrator(state: Path, monkeypatch, **kw):
 
 IMG_JOB = dict(workload="images", samples=32 * 8, global_batch=32, min_nodes=1, max_nodes=1,
                workload_args={"n": 256}, rate_guess=3000.0)
+
+
+# --- processes, as /proc shows them ---------------------------------------------------------------------------
+
+def _stat(pid: int) -> list[str]:
+    """/proc/PID/stat's fields after the command name (state first); [] once the process is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    except (FileNotFoundError, ProcessLookupError):
+        return []
+
+
+def parent_of(pid: int) -> int | None:
+    """The parent's pid; None once the process is gone."""
+    fields = _stat(pid)
+    return int(fields[1]) if fields else None
+
+
+def alive(pid: int) -> bool:
+    """Running (not gone, not a zombie)."""
+    fields = _stat(pid)
+    return bool(fields) and fields[0] != "Z"
+
+
+def children_of(pid: int) -> list[int]:
+    return [int(p) for p in os.listdir("/proc") if p.isdigit() and parent_of(int(p)) == pid]
+
+
+def cmdline_of(pid: int) -> str:
+    """The command line, words joined by spaces; "" once the process is gone."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_text().replace("\0", " ")
+    except (FileNotFoundError, ProcessLookupError):
+        return ""
+
+
+def environ_of(pid: int) -> dict[str, str]:
+    raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return dict(kv.decode().partition("=")[::2] for kv in raw if b"=" in kv)

@@ -42,11 +42,13 @@ class CheckpointPolicy:
             self.saves += 1
             self.save_s = seconds if self.save_s is None else self.save_s + (seconds - self.save_s) / self.saves
 
-    def observe_stop(self, asked: float | None, collected: float) -> None:
+    def observe_stop(self, asked: float | None, collected: float, step_s: float = 0.0) -> None:
         """A fragment asked to stop at ``asked`` (None: it was not) was collected at ``collected``: it finished its
-        step, saved and exited in between."""
+        step, saved and exited in between. Kept as what that stop would have taken had the request come as a step
+        began (plus ``step_s``, the fragment's time per step): one that came at a step's end says little about the
+        next."""
         if asked is not None:
-            self.stops = [*self.stops, max(collected - asked, 0.0)][-STOPS_KEPT:]
+            self.stops = [*self.stops, max(collected - asked, 0.0) + max(step_s, 0.0)][-STOPS_KEPT:]
 
     @property
     def stop_s(self) -> float | None:

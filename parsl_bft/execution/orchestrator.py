@@ -435,7 +435,8 @@ class Orchestrator:
         held_s = max(self.clock.time() - r.launched, 0.0) * r.nodes
         if c.result is not None:
             self._record_result(ctl, name, r, c)
-            self.policy.observe_stop(r.stop_at, c.ended)
+            res = c.result
+            self.policy.observe_stop(r.stop_at, c.ended, res.train_s / max(res.end_step - res.start_step, 1))
             self.policy.observe_training(held_s, lost_without_notice=False)
             self.db.update(name, fragments=row.fragments + 1,
                            train_node_s=row.train_node_s + c.result.train_s * r.nodes)

@@ -390,6 +390,13 @@ def _rank_context() -> ForkServerContext:
     return _CTX
 
 
+def _term_unblocked(target: Callable[..., None], args: tuple[Any, ...]) -> None:
+    """A forkserver child: TERM is its own again (the forkserver blocks it: rank_preload; one sent while it
+    was blocked arrives now)."""
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+    target(*args)
+
+
 def _noop() -> None:
     pass
 
@@ -419,7 +426,7 @@ def _started(target: Callable[..., None], args: tuple[Any, ...]) -> BaseProcess 
         except RankServerGone as e:
             _SERVED["address"] = ""
             print(f"parsl-bft: {e}; ranks start from this worker's own forkserver from now on", file=sys.stderr)
-    p = _rank_context().Process(target=target, args=args, daemon=False)
+    p = _rank_context().Process(target=_term_unblocked, args=(target, args), daemon=False)
     with _CHILDREN:
         p.start()
     return p

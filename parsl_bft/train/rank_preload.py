@@ -17,6 +17,7 @@ runs the main script itself, as before."""
 import glob
 import json
 import os
+import signal
 import sys
 
 import torch
@@ -58,6 +59,10 @@ def _prepare_main() -> None:
         del process.current_process()._inheriting  # type: ignore[attr-defined]
 
 
+if MAIN_ENV in os.environ:   # in the launcher's forkserver (it alone starts with it; _prepare_main takes it)
+    # the scheduler's TERM to a pilot's group is its ranks' notice to save, and the forkserver they die with must
+    # not die of it (it goes with its worker). Blocked, not ignored: a child gets a TERM sent before it unblocks
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
 forget_safe_path_env()      # the forkserver started with a safe path (launcher); the user's subprocesses do not
 _prepare_main()
 torch.use_deterministic_algorithms(torch.are_deterministic_algorithms_enabled())

@@ -16,7 +16,7 @@ from parsl_bft.train.launcher import run_fragment, run_gang_task, serve_store
 from parsl_bft.train.protocol import JobDir
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from harness import wait_for
+from harness import alive, wait_for
 
 
 def cfg(d, **kw):
@@ -569,13 +569,6 @@ def test_a_rank_printing_without_end_does_not_fill_the_disk(tmp_path, monkeypatc
     assert CheckpointStore(tmp_path / "j").latest().step == 10
 
 
-def _alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (FileNotFoundError, IndexError):
-        return False
-
-
 @pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="finds processes through /proc")
 def test_what_a_loop_starts_in_a_session_of_its_own_ends_with_its_fragment(tmp_path):
@@ -605,7 +598,7 @@ def test_what_a_loop_starts_in_a_session_of_its_own_ends_with_its_fragment(tmp_p
     pids = [int(p) for p in pids_file.read_text().split()]
     try:
         assert len(pids) == 3
-        wait_for(lambda: not any(map(_alive, pids)), timeout=30, what="the loop's helpers end with the fragment")
+        wait_for(lambda: not any(map(alive, pids)), timeout=30, what="the loop's helpers end with the fragment")
     finally:
         for p in pids:
             with contextlib.suppress(ProcessLookupError):

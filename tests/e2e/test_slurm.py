@@ -9,7 +9,6 @@ import subprocess
 import sys
 import time
 from datetime import datetime
-from pathlib import Path
 
 import pytest
 import torch
@@ -278,16 +277,39 @@ with training_session("state") as trainer:
 """
 
 
-def _parent_of(pid: int) -> int:
-    with contextlib.suppress(OSError):
-        return int(Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[1])
-    return 0
+@pytest.mark.slurm
+@pytest.mark.timeout(600)
+def test_a_pilot_the_scheduler_terminates_unannounced_saves_its_ranks_training(slurm, tmp_path):
+    """Slurm's TERM to every process of a training pilot (``scancel --full --signal=TERM``, as preemption and
+    cancellation begin), with no notice from the orchestrator before it: the ranks save at the end of their step,
+    within the pilot script's grace, and the next fragment resumes from that save. The node's rank server, which
+    forked them and whom they die with, used to die of the same TERM, and so they did before they could save."""
+    state = tmp_path / "state"
+    (tmp_path / "site.yaml").write_text(SITE.format(conf=os.environ["SLURM_CONF"], state=state)
+                                        .replace("max_pilots: 4", "max_pilots: 1"))
+    (tmp_path / "w.py").write_text(LONG_WORKFLOW)
+    p = subprocess.Popen([sys.executable, "-m", "parsl_bft.cli", "run", "--quiet", "w.py", "--site", "site.yaml"],
+                         cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         start_new_session=True)
+    try:
+        pilot = wait_for(lambda: any(JobDir(d).progress() for d in state.glob("checkpoints/*/*"))
+                         and _pilot_under_a_rank(state), 300, what="training on a pilot far from its walltime")
+        launched = len(_events(state, "launch"))
+        t_term = time.time()
+        subprocess.run(["scancel", "--full", "--signal=TERM", pilot], check=True)
 
-
-def _cmdline(pid: int) -> str:
-    with contextlib.suppress(OSError):
-        return Path(f"/proc/{pid}/cmdline").read_text().replace("\0", " ")
-    return ""
+        def next_fragment_and_the_saves_after_the_term():
+            launches = _events(state, "launch")
+            return len(launches) > launched and (launches[launched]["resume_step"], {
+                int(f.name[5:14]) for f in state.glob("checkpoints/*/a/ckpt-*.h5") if f.stat().st_mtime > t_term})
+        step, saved = wait_for(next_fragment_and_the_saves_after_the_term, 300, what="the fragment after the TERM")
+        assert step in saved, (step, saved)     # the terminated ranks' save, not the one before
+        assert step > 0 and p.poll() is None
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+        subprocess.run(["scancel", "--user", "root", "-p", "backfill"], capture_output=True)
 
 
 @pytest.mark.slurm
@@ -297,7 +319,7 @@ def test_one_sigterm_to_the_group_ends_a_run_with_pilots_within_the_notice(slurm
     checkpoint newer than the signal, every pilot ends (given back while running: COMPLETED, not CANCELLED) and
     nothing of the run is left. It used to sit in Parsl's cleanup for minutes: the interchange, in the same
     group, died first."""
-    from harness import assert_nothing_left, live_ranks, term_group
+    from harness import assert_nothing_left, cmdline_of, live_ranks, parent_of, term_group
     state = tmp_path / "state"
     (tmp_path / "site.yaml").write_text(SITE.format(conf=os.environ["SLURM_CONF"], state=state))
     (tmp_path / "w.py").write_text(LONG_WORKFLOW)
@@ -308,8 +330,8 @@ def test_one_sigterm_to_the_group_ends_a_run_with_pilots_within_the_notice(slurm
         ranks = wait_for(lambda: any(JobDir(d).progress() for d in state.glob("checkpoints/*/*")) and live_ranks(state),
                          300, what="training on pilots")
         # forked by the pilot node's rank server (train/rank_server.py), which imported torch as the pool started
-        assert any("parsl_bft.train.rank_server" in _cmdline(_parent_of(r)) for r in ranks), \
-            {r: _cmdline(_parent_of(r)) for r in ranks}
+        assert any("parsl_bft.train.rank_server" in cmdline_of(parent_of(r) or 0) for r in ranks), \
+            {r: cmdline_of(parent_of(r) or 0) for r in ranks}
         t_signal, err = term_group(p, 20 + 10)          # notice_seconds + 10
     finally:
         if p.poll() is None:
@@ -366,15 +388,20 @@ def _kill_outright(job_id: str) -> bool:
     return bool(pids)
 
 
-def _failures(state) -> int:
-    """How many fragments the run's event log has recorded as failed."""
+def _events(state, kind: str) -> list[dict]:
+    """The details of the run's events of ``kind``, oldest first (none before the run has its store)."""
     if not (state / "state.sqlite").exists():
-        return 0
+        return []
     db = JobStore(state / "state.sqlite", readonly=True)
     try:
-        return len(db.events("fragment-failed"))
+        return [d for _, _, d in db.events(kind)]
     finally:
         db.close()
+
+
+def _failures(state) -> int:
+    """How many fragments the run's event log has recorded as failed."""
+    return len(_events(state, "fragment-failed"))
 
 
 def _pilot_under_a_rank(state):
@@ -525,19 +552,10 @@ def test_a_pilot_that_reaches_its_walltime_hands_its_training_to_the_next(slurm,
                          cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                          start_new_session=True)
 
-    def events(kind):
-        if not (state / "state.sqlite").exists():
-            return []
-        db = JobStore(state / "state.sqlite", readonly=True)
-        try:
-            return [d for _, _, d in db.events(kind)]
-        finally:
-            db.close()
-
     def handed_over():
-        walltime = [d for d in events("reclaim") if d.get("why") in ("walltime ends", "scheduler signal")]
-        saved = [d["end_step"] for d in events("fragment-done") if d["stopped_by"] == "signal"]
-        resumed = [d["resume_step"] for d in events("launch")][1:]
+        walltime = [d for d in _events(state, "reclaim") if d.get("why") in ("walltime ends", "scheduler signal")]
+        saved = [d["end_step"] for d in _events(state, "fragment-done") if d["stopped_by"] == "signal"]
+        resumed = [d["resume_step"] for d in _events(state, "launch")][1:]
         return walltime and saved and saved[0] > 0 and saved[0] in resumed
     try:
         wait_for(handed_over, 600, what="a pilot's walltime notice, and the next fragment resuming from its save")
@@ -546,7 +564,7 @@ def test_a_pilot_that_reaches_its_walltime_hands_its_training_to_the_next(slurm,
         if p.poll() is None:
             os.killpg(p.pid, signal.SIGKILL)
             p.wait()
-    assert events("fragment-failed") == []
+    assert _events(state, "fragment-failed") == []
     pilots = sorted({j for f in state.glob("runinfo/*/submit_scripts/pilots-*") for j in f.read_text().split()})
     wait_for(lambda: not [j for j in pilots if state_of(slurm, j) in ("RUNNING", "PENDING", "COMPLETING")], 60,
              what="every pilot's end")

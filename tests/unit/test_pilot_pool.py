@@ -3,6 +3,7 @@ FakePilots (no scheduler, no Parsl) and against a real SlurmPilotProvider on a C
 On a real HTEX: tests/e2e/test_pilot_pool_htex.py; on a real Slurm: tests/e2e/test_slurm.py."""
 import math
 
+import pytest
 from fakes import CannedCluster, CannedExecutor, FakePilots, no_hold
 
 from parsl_bft.execution.pool import PilotPool, PilotState
@@ -343,3 +344,17 @@ def test_a_pilots_walltime_notice_comes_as_late_as_the_measured_stops_allow():
     assert [(e.kind, e.why) for e in pool.poll()] == [("notice", "walltime ends")]
     pool.stop_s = 60.0
     assert pool.walltime_lead_s() == 20.0
+
+
+def test_a_stop_counts_a_whole_step_so_the_first_one_seen_at_a_steps_end_does_not_shorten_the_notice():
+    """A replay's first stop (0.23 s) came at the end of a 2.5 s step; the notice's lead learnt from it (3.5 s)
+    was too short for the next stop, asked mid-step (1.85 s + the pilot's end): the pilot reached its walltime."""
+    from parsl_bft.execution.checkpoint_policy import CheckpointPolicy
+    policy = CheckpointPolicy()
+    policy.observe_stop(None, 10.0, step_s=2.5)           # not asked: nothing learnt
+    assert policy.stop_s is None
+    policy.observe_stop(100.0, 100.23, step_s=2.5)
+    assert policy.stop_s == pytest.approx(2.73)
+    _, _, pool = _fake_pool(max_nodes=1, probe_s=100.0, poll_s=1.0)
+    pool.stop_s = policy.stop_s
+    assert pool.walltime_lead_s() == pytest.approx(2 * 2.73 + 3)   # > 1.85 s + the pilot's end + the polls

@@ -1,7 +1,9 @@
 """The pilot node's rank server (train/rank_server.py): started in front of a command (as a pilot's worker pool
 starts), it imports nothing from the folder it starts in, starts the launcher's children with multiprocessing's
-exit codes, kills a child whose launcher has gone, dies with the command (its children with it), serves its own
-user only, and a launcher whose server has gone starts ranks from its own forkserver."""
+exit codes, tells a child whose launcher has gone to stop and kills it after its grace, outlives the scheduler's
+TERM so that the ranks it started can save, goes with the command (its children with it, after their grace),
+serves its own user only, and a launcher whose server has gone starts ranks from its own forkserver."""
+import contextlib
 import os
 import signal
 import subprocess
@@ -15,31 +17,30 @@ from parsl_bft.train import launcher
 from parsl_bft.train.rank_client import ENV, RankServerGone, ServedProcess
 from parsl_bft.train.rank_server import LAUNCH
 
-from harness import wait_for
+from harness import alive, children_of, environ_of, parent_of, wait_for
 
 
-def _environ(pid: int) -> dict[str, str]:
-    raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-    return dict(kv.decode().partition("=")[::2] for kv in raw if b"=" in kv)
+def _launch(grace_s: int) -> list[str]:
+    """The pilot's launch command (LAUNCH) with this Python and a grace of ``grace_s``."""
+    _, *rest = LAUNCH.split()
+    assert rest[-1] == "--"
+    return [sys.executable, *rest[:-1], "--grace", str(grace_s), "--"]
 
 
-def _parent(pid: int) -> int | None:
-    try:
-        return int(Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[1])
-    except (FileNotFoundError, ProcessLookupError):
-        return None
+# a rank's ways with TERM (the notice), run by ``exec`` in a child once it has written ``{mark}.ready``: it saves
+# (``mark`` written 0.5 s later) and exits 0, or it goes on regardless
+SAVES = ("import signal, time\nsignal.signal(signal.SIGTERM, lambda *_: globals().update(told=True))\n"
+         "told = False\nopen({mark!r} + '.ready', 'w').close()\nwhile not told: time.sleep(0.05)\n"
+         "time.sleep(0.5)\nopen({mark!r}, 'w').close()\n")
+DEAF = ("import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nopen({mark!r} + '.ready', 'w').close()\n"
+        "time.sleep(600)\n")
 
 
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
-    except FileNotFoundError:
-        return False
-    return state != "Z"
-
-
-def _children(pid: int) -> list[int]:
-    return [int(p) for p in os.listdir("/proc") if p.isdigit() and _parent(int(p)) == pid]
+def _started(address: str, code: str, mark: Path) -> ServedProcess:
+    """A child running ``code`` (SAVES or DEAF) once it is ready for TERM."""
+    p = ServedProcess(address, exec, (code.format(mark=str(mark)), {}))
+    wait_for(lambda: Path(f"{mark}.ready").exists(), timeout=60, what=f"the child {p.pid} to be ready")
+    return p
 
 
 @pytest.fixture(scope="module")
@@ -60,12 +61,11 @@ def planted(tmp_path_factory):
 def served(planted):
     """A command (sleep) with a rank server in front of it, as a pilot's worker pool runs, started in the
     planted folder: (its process, the server's address, the server's pid)."""
-    cmd = [*LAUNCH.replace("python3", sys.executable, 1).split(), "sleep", "600"]
-    proc = subprocess.Popen(cmd, cwd=planted[0])
+    proc = subprocess.Popen([*_launch(3), "sleep", "600"], cwd=planted[0])
     try:
-        address = wait_for(lambda: _environ(proc.pid).get(ENV) if proc.poll() is None else None, timeout=60,
+        address = wait_for(lambda: environ_of(proc.pid).get(ENV) if proc.poll() is None else None, timeout=60,
                            what="the command to run with the server's address")
-        (server,) = wait_for(lambda: _children(proc.pid), timeout=60, what="the rank server to be forked")
+        (server,) = wait_for(lambda: children_of(proc.pid), timeout=60, what="the rank server to be forked")
         yield proc, address, server
     finally:
         proc.kill()
@@ -93,7 +93,7 @@ def test_children_exit_as_multiprocessing_children_do(served):
     codes = {}
     for arg, want in ((3, 3), (None, 0), ("a message", 1)):
         p = ServedProcess(address, sys.exit, (arg,))
-        assert _parent(p.pid) == server
+        assert parent_of(p.pid) == server
         p.join()
         codes[arg] = (p.exitcode, want)
     assert all(got == want for got, want in codes.values()), codes
@@ -104,13 +104,16 @@ def test_children_exit_as_multiprocessing_children_do(served):
     assert p.exitcode == -signal.SIGTERM
 
 
-def test_a_child_whose_launcher_has_gone_is_killed(served):
+def test_a_child_whose_launcher_has_gone_is_told_to_stop_then_killed(served, tmp_path):
+    """Told as a rank is (TERM: it saves at the end of its step); one that does not go is killed 3 s later."""
     _, address, _ = served
-    p = ServedProcess(address, time.sleep, (600,))
-    pid = p.pid
-    assert _alive(pid)
-    del p                                      # its connection closes, as when the worker dies
-    wait_for(lambda: not _alive(pid), timeout=60, what="the server to kill the child of a closed connection")
+    mark = tmp_path / "saved"
+    saving, deaf = _started(address, SAVES, mark), _started(address, DEAF, tmp_path / "deaf")
+    pids = [saving.pid, deaf.pid]
+    assert all(alive(p) for p in pids)
+    del saving, deaf                           # their connections close, as when the worker dies
+    wait_for(lambda: not any(alive(p) for p in pids), timeout=60, what="the server to end both children")
+    assert mark.exists()
 
 
 def test_the_launcher_starts_ranks_there_and_falls_back_when_it_has_gone(served, monkeypatch, capfd):
@@ -118,13 +121,28 @@ def test_the_launcher_starts_ranks_there_and_falls_back_when_it_has_gone(served,
     monkeypatch.setitem(launcher._SERVED, "address", address)
     p = launcher._started(time.sleep, (600,))
     try:
-        assert isinstance(p, ServedProcess) and _parent(p.pid) == server
+        assert isinstance(p, ServedProcess) and parent_of(p.pid) == server
     finally:
         p.kill() if hasattr(p, "kill") else os.kill(p.pid, signal.SIGKILL)
     monkeypatch.setitem(launcher._SERVED, "address", "@parsl-bft-ranks-nobody-listens")
     assert launcher._run_child(sys.exit, 4) == 4            # from this process's own forkserver
     assert launcher._SERVED["address"] == ""                 # not asked again
     assert "ranks start from this worker's own forkserver" in capfd.readouterr().err
+
+
+def test_the_workers_own_forkserver_outlives_term_too_and_its_children_take_it(monkeypatch, tmp_path):
+    """The fallback: TERM to the forkserver (as to the pilot's group) leaves it standing, and a child takes TERM
+    as its notice (it saves and exits 0)."""
+    monkeypatch.setitem(launcher._SERVED, "address", "")
+    mark = tmp_path / "saved"
+    p = launcher._started(exec, (SAVES.format(mark=str(mark)), {}))
+    wait_for(lambda: Path(f"{mark}.ready").exists(), timeout=120, what="the forkserver's child to be ready")
+    forkserver = parent_of(p.pid)
+    assert forkserver and "forkserver" in Path(f"/proc/{forkserver}/cmdline").read_text()
+    os.kill(forkserver, signal.SIGTERM)
+    os.kill(p.pid, signal.SIGTERM)
+    assert launcher._join(p) == 0 and mark.exists()
+    assert alive(forkserver)
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to connect as another user (CI runs as root)")
@@ -139,20 +157,27 @@ def test_another_user_is_refused(served):
 
 
 @pytest.mark.slow       # a server of its own: torch imported once more
-def test_server_and_children_die_with_the_command():
-    cmd = [*LAUNCH.replace("python3", sys.executable, 1).split(), "sleep", "600"]
-    proc = subprocess.Popen(cmd)
+def test_the_server_outlives_the_schedulers_term_so_its_children_save_and_goes_with_the_command(tmp_path):
+    """TERM to the pilot's process group (the scheduler ending it): the command (the pool) dies of it, the server
+    does not. Its children stop as ranks do: one saves (0.5 s) and exits 0; one that goes on is killed after the
+    grace (2 s); then the server goes."""
+    proc = subprocess.Popen([*_launch(2), "sleep", "600"], start_new_session=True)
     try:
-        address = wait_for(lambda: _environ(proc.pid).get(ENV), timeout=60, what="the command to start")
-        (server,) = wait_for(lambda: _children(proc.pid), timeout=60, what="the rank server to be forked")
-        child = ServedProcess(address, time.sleep, (600,))
-        proc.kill()
+        address = wait_for(lambda: environ_of(proc.pid).get(ENV), timeout=60, what="the command to start")
+        (server,) = wait_for(lambda: children_of(proc.pid), timeout=60, what="the rank server to be forked")
+        mark = tmp_path / "saved"
+        saving, deaf = _started(address, SAVES, mark), _started(address, DEAF, tmp_path / "deaf")
+        os.killpg(proc.pid, signal.SIGTERM)
         proc.wait()
-        wait_for(lambda: not _alive(server), timeout=60, what="the server to die with its command")
-        wait_for(lambda: not _alive(child.pid), timeout=60, what="the server's child to die with it")
-        assert child.exitcode == -signal.SIGKILL or child.exitcode is None or child.exitcode < 0
+        saving.join()
+        assert saving.exitcode == 0 and mark.exists()
+        deaf.join()
+        assert deaf.exitcode == -signal.SIGKILL
+        wait_for(lambda: not alive(server), timeout=60, what="the server to go once its children have")
     finally:
-        proc.kill()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
 
 
 def test_a_server_that_is_gone_says_so():
