@@ -12,7 +12,7 @@ this server is gone. Each child is a multiprocessing child forked here, so it st
 forkserver's child does (the wire format: rank_client.py).
 
 The scheduler ending a pilot sends TERM to its whole process group: to the ranks it is the notice to save at the
-end of their step. The server ignores it, so its children (who die with it: the parent-death signal) get to
+end of their step. The server blocks it, so its children (who die with it: the parent-death signal) get to
 save. It lives until the pool has gone (its own parent-death signal), then tells its children to stop (TERM),
 gives them ``grace_s`` and kills what is left; a child whose launcher has gone (its connection closed) is told
 and killed the same way. The pilot's script kills the whole group at the scheduler's grace anyway."""
