@@ -145,7 +145,6 @@ class _Server:
         conn.close()
         p.close()
 
-
     def child_fds(self) -> list[int]:
         """What a new child must close: the server's own sockets and the other children's connections."""
         return [*self._fds, *(c.fileno() for _, c in self.running.values())]
