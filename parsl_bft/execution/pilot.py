@@ -104,13 +104,19 @@ class Snapshot:
         When a job ends early, the one planned behind it on its nodes starts at the scheduler's next pass,
         whatever start it had planned, and pilots sent there only queue behind it. So no hole is a node that
         the queue shows a job running on (the nodes and the queue are two queries: the job started between
-        them), nor one of a waiting job that lacks only nodes and is planned onto idle ones (not started yet)."""
+        them), nor one of a waiting job that lacks only nodes and is planned onto idle ones (not started yet), if
+        it is the first job planned onto each of them: a job planned later, behind one planned there first, does
+        not start now (a replay's idle node had no pilot for 143 s so)."""
         waiting = [j for j in self.waiting() if j.job_id not in mine]
         until = min((j.start for j in waiting if j.start is not None), default=math.inf)
         idle = set(self.idle)
+        first_on: dict[str, QueueJob] = {}
+        for j in sorted((j for j in waiting if j.start is not None), key=lambda j: j.start or 0.0):
+            for n in j.nodes:
+                first_on.setdefault(n, j)
         taken = {n for j in self.jobs.values() if j.state in self.running_states for n in j.nodes}
         taken |= {n for j in waiting if j.reason in self.waits_for_nodes and j.nodes and set(j.nodes) <= idle
-                  for n in j.nodes}
+                  and all(first_on.get(m) is j for m in j.nodes) for n in j.nodes}
         return [Hole(n, min(until, self.reserved.get(n, math.inf))) for n in self.idle if n not in taken]
 
 

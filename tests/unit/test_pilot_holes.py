@@ -63,6 +63,11 @@ def test_no_pilot_where_the_job_planned_behind_one_that_ended_early_starts(tmp_p
     # and one planned onto a busy node as well waits: the idle one is a hole until then
     part = provider(f"13|PENDING|{NOW + 600}|N/A|n[6-7]||Resources\n", tmp_path, sinfo="n6|alloc\nn7|idle\n")
     assert [(h.node, h.until) for h in part.current_holes()] == [("n7", NOW + 600)]
+    # a job planned onto an idle node behind another planned there first does not start now: the node is a hole
+    # until the first one's start (replay r14: n4 idle for 143 s, and no pilot, as job 21 was planned there)
+    behind = provider(f"15|PENDING|{NOW + 1400}|N/A|n[3-4]||Resources\n21|PENDING|{NOW + 4300}|N/A|n4||Priority\n",
+                      tmp_path, sinfo="n3|alloc\nn4|idle\n")
+    assert [(h.node, h.until) for h in behind.current_holes()] == [("n4", NOW + 1400)]
 
 
 def test_a_job_that_would_start_now_but_for_a_pilot_gets_the_youngest_pilots_once(tmp_path):
