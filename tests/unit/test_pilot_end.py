@@ -14,7 +14,7 @@ from parsl_bft.execution.pbs import PBSPilotProvider
 from parsl_bft.execution.slurm import SlurmCommands, SlurmPilotProvider
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from harness import wait_for
+from harness import alive, wait_for
 
 # scontrol show partition -o backfill on tools/local-slurm.sh (one line; trimmed)
 PARTITION = ("PartitionName=backfill AllowGroups=ALL AllowAccounts=ALL AllowQos=ALL AllocNodes=ALL Default=NO "
@@ -95,8 +95,7 @@ def test_a_worker_that_does_not_stop_is_killed_after_the_grace(tmp_path):
                           30, what="the worker's pid"))
     p.send_signal(signal.SIGTERM)
     wait_for(lambda: p.poll() is not None, 60, 0.05, what="the pilot's end")
-    wait_for(lambda: not os.path.exists(f"/proc/{worker}") or "Z" in Path(f"/proc/{worker}/stat").read_text()
-             .split()[2], 10, 0.05, what="the worker's death")
+    wait_for(lambda: not alive(worker), 10, 0.05, what="the worker's death")
 
 
 @pytest.mark.timeout(120)

@@ -17,7 +17,7 @@ from parsl_bft.train import launcher
 from parsl_bft.train.rank_client import ENV, RankServerGone, ServedProcess
 from parsl_bft.train.rank_server import LAUNCH
 
-from harness import alive, children_of, environ_of, parent_of, wait_for
+from harness import alive, children_of, cmdline_of, environ_of, parent_of, wait_for
 
 
 def _launch(grace_s: int) -> list[str]:
@@ -28,17 +28,22 @@ def _launch(grace_s: int) -> list[str]:
 
 
 # a rank's ways with TERM (the notice), run by ``exec`` in a child once it has written ``{mark}.ready``: it saves
-# (``mark`` written 0.5 s later) and exits 0, or it goes on regardless
-SAVES = ("import signal, time\nsignal.signal(signal.SIGTERM, lambda *_: globals().update(told=True))\n"
-         "told = False\nopen({mark!r} + '.ready', 'w').close()\nwhile not told: time.sleep(0.05)\n"
-         "time.sleep(0.5)\nopen({mark!r}, 'w').close()\n")
-DEAF = ("import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nopen({mark!r} + '.ready', 'w').close()\n"
-        "time.sleep(600)\n")
+# and exits 0 (``mark`` written once the path ``until`` has gone: "" at once), or it goes on regardless
+SAVES = ("import os, signal, time\nsignal.pthread_sigmask(signal.SIG_BLOCK, {{signal.SIGTERM}})\n"
+         "open({mark!r} + '.ready', 'w').close()\nsignal.sigwait({{signal.SIGTERM}})\n"
+         "while os.path.exists({until!r}): time.sleep(0.05)\nopen({mark!r}, 'w').close()\n")
+DEAF = ("import signal\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nopen({mark!r} + '.ready', 'w').close()\n"
+        "while True: signal.pause()\n")
 
 
-def _started(address: str, code: str, mark: Path) -> ServedProcess:
+def _code(code: str, mark: Path, until: str = "") -> str:
+    """SAVES or DEAF for ``mark`` (and ``until``)."""
+    return code.format(mark=str(mark), until=until)
+
+
+def _started(address: str, code: str, mark: Path, until: str = "") -> ServedProcess:
     """A child running ``code`` (SAVES or DEAF) once it is ready for TERM."""
-    p = ServedProcess(address, exec, (code.format(mark=str(mark)), {}))
+    p = ServedProcess(address, exec, (_code(code, mark, until), {}))
     wait_for(lambda: Path(f"{mark}.ready").exists(), timeout=60, what=f"the child {p.pid} to be ready")
     return p
 
@@ -76,7 +81,7 @@ def test_the_command_keeps_its_pid_and_learns_where_the_server_is(served):
     proc, address, server = served
     assert Path(f"/proc/{proc.pid}/cmdline").read_text().split("\0")[:2] == ["sleep", "600"]     # exec'd in place
     assert address.startswith("@parsl-bft-ranks-")           # abstract: nothing on disk to leave behind
-    assert "rank_server" in Path(f"/proc/{server}/cmdline").read_text()
+    assert "rank_server" in cmdline_of(server)
 
 
 def test_it_imports_nothing_from_the_folder_it_starts_in(served, planted):
@@ -135,10 +140,10 @@ def test_the_workers_own_forkserver_outlives_term_too_and_its_children_take_it(m
     as its notice (it saves and exits 0)."""
     monkeypatch.setitem(launcher._SERVED, "address", "")
     mark = tmp_path / "saved"
-    p = launcher._started(exec, (SAVES.format(mark=str(mark)), {}))
+    p = launcher._started(exec, (_code(SAVES, mark), {}))
     wait_for(lambda: Path(f"{mark}.ready").exists(), timeout=120, what="the forkserver's child to be ready")
     forkserver = parent_of(p.pid)
-    assert forkserver and "forkserver" in Path(f"/proc/{forkserver}/cmdline").read_text()
+    assert forkserver and "forkserver" in cmdline_of(forkserver)
     os.kill(forkserver, signal.SIGTERM)
     os.kill(p.pid, signal.SIGTERM)
     assert launcher._join(p) == 0 and mark.exists()
@@ -159,14 +164,15 @@ def test_another_user_is_refused(served):
 @pytest.mark.slow       # a server of its own: torch imported once more
 def test_the_server_outlives_the_schedulers_term_so_its_children_save_and_goes_with_the_command(tmp_path):
     """TERM to the pilot's process group (the scheduler ending it): the command (the pool) dies of it, the server
-    does not. Its children stop as ranks do: one saves (0.5 s) and exits 0; one that goes on is killed after the
-    grace (2 s); then the server goes."""
+    does not. Its children stop as ranks do: one saves (its save lasts until the command has gone) and exits 0;
+    one that goes on is killed after the grace (2 s); then the server goes."""
     proc = subprocess.Popen([*_launch(2), "sleep", "600"], start_new_session=True)
     try:
         address = wait_for(lambda: environ_of(proc.pid).get(ENV), timeout=60, what="the command to start")
         (server,) = wait_for(lambda: children_of(proc.pid), timeout=60, what="the rank server to be forked")
         mark = tmp_path / "saved"
-        saving, deaf = _started(address, SAVES, mark), _started(address, DEAF, tmp_path / "deaf")
+        saving = _started(address, SAVES, mark, until=f"/proc/{proc.pid}")    # gone once the test reaps it
+        deaf = _started(address, DEAF, tmp_path / "deaf")
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait()
         saving.join()
