@@ -27,7 +27,7 @@ import time
 from abc import abstractmethod
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import wraps
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar, cast
@@ -93,6 +93,7 @@ class Snapshot:
     waiting_states: frozenset[str] = frozenset({"PENDING"})
     running_states: frozenset[str] = frozenset({"RUNNING", "CONFIGURING", "COMPLETING"})
     waits_for_nodes: frozenset[str] = frozenset({"Resources", "Priority"})   # reasons: nodes are all it lacks
+    fresh: frozenset[str] = frozenset()       # idle now, not at the survey before: the scheduler's pass may come
 
     def waiting(self) -> list[QueueJob]:
         """The jobs waiting in the queue (anyone's)."""
@@ -106,7 +107,9 @@ class Snapshot:
         the queue shows a job running on (the nodes and the queue are two queries: the job started between
         them), nor one of a waiting job that lacks only nodes and is planned onto idle ones (not started yet), if
         it is the first job planned onto each of them: a job planned later, behind one planned there first, does
-        not start now (a replay's idle node had no pilot for 143 s so)."""
+        not start now (a replay's idle node had no pilot for 143 s so). Nor, for one survey, is a node just freed
+        (``fresh``) while a job that lacks only nodes would fit in the idle ones: the scheduler may start it there
+        at its next pass, though its plan, made before they were freed, names others (a replay sent 4 pilots)."""
         waiting = [j for j in self.waiting() if j.job_id not in mine]
         until = min((j.start for j in waiting if j.start is not None), default=math.inf)
         idle = set(self.idle)
@@ -117,6 +120,8 @@ class Snapshot:
         taken = {n for j in self.jobs.values() if j.state in self.running_states for n in j.nodes}
         taken |= {n for j in waiting if j.reason in self.waits_for_nodes and j.nodes and set(j.nodes) <= idle
                   and all(first_on.get(m) is j for m in j.nodes) for n in j.nodes}
+        if any((j.size or len(j.nodes) or 1) <= len(idle) for j in waiting if j.reason in self.waits_for_nodes):
+            taken |= self.fresh
         return [Hole(n, min(until, self.reserved.get(n, math.inf))) for n in self.idle if n not in taken]
 
 
@@ -297,7 +302,9 @@ class PilotProvider(ClusterProvider):
         age = self.poll_s if max_age_s is None else max_age_s
         now = self.clock()
         if self._snapshot is None or now - self._snapshot.taken >= age - SURVEY_SLACK_S:
-            self._snapshot = self.survey()
+            last, self._snapshot = self._snapshot, self.survey()
+            if last is not None:
+                self._snapshot = replace(self._snapshot, fresh=frozenset(self._snapshot.idle) - set(last.idle))
         return self._snapshot
 
     @locked

@@ -70,6 +70,33 @@ def test_no_pilot_where_the_job_planned_behind_one_that_ended_early_starts(tmp_p
     assert [(h.node, h.until) for h in behind.current_holes()] == [("n4", NOW + 1400)]
 
 
+def test_nodes_just_freed_are_no_hole_while_a_waiting_job_fits_in_the_idle_ones(tmp_path):
+    # replay r15: a job ended; job 15, planned 23 minutes ahead onto other nodes (a plan made before these were
+    # freed), started on them at the scheduler's next pass, and 4 pilots sent there only queued behind it
+    busy = "n1|alloc\nn2|alloc\nn3|alloc\n"
+    said = {"sinfo": busy, "squeue": f"15|PENDING|{NOW + 1400}|N/A|n[1,4]||Resources|2|20:00\n"}
+
+    def run(argv):
+        return 0, said.get(argv[0], ""), ""
+    prov = SlurmPilotProvider("debug", commands=SlurmCommands(run), script_dir=str(tmp_path), poll_s=1)
+    now = [NOW]
+    prov.clock = lambda: now[0]
+    assert prov.current_holes() == []
+    said["sinfo"] = "n1|alloc\nn2|idle\nn3|idle\n"
+    now[0] += 1
+    assert prov.current_holes() == []
+    # a survey later the job has not started there: the nodes are holes until its planned start
+    now[0] += 1
+    assert [(h.node, h.until) for h in prov.current_holes()] == [("n2", NOW + 1400), ("n3", NOW + 1400)]
+    # freed nodes too few for any waiting job are holes at once
+    said["sinfo"], said["squeue"] = busy, f"15|PENDING|{NOW + 1400}|N/A|n[1-3]||Resources|3|20:00\n"
+    now[0] += 1
+    assert prov.current_holes() == []
+    said["sinfo"] = "n1|alloc\nn2|idle\nn3|idle\n"
+    now[0] += 1
+    assert [h.node for h in prov.current_holes()] == ["n2", "n3"]
+
+
 def test_a_job_that_would_start_now_but_for_a_pilot_gets_the_youngest_pilots_once(tmp_path):
     # no preemption: pilots 11 (n5, since 100 s) and 14 (n7, since 10 s) hold their nodes for 30 minutes; job 13
     # arrived and waits for n6, where facility job 12 ends in 60 s, though alone it would have started on a
