@@ -22,9 +22,10 @@ from .commands import ReservationRecord, SlurmCommands, parse_test_only
 
 
 class SlurmPilotProvider(PilotProvider, RepresentationMixin):
-    """``--time`` = ``--time-min`` = the hole (within bounds: on the local Slurm 22.05 pilots with a lower
-    --time-min started with that minimum as their limit even with nothing waiting, and spent most of it on notice),
-    ``--signal=B:USR1@notice_s`` for the reclaim notice, the site's preemptable QOS when it has one.
+    """``--time`` = ``--time-min`` = the hole, or the longest where pilots are preemptable (within bounds: on the
+    local Slurm 22.05 pilots with a lower --time-min started with that minimum as their limit even with nothing
+    waiting, and spent most of it on notice), ``--signal=B:USR1@notice_s`` for the reclaim notice, the site's
+    preemptable QOS when it has one.
 
     Parameters
     ----------
