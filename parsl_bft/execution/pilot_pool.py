@@ -294,7 +294,8 @@ class PilotPool:
         if self.provider.noticed(jid):
             return NoticeReason.SIGNAL
         if end is not None and now >= end - self.walltime_lead_s():
-            return NoticeReason.WALLTIME
+            joined_end = self.pilot(jid).end
+            return NoticeReason.PREEMPTED if joined_end is not None and end < joined_end - 1 else NoticeReason.WALLTIME
         # the scheduler's own walltime signal only where the end is unknown: Slurm sends it up to 60 s early,
         # which would end a 1-minute pilot's use of its node as it joins
         if end is None and self.provider.walltime_signalled(jid):
@@ -348,9 +349,9 @@ class PilotPool:
         """The nodes of the pilots that joined, in one event, each with when it is expected to leave."""
         if not joined:
             return []
-        for j, nodes, _ in joined:
+        for j, nodes, end in joined:
             p = self.pilot(j)
-            p.state, p.nodes = PilotState.RUNNING, nodes
+            p.state, p.nodes, p.end = PilotState.RUNNING, nodes, end
             self._lane_of.update((n, pilots[j][0]) for n in nodes)
         return [PoolEvent(PoolEventKind.JOIN, tuple(n for _, nodes, _ in joined for n in nodes), w,
                           tuple(e - self._t0 if e is not None else math.inf for _, nodes, e in joined for _ in nodes))]

@@ -62,6 +62,7 @@ class Pilot:
     looked: bool = False                # its worker pool's connection made us survey at once
     recorded: bool = False              # written to this run's ledger
     unused_since: float | None = None   # joined and none of its nodes planned for a job since then
+    end: float | None = None            # joined: when its walltime ends, as the scheduler said then
 
 
 @dataclass

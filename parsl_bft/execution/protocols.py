@@ -28,6 +28,7 @@ class NoticeReason(StrEnum):
 
     FACILITY_JOB = "a facility job is planned onto it"
     SIGNAL = "scheduler signal"
+    PREEMPTED = "preempted"           # the scheduler moved its end forward (Slurm: now + GraceTime)
     WALLTIME = "walltime ends"
     UNUSED = "unused by the plan"     # none of its nodes planned for a job for ``unused_s``: its hours go back
 

@@ -29,6 +29,16 @@ def _one_pilot_joined(clock, fake, pool, walltime_s: float) -> None:
     assert [e.kind for e in pool.poll()] == ["join"]
 
 
+def test_a_pilot_whose_end_the_scheduler_moves_forward_is_noticed_as_preempted():
+    """Slurm preempting a job keeps it RUNNING and moves its end to now + GraceTime: that is a preemption, not
+    its walltime (a replay's event log called it "walltime ends")."""
+    clock, fake, pool = _fake_pool(max_nodes=1, probe_s=100.0, poll_s=0.0)
+    _one_pilot_joined(clock, fake, pool, walltime_s=1800)
+    clock["t"] += 5
+    fake.running["100"] = ("n7", clock["t"] + 10)
+    assert [(e.kind, e.why) for e in pool.poll()] == [("notice", "preempted")]
+
+
 def test_a_pilot_whose_worker_pool_is_lost_is_cancelled_not_left_holding_its_node():
     clock, fake, pool = _fake_pool(max_nodes=1, probe_s=60.0, poll_s=0.0, release_s=3.0)
     fake.holes_n = 1
