@@ -419,7 +419,7 @@ class PilotProvider(ClusterProvider):
         """Nodes of our running pilots that a waiting facility job needs back (``claims.claimed``): give them
         back now."""
         return claimed(self.snapshot(), self.submitted, self._yielded, within_s,
-                       self.clock() if now is None else now, self.poll_s)
+                       self.clock() if now is None else now, self.poll_s, self.preemptable)
 
     def noticed(self, job_id: str) -> bool:
         """Has the scheduler begun ending this pilot (SIGTERM: preempted, cancelled)?"""
