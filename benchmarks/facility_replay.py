@@ -60,7 +60,6 @@ BATCH, MAX_NODES, SAMPLE_MS, PARAMS_MB = 840, 8, 3.0, 1.0
 SITE = """name: replay
 scheduler: slurm
 partition: {partition}
-preemptable: {preemptable}
 node: {{cores: 4, gpus: 0, ranks_per_node: 1}}
 pilot_walltime: {{min_minutes: 1, max_minutes: 30}}
 interchange_address: 127.0.0.1
@@ -220,7 +219,7 @@ def run_with_training(cluster: LocalSlurm, jobs: list[StreamJob], window_s: floa
     d.mkdir(parents=True)
     state = d / "state"
     (d / "site.yaml").write_text(SITE.format(partition=MODES[mode], conf=cluster.conf, state=state,
-                                             nodes=cluster.nodes, preemptable=str(mode == "preempt").lower()))
+                                             nodes=cluster.nodes))
     (d / "workflow.py").write_text(WORKFLOW.format(batch=BATCH, max_nodes=MAX_NODES, rate=per_node_rate(),
                                                    sample_ms=SAMPLE_MS, params_mb=PARAMS_MB))
     env = {**os.environ, "SLURM_CONF": cluster.conf, "PYTHONUNBUFFERED": "1"}

@@ -152,7 +152,7 @@ class Emulation(_Strict):
     notice_seconds: float = Field(default=2.0, ge=0, description="reclaim notice before an emulated node leaves")
 
 
-_PILOTS_ONLY = {"partition", "queue", "account", "preemptable_qos", "preemptable", "constraint", "mem", "reservation",
+_PILOTS_ONLY = {"partition", "queue", "account", "preemptable_qos", "constraint", "mem", "reservation",
                 "pilot_walltime", "worker_init", "scheduler_options", "interchange_address", "holes"}
 _UNUSED_BY = {"local": _PILOTS_ONLY, "slurm": {"queue"},
               "pbs": {"partition", "preemptable_qos", "constraint", "reservation"}}
@@ -192,11 +192,6 @@ class Site(_Strict):
     preemptable_qos: str | None = Field(default=None, description="Slurm only: a QOS with PreemptMode, so the "
                                         "facility may take pilots back at once (on PBS, name the preemptable "
                                         "queue as queue)")
-    preemptable: bool | None = Field(default=None, description="pilots go where the facility preempts them (a "
-                                     "preemptable partition, queue or QOS): a pilot then asks for pilot_walltime."
-                                     "max_minutes, not the hole's length, whenever the scheduler would start it now, "
-                                     "so a hole that outlasts the scheduler's plan keeps its pilot; unset: true "
-                                     "where preemptable_qos is set")
     constraint: str | None = Field(default=None, description="Slurm only: the node features pilots need "
                                    "(--constraint: gpu, gpu&hbm80g, [a|b])")
     mem: str | None = Field(default=None, description="memory a pilot asks for on each node, with its unit (64G, "

@@ -12,7 +12,7 @@ Held = tuple[float, str, tuple[str, ...], float]      # a running pilot: (start,
 
 
 def claimed(snap: Snapshot, ours: Collection[str], yielded: dict[str, set[str]], within_s: float, now: float,
-            poll_s: float, preemptable: bool = False) -> set[str]:
+            poll_s: float) -> set[str]:
     """Nodes of our running pilots (job ids ``ours``) that a waiting job (not one of ours) needs back. A job
     needs a node when
     - it is planned onto it within ``within_s``;
@@ -21,10 +21,7 @@ def claimed(snap: Snapshot, ours: Collection[str], yielded: dict[str, set[str]],
     - it is planned later or elsewhere, but would start now on the idle nodes and our pilots' nodes
       (``_in_the_way``): without pilots it would have started at once. Pilots go in turn, the youngest first,
       until the job fits. A job is given pilots once (``yielded``: job id -> the pilots given, kept by the caller
-      while the job waits), so one that still waits for other reasons does not take every new one.
-    Where the scheduler preempts our pilots (``preemptable``) only the first holds, for a job not due yet: one due
-    now takes a pilot by preemption, of the scheduler's choosing (a replay gave back a second pilot for the same
-    job so), and a pilot's walltime says nothing of when its node is wanted."""
+      while the job waits), so one that still waits for other reasons does not take every new one."""
     held = sorted(((job.start or 0.0, j, job.nodes, job.end) for j in ours
                    if (job := snap.jobs.get(j)) is not None and job.end is not None and job.nodes), reverse=True)
     end_of = {n: end for _, _, nodes, end in held for n in nodes}
@@ -37,9 +34,7 @@ def claimed(snap: Snapshot, ours: Collection[str], yielded: dict[str, set[str]],
     for i, j in enumerate(waiting):
         assert j.start is not None
         size = max(j.size, len(j.nodes))
-        if preemptable:
-            out.update(j.nodes if now < j.start <= now + within_s else ())
-        elif j.start <= now + within_s:
+        if j.start <= now + within_s:
             out.update(j.nodes)
         elif any(j.start <= end_of[n] + poll_s + 1 for n in j.nodes if n in end_of):
             out.update(n for n in j.nodes if n in end_of)       # a survey after the pilot's end still shows that plan

@@ -177,9 +177,6 @@ class PilotProvider(ClusterProvider):
         Extra batch directives, one option each (without the #SBATCH / #PBS prefix).
     max_jobs : int or None
         The site's cap on our jobs in the queue, where the scheduler cannot be asked for it.
-    preemptable : bool
-        Pilots go where the facility preempts them: a pilot asks for ``walltime_max_min``, not the hole's length,
-        as preemption, not its walltime, gives the node back (a hole that outlasts the plan keeps its pilot).
     """
 
     STATES: ClassVar[dict[str, JobState]] = {}
@@ -191,7 +188,7 @@ class PilotProvider(ClusterProvider):
     def __init__(self, label: str, *, walltime_min_min: int = 1, walltime_max_min: int = 30, notice_s: int = 60,
                  max_pending_s: float = 30.0, worker_init: str = "", script_dir: str = "bft-pilots",
                  nodes_per_block: int = 1, poll_s: int = 5, scheduler_options: list[str] | None = None,
-                 max_jobs: int | None = None, preemptable: bool = False):
+                 max_jobs: int | None = None):
         _check_arguments(walltime_min_min, walltime_max_min, notice_s, max_pending_s, nodes_per_block, poll_s,
                          max_jobs)
         # Parsl's block bookkeeping: blocks are only ever started by the pool (scale_out), never by a strategy;
@@ -199,7 +196,7 @@ class PilotProvider(ClusterProvider):
         super().__init__(label, nodes_per_block, 0, 0, 1_000_000, 1,   # type: ignore[no-untyped-call]
                          _hhmmss(walltime_max_min), SingleNodeLauncher(), cmd_timeout=30)
         self.walltime_min_min, self.walltime_max_min, self.notice_s = walltime_min_min, walltime_max_min, notice_s
-        self.max_pending_s, self.worker_init, self.preemptable = max_pending_s, worker_init, preemptable
+        self.max_pending_s, self.worker_init = max_pending_s, worker_init
         # absolute: pilot scripts run in whatever directory the scheduler starts them in
         self.script_dir = str(Path(script_dir).resolve())
         self._lock = threading.RLock()         # the survey and the book-keeping below (the module's docstring)
@@ -366,13 +363,8 @@ class PilotProvider(ClusterProvider):
 
     @locked
     def walltime_minutes(self, now: float | None = None, shape: PilotShape | None = None) -> int:
-        """A pilot's walltime: the longest where pilots are ``preemptable``, else the current hole's length in whole
-        minutes, within the configured bounds (``shape``: the pilot's, where the scheduler is asked whether it
-        would start now)."""
-        return self.walltime_max_min if self.preemptable else self.hole_minutes(now)
-
-    def hole_minutes(self, now: float | None = None) -> int:
-        """The current hole's length in whole minutes, within the configured walltime bounds."""
+        """A pilot's walltime: the current hole's length in whole minutes, within the configured bounds (``shape``:
+        the pilot's, where the scheduler is asked whether it would start now)."""
         now = self.clock() if now is None else now
         left = min((h.until for h in self.current_holes()), default=math.inf) - now
         minutes = self.walltime_max_min if math.isinf(left) else int(left // 60)
@@ -419,7 +411,7 @@ class PilotProvider(ClusterProvider):
         """Nodes of our running pilots that a waiting facility job needs back (``claims.claimed``): give them
         back now."""
         return claimed(self.snapshot(), self.submitted, self._yielded, within_s,
-                       self.clock() if now is None else now, self.poll_s, self.preemptable)
+                       self.clock() if now is None else now, self.poll_s)
 
     def noticed(self, job_id: str) -> bool:
         """Has the scheduler begun ending this pilot (SIGTERM: preempted, cancelled)?"""

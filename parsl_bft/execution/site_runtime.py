@@ -154,8 +154,7 @@ class SiteRuntime:
         common: dict[str, Any] = dict(
             walltime_min_min=w.min_minutes, walltime_max_min=w.max_minutes, notice_s=h.notice_seconds,
             max_pending_s=h.max_pending_seconds, worker_init=site.worker_init, poll_s=max(1, round(h.poll_seconds)),
-            scheduler_options=list(site.scheduler_options), max_jobs=h.max_jobs,
-            preemptable=bool(site.preemptable_qos) if site.preemptable is None else site.preemptable)
+            scheduler_options=list(site.scheduler_options), max_jobs=h.max_jobs)
         cls: type[PilotProvider]
         if site.scheduler == "slurm":
             from .slurm import SlurmPilotProvider

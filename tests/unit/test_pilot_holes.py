@@ -40,21 +40,6 @@ def test_a_facility_job_planned_behind_a_running_pilot_claims_its_node(tmp_path)
     assert soon.claimed(8) == {"n7", "n8"}
 
 
-def test_a_preemptable_pilot_is_given_back_only_ahead_of_a_job_not_due_yet(tmp_path):
-    # our pilot 11 on n7 may run 30 minutes, but the scheduler preempts it: job 12, planned onto n7 in 10 minutes,
-    # takes it then (its walltime says nothing of when n7 is wanted), and one due now takes a pilot by preemption,
-    # of the scheduler's choosing (a replay gave back n5 for a job while Slurm preempted n8 for it)
-    def claims(start, preemptable=True, now=NOW):
-        prov = provider(f"11|RUNNING|{NOW - 60}|{NOW + 1800}|(null)|n7|None\n"
-                        f"12|PENDING|{start}|N/A|n7||Resources|1|10:00\n", tmp_path, sinfo="n7|alloc\n")
-        prov.submitted["11"], prov.preemptable = NOW - 70, preemptable
-        return prov.claimed(8, now=now)
-    assert claims(NOW + 600, preemptable=False) == {"n7"}     # without preemption the pilot is what it waits for
-    assert claims(NOW + 600) == set()
-    assert claims(NOW) == set() and claims(NOW - 1) == set()
-    assert claims(NOW + 5) == {"n7"}                          # planned within the lead: given back ahead of it
-
-
 def test_no_pilot_for_a_hole_shorter_than_the_shortest_pilot(tmp_path):
     # n8 is idle until job 12's planned start: 50 s from now, 2 minutes from now
     short = provider(f"12|PENDING|{NOW + 50}|N/A|n[7-8]||Resources\n", tmp_path)

@@ -190,8 +190,7 @@ CONSUMED = {
     "partition": lambda r: r.prov.partition == r.site.partition,
     "queue": lambda r: r.prov.queue == r.site.queue,
     "account": lambda r: r.prov.account == r.site.account,
-    "preemptable_qos": lambda r: r.prov.qos == r.site.preemptable_qos and r.prov.preemptable,
-    "preemptable": lambda r: r.prov.preemptable == r.site.preemptable,
+    "preemptable_qos": lambda r: r.prov.qos == r.site.preemptable_qos,
     "constraint": lambda r: f"--constraint={r.site.constraint}" in r.prov.job_options(5),
     "mem": lambda r: (f"--mem={r.site.mem}" in r.prov.job_options(5) if r.site.scheduler == "slurm"
                       else f":mem={r.site.mem.lower()}b" in r.prov.select),

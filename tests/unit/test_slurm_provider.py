@@ -166,31 +166,6 @@ def test_reservations_end_holes_and_test_only_confirms_pilot_walltime(tmp_path):
     assert prov.walltime_minutes() == 9          # ... and again at the next
 
 
-def test_a_preemptable_pilot_asks_for_the_longest_walltime_the_scheduler_starts_now(tmp_path):
-    # a replay's preempted pilots, sized to the plan's 1-minute holes, ended at their walltime in holes that
-    # outlasted the plan, and a new pilot started on the same node a second later: a start-up paid twice
-    soon = datetime.fromtimestamp(time.time() + 600).strftime("%Y-%m-%dT%H:%M:%S")
-    later = datetime.fromtimestamp(time.time() + 3600).strftime("%Y-%m-%dT%H:%M:%S")
-    resv = RESV.replace("2026-11-21T20:37:48", soon).replace("Nodes=n[1-2]", "Nodes=n7")
-    waits = (0, "", f"sbatch: Job 3 to start at {later} using 4 processors on nodes n7 in partition debug\n")
-    answers = {"sinfo": (0, SINFO, ""), "squeue -h -t all": (0, "", ""), "scontrol show reservation": (0, resv, ""),
-               "sbatch --test-only --partition=debug --nodes=1 --time=30 ": (0, "", ""),
-               "sbatch --test-only --partition=debug --nodes=1 --time=9 ": waits, "sbatch --test-only": waits}
-    runner = Canned(answers)
-
-    def pilots(preemptable):
-        return SlurmPilotProvider("debug", commands=SlurmCommands(runner), script_dir=str(tmp_path),
-                                  walltime_min_min=2, walltime_max_min=30, preemptable=preemptable)
-    assert pilots(True).walltime_minutes() == 30   # preemption, not the walltime, gives the node back
-    assert pilots(False).walltime_minutes() == 2   # the hole's 9 minutes would wait an hour: the shortest
-    # the longest would wait: the hole's length, asked of the scheduler once per survey and length
-    answers["sbatch --test-only --partition=debug --nodes=1 --time=30 "] = waits
-    answers["sbatch --test-only --partition=debug --nodes=1 --time=9 "] = (0, "", "")
-    prov, runner.calls = pilots(True), []
-    assert [prov.walltime_minutes() for _ in range(3)] == [9, 9, 9]
-    assert sum(c[:2] == ["sbatch", "--test-only"] for c in runner.calls) == 2
-
-
 def test_a_failing_squeue_is_an_error_not_an_empty_cluster(tmp_path):
     from parsl_bft.execution.slurm.commands import SlurmError
     busy = SlurmCommands(lambda argv: (1, "", "slurm_load_jobs error: Socket timed out on send/recv operation\n"))

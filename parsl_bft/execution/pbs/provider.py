@@ -44,11 +44,11 @@ class PBSPilotProvider(PilotProvider, RepresentationMixin):
                  commands: PBSCommands | None = None, walltime_min_min: int = 1, walltime_max_min: int = 30,
                  notice_s: int = 60, max_pending_s: float = 30.0, worker_init: str = "",
                  script_dir: str = "bft-pilots", nodes_per_block: int = 1, poll_s: int = 5,
-                 scheduler_options: list[str] | None = None, max_jobs: int | None = None, preemptable: bool = False):
+                 scheduler_options: list[str] | None = None, max_jobs: int | None = None):
         super().__init__("pbs_pilot", walltime_min_min=walltime_min_min, walltime_max_min=walltime_max_min,
                          notice_s=notice_s, max_pending_s=max_pending_s, worker_init=worker_init,
                          script_dir=script_dir, nodes_per_block=nodes_per_block, poll_s=poll_s,
-                         scheduler_options=scheduler_options, max_jobs=max_jobs, preemptable=preemptable)
+                         scheduler_options=scheduler_options, max_jobs=max_jobs)
         self.queue, self.account, self.select = queue, account, select
         self.commands = commands
         self.cmd: PBSCommands = commands or PBSCommands()

@@ -22,10 +22,9 @@ from .commands import ReservationRecord, SlurmCommands, parse_test_only
 
 
 class SlurmPilotProvider(PilotProvider, RepresentationMixin):
-    """``--time`` = ``--time-min`` = the hole, or the longest where pilots are preemptable (within bounds: on the
-    local Slurm 22.05 pilots with a lower --time-min started with that minimum as their limit even with nothing
-    waiting, and spent most of it on notice), ``--signal=B:USR1@notice_s`` for the reclaim notice, the site's
-    preemptable QOS when it has one.
+    """``--time`` = ``--time-min`` = the hole (within bounds: on the local Slurm 22.05 pilots with a lower
+    --time-min started with that minimum as their limit even with nothing waiting, and spent most of it on notice),
+    ``--signal=B:USR1@notice_s`` for the reclaim notice, the site's preemptable QOS when it has one.
 
     Parameters
     ----------
@@ -73,18 +72,18 @@ class SlurmPilotProvider(PilotProvider, RepresentationMixin):
                  script_dir: str = "bft-pilots", nodes_per_block: int = 1, poll_s: int = 5,
                  scheduler_options: list[str] | None = None, max_jobs: int | None = None, gpus_per_node: int = 0,
                  constraint: str | None = None, mem: str | None = None, reservation: str | None = None,
-                 grace_s: int | None = None, preemptable: bool = False):
+                 grace_s: int | None = None):
         super().__init__("slurm_pilot", walltime_min_min=walltime_min_min, walltime_max_min=walltime_max_min,
                          notice_s=notice_s, max_pending_s=max_pending_s, worker_init=worker_init,
                          script_dir=script_dir, nodes_per_block=nodes_per_block, poll_s=poll_s,
-                         scheduler_options=scheduler_options, max_jobs=max_jobs, preemptable=preemptable)
+                         scheduler_options=scheduler_options, max_jobs=max_jobs)
         self.partition, self.qos, self.account, self.gpus_per_node = partition, qos, account, gpus_per_node
         self.constraint, self.mem, self.reservation, self.grace_s = constraint, mem, reservation, grace_s
         self._grace: int | None = None
         self.commands = commands
         self.cmd: SlurmCommands = commands or SlurmCommands()
         self._reservations: tuple[float, list[ReservationRecord]] | None = None
-        self._test_only: tuple[float, dict[tuple[int, PilotShape], bool]] = (math.nan, {})  # survey -> starts now?
+        self._test_only: tuple[float, int, PilotShape, bool] | None = None
 
     def survey(self) -> Snapshot:
         """sinfo (the partition's nodes) + squeue (the whole queue), and scontrol's reservations once a
@@ -107,23 +106,18 @@ class SlurmPilotProvider(PilotProvider, RepresentationMixin):
 
     @locked
     def walltime_minutes(self, now: float | None = None, shape: PilotShape | None = None) -> int:
-        """The longest walltime where pilots are preemptable, else the hole's length, whichever first ``sbatch
-        --test-only`` says would start now (asked once per survey and length: one scale-out's pilots share it);
-        if neither would, the shortest walltime (backfill may still fit it; otherwise it is withdrawn)."""
+        """The hole's length, confirmed with ``sbatch --test-only`` once per survey (one scale-out's pilots
+        share it): a pilot that would not start now at that length gets the shortest walltime (backfill may
+        still fit it; otherwise it is withdrawn)."""
         shape = shape or self.default_shape()
-        now = self.clock() if now is None else now
-        hole = self.hole_minutes(now)
+        minutes = super().walltime_minutes(now, shape)
         taken = self.snapshot().taken
-        if self._test_only[0] != taken:
-            self._test_only = (taken, {})
-        for minutes in dict.fromkeys(([self.walltime_max_min] if self.preemptable else []) + [hole]):
-            if (minutes, shape) not in self._test_only[1]:
-                # the job the pilot would be, as command-line arguments (a directive "-C gpu" is two of them)
-                start, _ = self.cmd.test_only([a for o in self.job_options(minutes, shape) for a in shlex.split(o)])
-                self._test_only[1][minutes, shape] = start is None or start <= now + 60
-            if self._test_only[1][minutes, shape]:
-                return minutes
-        return self.walltime_min_min
+        if self._test_only is None or self._test_only[:3] != (taken, minutes, shape):
+            # the job the pilot would be, as command-line arguments (a directive "-C gpu" is two of them)
+            start, _ = self.cmd.test_only([a for o in self.job_options(minutes, shape) for a in shlex.split(o)])
+            late = start is not None and start > (self.clock() if now is None else now) + 60
+            self._test_only = (taken, minutes, shape, late)
+        return self.walltime_min_min if self._test_only[3] else minutes
 
     def preflight(self) -> str:
         """The partition has nodes (``sinfo -p`` of an unknown partition lists none and exits 0), and ``sbatch
