@@ -3,6 +3,8 @@ system's termination unwinds a run exactly as a terminal's Ctrl-C does (fragment
 back) and callers need to handle one kind of interruption."""
 from __future__ import annotations
 
+import logging
+import os
 import signal
 import threading
 from collections.abc import Iterator
@@ -16,8 +18,23 @@ class Terminated(KeyboardInterrupt):
     """SIGTERM arrived; it unwinds like Ctrl-C."""
 
 
+RETRY_S = 0.05        # a signal that finds this thread holding logging's lock comes again this much later
+
+
+def deferred_while_logging(signum: int) -> bool:
+    """If this thread holds logging's module lock, send ``signum`` again shortly and say so (True). An exception
+    raised between the lock's acquire and the ``try`` that releases it leaves it held, and every thread that logs
+    (Parsl's) then waits forever: a remote session cancelled 2 s after it started hung so."""
+    owned = getattr(getattr(logging, "_lock", None), "_is_owned", None)
+    if owned is None or not owned():
+        return False
+    threading.Timer(RETRY_S, os.kill, (os.getpid(), signum)).start()
+    return True
+
+
 def _raise_terminated(signum: int, frame: FrameType | None) -> None:
-    raise Terminated("SIGTERM")
+    if not deferred_while_logging(signum):
+        raise Terminated("SIGTERM")
 
 
 @contextmanager

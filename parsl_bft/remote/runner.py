@@ -21,12 +21,14 @@ from types import FrameType
 from typing import Any
 
 from ..errors import ParslBftError
+from ..execution.signals import deferred_while_logging
 from ..extras import optional_imports
 from .facility import write_in
 
 
 def _stop(signum: int, frame: FrameType | None) -> None:
-    raise KeyboardInterrupt("SIGTERM")    # before and after the training session too: end with exit.json
+    if not deferred_while_logging(signum):
+        raise KeyboardInterrupt("SIGTERM")    # before and after the training session too: end with exit.json
 
 
 # Set by an endpoint for its own worker (Globus Compute's available_accelerators); sbatch and qsub pass the
