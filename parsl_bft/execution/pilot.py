@@ -117,10 +117,11 @@ class Snapshot:
         for j in sorted((j for j in waiting if j.start is not None), key=lambda j: j.start or 0.0):
             for n in j.nodes:
                 first_on.setdefault(n, j)
+        lacks_nodes = [j for j in waiting if j.reason in self.waits_for_nodes]
         taken = {n for j in self.jobs.values() if j.state in self.running_states for n in j.nodes}
-        taken |= {n for j in waiting if j.reason in self.waits_for_nodes and j.nodes and set(j.nodes) <= idle
+        taken |= {n for j in lacks_nodes if j.nodes and set(j.nodes) <= idle
                   and all(first_on.get(m) is j for m in j.nodes) for n in j.nodes}
-        if any((j.size or len(j.nodes) or 1) <= len(idle) for j in waiting if j.reason in self.waits_for_nodes):
+        if any((j.size or len(j.nodes) or 1) <= len(idle) for j in lacks_nodes):
             taken |= self.fresh
         return [Hole(n, min(until, self.reserved.get(n, math.inf))) for n in self.idle if n not in taken]
 
