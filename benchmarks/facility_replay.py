@@ -1,8 +1,10 @@
 """What parsl-bft does to a facility's jobs, and how much training it gets from the holes, on a real scheduler.
 
-A stretch of a production log (default: 2 h 40 min of ALCF Theta 2022) is replayed as real sbatch jobs on the
+A stretch of a production log (default: 40 min of ALCF Theta 2022) is replayed as real sbatch jobs on the
 local Slurm (tools/local-slurm.sh, 8 virtual nodes; how a log's job becomes a local one:
-benchmarks/facility_stream.py), time compressed 20x. The same stream runs three times on a fresh cluster:
+benchmarks/facility_stream.py), time compressed 5x: a pilot's start-up (seconds, not compressed) is then about
+the share of a hole it is on a real machine, where it takes tens of seconds. The same stream runs three times
+on a fresh cluster:
   alone        the facility's jobs only: the baseline every delay is measured against;
   preempt      with `parsl-bft run` training alongside on pilots in the preemptable partition (`backfill`:
                a facility job takes a pilot's nodes at once);
@@ -16,8 +18,9 @@ Then `parsl-bft simulate` replays the alone run's idle nodes with the same jobs 
 measured, and its e_idle is printed beside the real one.
 
     python benchmarks/facility_replay.py                        # ~30 min: 3 runs of 8 min
-    python benchmarks/facility_replay.py --swf ../shared/data/eval/theta_2023H1.swf.gz --start 2023-03-01
-    python benchmarks/facility_replay.py --smoke                # ~7 min: 90-second runs
+    python benchmarks/facility_replay.py --compression 20 --start 2022-09-27T16:30   # 2 h 40 min of log
+    python benchmarks/facility_replay.py --swf ../shared/data/eval/theta_2023H1.swf.gz --start 2023-05-20T18:00
+    python benchmarks/facility_replay.py --smoke                # ~7 min: 90-second runs, 20x
 
 Needs root (it starts its own local Slurm under /tmp/local-slurm-replay, ports 19817 and up). Writes
 out/facility_replay/ (each run's records and state, the plot facility_replay.png, result.json). LAST lines: one
@@ -53,7 +56,8 @@ TAU_S = 10.0                    # bounded slowdown's floor on run time (the usua
 PLAN_TOLERANCE_S = 2.0          # squeue's 1 s resolution + the scheduler's 1 s cycle
 RELAUNCH_S = 5.0                # a fragment launched within this of the job's last one's end: a resize
 MODES = {"preempt": "backfill", "no-preempt": "debug"}
-DEFAULT_START, SMOKE_START = "2022-09-27T16:30", "2022-09-27T11:00"
+DEFAULT_START, SMOKE_START = "2022-09-27T18:30", "2022-09-27T11:00"
+DEFAULT_COMPRESSION, SMOKE_COMPRESSION = 5.0, 20.0
 # the emulated jobs: 840 = lcm(1..8), so every size a job may take divides the batch: rate(n) = n * rate(1)
 BATCH, MAX_NODES, SAMPLE_MS, PARAMS_MB = 840, 8, 3.0, 1.0
 
@@ -469,11 +473,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--swf", default=str(SHARED / "data" / "traces" / "theta_2022.swf.gz"))
     ap.add_argument("--start", help="the window's start in the log (ISO date, UTC, or unix s; default "
-                    f"{DEFAULT_START}, or {SMOKE_START} with --smoke: about 12%% and 38%% of the replayed "
+                    f"{DEFAULT_START}, or {SMOKE_START} with --smoke: about 21%% and 38%% of the replayed "
                     "machine idle)")
     ap.add_argument("--minutes", type=float, default=8.0, help="minutes each run replays (the window is "
                     "minutes x compression of the log)")
-    ap.add_argument("--compression", type=float, default=20.0, help="log seconds per replayed second")
+    ap.add_argument("--compression", type=float, help="log seconds per replayed second (default "
+                    f"{DEFAULT_COMPRESSION:g}, {SMOKE_COMPRESSION:g} with --smoke)")
     ap.add_argument("--nodes", type=int, default=8, help="virtual nodes of the local Slurm (8-16; each pilot "
                     "starts its worker pool on this host's cores)")
     ap.add_argument("--modes", default="preempt,no-preempt")
@@ -487,6 +492,10 @@ def main() -> None:
     if os.geteuid() != 0 and not args.figures_only:
         sys.exit("facility_replay.py needs root: it starts a local Slurm (tools/local-slurm.sh)")
     minutes = 1.5 if args.smoke else args.minutes
+    if args.compression is None:
+        args.compression = SMOKE_COMPRESSION if args.smoke else DEFAULT_COMPRESSION
+    if args.compression <= 0:
+        sys.exit(f"--compression must be positive, not {args.compression:g}")
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     unknown = [m for m in modes if m not in MODES]
     if unknown:
@@ -495,7 +504,7 @@ def main() -> None:
     start = parse_start(args.start or (SMOKE_START if args.smoke else DEFAULT_START))
     jobs, info = stream_from_swf(args.swf, start, window_s * args.compression, args.nodes, args.compression)
     if not jobs:
-        sys.exit(f"no jobs of {args.swf} in the window starting {args.start}")
+        sys.exit(f"no jobs of {args.swf} in the window from {datetime.fromtimestamp(start, UTC).isoformat()}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     say(f"{len(jobs)} facility jobs from {Path(args.swf).name}, {minutes:g} min a run on {args.nodes} nodes, "
