@@ -93,6 +93,7 @@ class Snapshot:
     waiting_states: frozenset[str] = frozenset({"PENDING"})
     running_states: frozenset[str] = frozenset({"RUNNING", "CONFIGURING", "COMPLETING"})
     waits_for_nodes: frozenset[str] = frozenset({"Resources", "Priority"})   # reasons: nodes are all it lacks
+    not_judged: frozenset[str] = frozenset({"None"})  # reasons: no scheduler pass since it was submitted or freed
     fresh: frozenset[str] = frozenset()       # idle now, not at the survey before: the scheduler's pass may come
 
     def waiting(self) -> list[QueueJob]:
@@ -108,8 +109,9 @@ class Snapshot:
         them), nor one of a waiting job that lacks only nodes and is planned onto idle ones (not started yet), if
         it is the first job planned onto each of them: a job planned later, behind one planned there first, does
         not start now (a replay's idle node had no pilot for 143 s so). Nor, for one survey, is a node just freed
-        (``fresh``) while a job that lacks only nodes would fit in the idle ones: the scheduler may start it there
-        at its next pass, though its plan, made before they were freed, names others (a replay sent 4 pilots)."""
+        (``fresh``) while a job that lacks only nodes, or that no pass has judged yet (a reservation that held it
+        has just ended), would fit in the idle ones: the scheduler may start it there at its next pass, though its
+        plan, made before they were freed, names others (a replay sent 4 pilots)."""
         waiting = [j for j in self.waiting() if j.job_id not in mine]
         until = min((j.start for j in waiting if j.start is not None), default=math.inf)
         idle = set(self.idle)
@@ -121,7 +123,8 @@ class Snapshot:
         taken = {n for j in self.jobs.values() if j.state in self.running_states for n in j.nodes}
         taken |= {n for j in lacks_nodes if j.nodes and set(j.nodes) <= idle
                   and all(first_on.get(m) is j for m in j.nodes) for n in j.nodes}
-        if any((j.size or len(j.nodes) or 1) <= len(idle) for j in lacks_nodes):
+        if any((j.size or len(j.nodes) or 1) <= len(idle) for j in waiting
+               if j.reason in self.waits_for_nodes or j.reason in self.not_judged):
             taken |= self.fresh
         return [Hole(n, min(until, self.reserved.get(n, math.inf))) for n in self.idle if n not in taken]
 

@@ -97,6 +97,45 @@ def test_nodes_just_freed_are_no_hole_while_a_waiting_job_fits_in_the_idle_ones(
     assert [h.node for h in prov.current_holes()] == ["n2", "n3"]
 
 
+def test_nodes_of_a_reservation_under_way_are_no_holes_until_it_ends(tmp_path):
+    # a maintenance reservation holds n1-n3, which sinfo shows idle (checked on the local Slurm), and job 15
+    # waits for it; pilots sent there would queue, be withdrawn and be sent again until it ended
+    maint = f"ReservationName=maint StartTime={NOW - 600} EndTime={NOW + 3600} Nodes=n[1-3] NodeCnt=3 Flags=MAINT\n"
+    said = {"sinfo": "n1|idle\nn2|idle\nn3|idle\n", "scontrol": maint,
+            "squeue": f"15|PENDING|{NOW + 3600}|N/A|n1||ReqNodeNotAvail, Reserved for maintenance|1|20:00\n"}
+    asked: list[str] = []
+
+    def run(argv):
+        asked.append(argv[0])
+        return 0, said.get(argv[0], ""), ""
+    prov = SlurmPilotProvider("debug", commands=SlurmCommands(run), script_dir=str(tmp_path), poll_s=1)
+    now = [NOW]
+    prov.clock = lambda: now[0]
+    assert prov.current_holes() == []
+    # deleted early: the next survey reads the reservations again (not a minute later); the job no pass has
+    # judged yet (reason None) would fit in the nodes just freed, so they are no holes for that survey ...
+    said["scontrol"] = "No reservations in the system\n"
+    said["squeue"] = "15|PENDING|N/A|N/A|||None|1|20:00\n"
+    now[0] += 1
+    assert prov.current_holes() == []
+    assert asked.count("scontrol") == 2
+    # ... and the one it did not take is a hole at the next
+    said["sinfo"] = "n1|alloc\nn2|idle\nn3|idle\n"
+    said["squeue"] = f"15|RUNNING|{NOW + 1}|{NOW + 1201}|(null)|n1|None|1|20:00\n"
+    now[0] += 1
+    assert [h.node for h in prov.current_holes()] == ["n2", "n3"]
+    assert asked.count("scontrol") == 2          # none under way: once a minute again
+
+
+def test_the_sites_own_reservation_is_where_its_pilots_go(tmp_path):
+    mine = f"ReservationName=bft StartTime={NOW - 600} EndTime={NOW + 3600} Nodes=n[7-8] NodeCnt=2\n"
+    prov = provider("", tmp_path, sinfo="n7|idle\nn8|idle\n", resv=mine)
+    prov.reservation = "bft"
+    assert [h.node for h in prov.current_holes()] == ["n7", "n8"]
+    prov = provider("", tmp_path, sinfo="n7|idle\nn8|idle\n", resv=mine)
+    assert prov.current_holes() == []
+
+
 def test_a_job_that_would_start_now_but_for_a_pilot_gets_the_youngest_pilots_once(tmp_path):
     # no preemption: pilots 11 (n5, since 100 s) and 14 (n7, since 10 s) hold their nodes for 30 minutes; job 13
     # arrived and waits for n6, where facility job 12 ends in 60 s, though alone it would have started on a

@@ -87,18 +87,28 @@ class SlurmPilotProvider(PilotProvider, RepresentationMixin):
 
     def survey(self) -> Snapshot:
         """sinfo (the partition's nodes) + squeue (the whole queue), and scontrol's reservations once a
-        minute. All waiting jobs count, in any partition: they may want these nodes."""
+        minute, or at every survey while one that is not the site's own holds nodes: sinfo shows a maintenance
+        reservation's nodes idle, and pilots sent there would only queue, be withdrawn and be sent again until
+        it ends (or is deleted, early). All waiting jobs count, in any partition: they may want these nodes."""
         now = self.clock()
-        if self._reservations is None or now - self._reservations[0] >= self.RESERVATIONS_EVERY_S:
+        if self._reservations is None or now - self._reservations[0] >= self.RESERVATIONS_EVERY_S \
+                or self._held_by_others(self._reservations[1], now):
             self._reservations = (now, self.cmd.reservations())
         reserved: dict[str, float] = {}          # a reservation that has not begun takes its nodes then
         for r in self._reservations[1]:
             if r.start is not None and r.start > now:
                 for n in r.nodes:
                     reserved[n] = min(reserved.get(n, math.inf), r.start)
-        idle = tuple(n.name for n in self.cmd.nodes(self.partition) if n.usable)
+        held = self._held_by_others(self._reservations[1], now)
+        idle = tuple(n.name for n in self.cmd.nodes(self.partition) if n.usable and n.name not in held)
         jobs = {j.job_id: j for j in self.cmd.queue()}
         return Snapshot(now, idle, jobs, reserved)
+
+    def _held_by_others(self, reservations: list[ReservationRecord], now: float) -> set[str]:
+        """Nodes of the reservations under way that are not the site's own (``reservation``): no pilot runs
+        there until they end."""
+        return {n for r in reservations if r.name != self.reservation and r.start is not None and r.start <= now
+                and (r.end is None or r.end > now) for n in r.nodes}
 
     def ended(self, job_ids: list[str]) -> dict[str, tuple[str, str]]:
         """Final states from sacct (or the job-completion log)."""
