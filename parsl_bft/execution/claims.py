@@ -15,7 +15,9 @@ def claimed(snap: Snapshot, ours: Collection[str], yielded: dict[str, set[str]],
             poll_s: float) -> set[str]:
     """Nodes of our running pilots (job ids ``ours``) that a waiting job (not one of ours) needs back. A job
     needs a node when
-    - it is planned onto it within ``within_s``;
+    - it is planned onto it within ``within_s``, unless the scheduler is already preempting pilots of ours
+      enough for it (their end moved forward): those nodes are the job's. Slurm's preemption may pick another
+      pilot than the one its plan names; giving that one back as well cost a second pilot, twice in one replay;
     - it is planned onto it no later than the pilot's walltime ends: the pilot is what it waits for (it arrived
       after the pilot started, and nothing preempts the pilot);
     - it is planned later or elsewhere, but would start now on the idle nodes and our pilots' nodes
@@ -27,6 +29,8 @@ def claimed(snap: Snapshot, ours: Collection[str], yielded: dict[str, set[str]],
     end_of = {n: end for _, _, nodes, end in held for n in nodes}
     out: set[str] = set()
     free = len(snap.idle)
+    taking = _being_preempted(snap, ours)
+    spare = len(taking)
     waiting = sorted((j for j in snap.waiting() if j.job_id not in ours and j.start is not None),
                      key=lambda j: j.start or 0.0)
     for gone in set(yielded) - {j.job_id for j in waiting}:    # started or left the queue: forgotten
@@ -35,7 +39,12 @@ def claimed(snap: Snapshot, ours: Collection[str], yielded: dict[str, set[str]],
         assert j.start is not None
         size = max(j.size, len(j.nodes))
         if j.start <= now + within_s:
-            out.update(j.nodes)
+            pilots_planned = [n for n in j.nodes if n in end_of]
+            if pilots_planned and len(pilots_planned) <= spare:
+                spare -= len(pilots_planned)
+                out.update(n for n in pilots_planned if n in taking)
+            else:
+                out.update(j.nodes)
         elif any(j.start <= end_of[n] + poll_s + 1 for n in j.nodes if n in end_of):
             out.update(n for n in j.nodes if n in end_of)       # a survey after the pilot's end still shows that plan
         elif j.job_id in yielded:
@@ -48,6 +57,14 @@ def claimed(snap: Snapshot, ours: Collection[str], yielded: dict[str, set[str]],
                 out.update(n for _, _, nodes, _ in given for n in nodes)
         free = max(0, free - size)
     return out
+
+
+def _being_preempted(snap: Snapshot, ours: Collection[str]) -> set[str]:
+    """Nodes of our running pilots whose end the scheduler moved forward (a preempted Slurm job stays RUNNING,
+    its end now + GraceTime): start + time limit is later than the end the queue shows."""
+    return {n for j in ours if (job := snap.jobs.get(j)) is not None and job.state in snap.running_states
+            and job.start is not None and job.end is not None and job.limit_s is not None
+            and job.end < job.start + job.limit_s - 1 for n in job.nodes}
 
 
 def _in_the_way(j: QueueJob, before: list[QueueJob], held: list[Held], snap: Snapshot, now: float) -> list[Held]:

@@ -136,6 +136,31 @@ def test_the_sites_own_reservation_is_where_its_pilots_go(tmp_path):
     assert prov.current_holes() == []
 
 
+def test_a_job_slurm_preempts_a_pilot_for_takes_no_second_one(tmp_path):
+    # replay r22 (preemptable partition): job 18 arrived and is planned onto n5, our pilot 14's node, while Slurm
+    # preempts our pilot 11 on n8 for it (a preempted job stays RUNNING, its end moved to now + GraceTime);
+    # giving n5 back as well cost a second pilot
+    pilots = (f"11|RUNNING|{NOW - 135}|{NOW + 9}|(null)|n8|None|1|5:00\n"
+              f"14|RUNNING|{NOW - 87}|{NOW + 33}|(null)|n5|None|1|2:00\n")
+    waits = f"18|PENDING|{NOW}|N/A|n5||Resources|1|2:00\n"
+    prov = provider(pilots + waits, tmp_path, sinfo="n5|alloc\nn8|alloc\n")
+    prov.submitted.update({"11": NOW - 140, "14": NOW - 90})
+    assert prov.claimed(4) == set()
+    # no preemption under way (pilot 11's end is its start + limit): the node the job is planned onto goes back
+    prov = provider(pilots.replace(f"{NOW + 9}", f"{NOW + 165}") + waits, tmp_path, sinfo="n5|alloc\nn8|alloc\n")
+    prov.submitted.update({"11": NOW - 140, "14": NOW - 90})
+    assert prov.claimed(4) == {"n5"}
+    # the preempted pilot is the one it is planned onto: it goes back at once, without waiting for the grace
+    prov = provider(pilots + waits.replace("|n5|", "|n8|"), tmp_path, sinfo="n5|alloc\nn8|alloc\n")
+    prov.submitted.update({"11": NOW - 140, "14": NOW - 90})
+    assert prov.claimed(4) == {"n8"}
+    # a 2-node job: one node being preempted is not enough, both it is planned onto go back
+    prov = provider(pilots + waits.replace("|n5||Resources|1|", "|n[5,8]||Resources|2|"), tmp_path,
+                    sinfo="n5|alloc\nn8|alloc\n")
+    prov.submitted.update({"11": NOW - 140, "14": NOW - 90})
+    assert prov.claimed(4) == {"n5", "n8"}
+
+
 def test_a_job_that_would_start_now_but_for_a_pilot_gets_the_youngest_pilots_once(tmp_path):
     # no preemption: pilots 11 (n5, since 100 s) and 14 (n7, since 10 s) hold their nodes for 30 minutes; job 13
     # arrived and waits for n6, where facility job 12 ends in 60 s, though alone it would have started on a
