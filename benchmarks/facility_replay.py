@@ -19,7 +19,7 @@ measured, and its e_idle is printed beside the real one.
 
     python benchmarks/facility_replay.py                        # ~30 min: 3 runs of 8 min
     python benchmarks/facility_replay.py --compression 20 --start 2022-09-27T16:30   # 2 h 40 min of log
-    python benchmarks/facility_replay.py --swf ../shared/data/eval/theta_2023H1.swf.gz --start 2023-05-20T18:00
+    python benchmarks/facility_replay.py --swf ../shared/data/eval/theta_2023H1.swf.gz --start 2023-05-20T20:00
     python benchmarks/facility_replay.py --smoke                # ~7 min: 90-second runs, 20x
 
 Needs root (it starts its own local Slurm under /tmp/local-slurm-replay, ports 19817 and up). Writes
