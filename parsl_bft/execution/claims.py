@@ -19,10 +19,7 @@ def claimed(snap: Snapshot, ours: Collection[str], yielded: dict[str, set[str]],
       enough for it (their end moved forward): those nodes are the job's. Slurm's preemption may pick another
       pilot than the one its plan names; giving that one back as well cost a second pilot, twice in one replay;
     - it is planned onto it no later than the pilot's walltime ends: the pilot is what it waits for (it arrived
-      after the pilot started, and nothing preempts the pilot). Claimed once the job's other planned nodes are
-      free within ``within_s``, not before: a job planned at a 30-minute pilot's end while its other nodes run
-      for 13 more minutes took the pilot at once, left its node idle, and took each new pilot sent there too,
-      one every probe for minutes (a replay, 36 pilots);
+      after the pilot started, and nothing preempts the pilot);
     - it is planned later or elsewhere, but would start now on the idle nodes and our pilots' nodes
       (``_in_the_way``): without pilots it would have started at once. Pilots go in turn, the youngest first,
       until the job fits. A job is given pilots once (``yielded``: job id -> the pilots given, kept by the caller
@@ -49,8 +46,7 @@ def claimed(snap: Snapshot, ours: Collection[str], yielded: dict[str, set[str]],
             else:
                 out.update(j.nodes)
         elif any(j.start <= end_of[n] + poll_s + 1 for n in j.nodes if n in end_of):
-            if _others_free_by(j, snap, end_of, now) <= now + within_s:
-                out.update(n for n in j.nodes if n in end_of)   # a survey after the pilot's end still shows that plan
+            out.update(n for n in j.nodes if n in end_of)       # a survey after the pilot's end still shows that plan
         elif j.job_id in yielded:
             out.update(n for _, p, nodes, _ in held if p in yielded[j.job_id] for n in nodes)
         elif (need := size - free) > 0:
@@ -61,14 +57,6 @@ def claimed(snap: Snapshot, ours: Collection[str], yielded: dict[str, set[str]],
                 out.update(n for _, _, nodes, _ in given for n in nodes)
         free = max(0, free - size)
     return out
-
-
-def _others_free_by(j: QueueJob, snap: Snapshot, pilot_nodes: Collection[str], now: float) -> float:
-    """When the nodes ``j`` is planned onto, other than our pilots', are free: the latest walltime end of the
-    jobs running there (now where none runs; ``now`` too where an end is not known: claim as before)."""
-    ends = {n: job.end for job in snap.jobs.values() if job.state in snap.running_states and job.end is not None
-            for n in job.nodes}
-    return max((ends.get(n, now) for n in j.nodes if n not in pilot_nodes), default=now)
 
 
 def _being_preempted(snap: Snapshot, ours: Collection[str]) -> set[str]:

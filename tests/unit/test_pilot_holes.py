@@ -161,21 +161,6 @@ def test_a_job_slurm_preempts_a_pilot_for_takes_no_second_one(tmp_path):
     assert prov.claimed(4) == {"n5", "n8"}
 
 
-def test_a_job_planned_at_a_pilots_end_takes_it_only_once_its_other_nodes_are_about_to_be_free(tmp_path):
-    # replay r24 (no preemption), as squeue planned it on the local Slurm: job 38 (3 nodes) is planned at our
-    # 30-minute pilot 18's end onto n5-n7, while job 16 runs on n5-n6 for 18 more minutes. Taking the pilot now
-    # left n7 idle for 18 minutes, and each new pilot sent there was taken again, one every probe
-    facility = (f"16|RUNNING|{NOW - 2}|{NOW + 1078}|(null)|n[5-6]|None|2|18:00\n"
-                f"15|RUNNING|{NOW - 2}|{NOW + 1138}|(null)|n[1-3]|None|3|19:00\n")
-    pilot = f"18|RUNNING|{NOW - 2}|{NOW + 1798}|(null)|n7|None|1|30:00\n"
-    waits = f"38|PENDING|{NOW + 1798}|N/A|n[5-7]||Priority|3|4:48:00\n"
-    prov = provider(facility + pilot + waits, tmp_path, sinfo="n5|alloc\nn7|alloc\n")
-    prov.submitted["18"] = NOW - 5
-    assert prov.claimed(4) == set()
-    # 3 s before job 16 ends, the pilot is what the job waits for: it goes back
-    assert prov.claimed(4, now=NOW + 1075) == {"n7"}
-
-
 def test_a_job_that_would_start_now_but_for_a_pilot_gets_the_youngest_pilots_once(tmp_path):
     # no preemption: pilots 11 (n5, since 100 s) and 14 (n7, since 10 s) hold their nodes for 30 minutes; job 13
     # arrived and waits for n6, where facility job 12 ends in 60 s, though alone it would have started on a
