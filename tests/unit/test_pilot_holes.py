@@ -20,6 +20,19 @@ def provider(squeue: str, tmp_path, sinfo: str = "n7|alloc\nn8|idle\n", resv: st
     return prov
 
 
+def changing(said: dict[str, str], tmp_path, asked: list[str] | None = None) -> tuple[SlurmPilotProvider, list[int]]:
+    """A provider whose commands answer from ``said`` (by command name; the test changes it between surveys),
+    and its clock (``now[0]``, which the test moves on); each command's name goes to ``asked``."""
+    def run(argv):
+        if asked is not None:
+            asked.append(argv[0])
+        return 0, said.get(argv[0], ""), ""
+    prov = SlurmPilotProvider("debug", commands=SlurmCommands(run), script_dir=str(tmp_path), poll_s=1)
+    now = [NOW]
+    prov.clock = lambda: now[0]
+    return prov, now
+
+
 def test_a_facility_job_planned_behind_a_running_pilot_claims_its_node(tmp_path):
     # squeue -h -t all -o %i|%T|%S|%e|%Y|%N|%r (SLURM_TIME_FORMAT=%s): our pilot 11 runs on n7 for 10 more
     # minutes; job 12 arrived since and waits for n7 and n8 until the pilot's walltime ends (no preemption)
@@ -75,12 +88,7 @@ def test_nodes_just_freed_are_no_hole_while_a_waiting_job_fits_in_the_idle_ones(
     # freed), started on them at the scheduler's next pass, and 4 pilots sent there only queued behind it
     busy = "n1|alloc\nn2|alloc\nn3|alloc\n"
     said = {"sinfo": busy, "squeue": f"15|PENDING|{NOW + 1400}|N/A|n[1,4]||Resources|2|20:00\n"}
-
-    def run(argv):
-        return 0, said.get(argv[0], ""), ""
-    prov = SlurmPilotProvider("debug", commands=SlurmCommands(run), script_dir=str(tmp_path), poll_s=1)
-    now = [NOW]
-    prov.clock = lambda: now[0]
+    prov, now = changing(said, tmp_path)
     assert prov.current_holes() == []
     said["sinfo"] = "n1|alloc\nn2|idle\nn3|idle\n"
     now[0] += 1
@@ -104,13 +112,7 @@ def test_nodes_of_a_reservation_under_way_are_no_holes_until_it_ends(tmp_path):
     said = {"sinfo": "n1|idle\nn2|idle\nn3|idle\n", "scontrol": maint,
             "squeue": f"15|PENDING|{NOW + 3600}|N/A|n1||ReqNodeNotAvail, Reserved for maintenance|1|20:00\n"}
     asked: list[str] = []
-
-    def run(argv):
-        asked.append(argv[0])
-        return 0, said.get(argv[0], ""), ""
-    prov = SlurmPilotProvider("debug", commands=SlurmCommands(run), script_dir=str(tmp_path), poll_s=1)
-    now = [NOW]
-    prov.clock = lambda: now[0]
+    prov, now = changing(said, tmp_path, asked)
     assert prov.current_holes() == []
     # deleted early: the next survey reads the reservations again (not a minute later); the job no pass has
     # judged yet (reason None) would fit in the nodes just freed, so they are no holes for that survey ...
@@ -143,22 +145,18 @@ def test_a_job_slurm_preempts_a_pilot_for_takes_no_second_one(tmp_path):
     pilots = (f"11|RUNNING|{NOW - 135}|{NOW + 9}|(null)|n8|None|1|5:00\n"
               f"14|RUNNING|{NOW - 87}|{NOW + 33}|(null)|n5|None|1|2:00\n")
     waits = f"18|PENDING|{NOW}|N/A|n5||Resources|1|2:00\n"
-    prov = provider(pilots + waits, tmp_path, sinfo="n5|alloc\nn8|alloc\n")
-    prov.submitted.update({"11": NOW - 140, "14": NOW - 90})
-    assert prov.claimed(4) == set()
+
+    def claimed(queue: str) -> set[str]:
+        prov = provider(queue, tmp_path, sinfo="n5|alloc\nn8|alloc\n")
+        prov.submitted.update({"11": NOW - 140, "14": NOW - 90})
+        return prov.claimed(4)
+    assert claimed(pilots + waits) == set()
     # no preemption under way (pilot 11's end is its start + limit): the node the job is planned onto goes back
-    prov = provider(pilots.replace(f"{NOW + 9}", f"{NOW + 165}") + waits, tmp_path, sinfo="n5|alloc\nn8|alloc\n")
-    prov.submitted.update({"11": NOW - 140, "14": NOW - 90})
-    assert prov.claimed(4) == {"n5"}
+    assert claimed(pilots.replace(f"{NOW + 9}", f"{NOW + 165}") + waits) == {"n5"}
     # the preempted pilot is the one it is planned onto: it goes back at once, without waiting for the grace
-    prov = provider(pilots + waits.replace("|n5|", "|n8|"), tmp_path, sinfo="n5|alloc\nn8|alloc\n")
-    prov.submitted.update({"11": NOW - 140, "14": NOW - 90})
-    assert prov.claimed(4) == {"n8"}
+    assert claimed(pilots + waits.replace("|n5|", "|n8|")) == {"n8"}
     # a 2-node job: one node being preempted is not enough, both it is planned onto go back
-    prov = provider(pilots + waits.replace("|n5||Resources|1|", "|n[5,8]||Resources|2|"), tmp_path,
-                    sinfo="n5|alloc\nn8|alloc\n")
-    prov.submitted.update({"11": NOW - 140, "14": NOW - 90})
-    assert prov.claimed(4) == {"n5", "n8"}
+    assert claimed(pilots + waits.replace("|n5||Resources|1|", "|n[5,8]||Resources|2|")) == {"n5", "n8"}
 
 
 def test_a_job_that_would_start_now_but_for_a_pilot_gets_the_youngest_pilots_once(tmp_path):
