@@ -237,12 +237,13 @@ def run_with_training(cluster: LocalSlurm, jobs: list[StreamJob], window_s: floa
         try:
             started(state, orch)
             rep = replay(cluster, jobs, window_s, ticker(mode, window_s))
+        finally:
             # SIGTERM, not SIGINT: a process started in the background by a non-interactive shell inherits SIGINT
             # ignored (and Python then installs no handler for it); both take the same orderly path
             orch.send_signal(signal.SIGTERM)
-            orch.wait(timeout=240)
-        finally:
-            if orch.poll() is None:
+            try:
+                orch.wait(timeout=240)
+            except subprocess.TimeoutExpired:
                 say(f"{mode}: the orchestrator did not stop within 240 s of SIGTERM: killed")
                 os.killpg(orch.pid, signal.SIGKILL)
                 orch.wait()
@@ -515,6 +516,8 @@ def main() -> None:
                if k in ("wall_s", "date", "cpus", "load_5min_before", "platform", "python", "slurm", "parsl",
                         "torch", "parsl-bft")}
     else:
+        # stopped by SIGTERM (timeout, a batch system), it still stops its orchestrator and its Slurm
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit("facility_replay.py: stopped by SIGTERM"))
         cluster = LocalSlurm(args.nodes, args.slurm_base, args.slurm_port)
         load = os.getloadavg()[1]
         t_begin = time.time()

@@ -24,8 +24,11 @@ def claimed(snap: Snapshot, ours: Collection[str], yielded: dict[str, set[str]],
       (``_in_the_way``): without pilots it would have started at once. Pilots go in turn, the youngest first,
       until the job fits. A job is given pilots once (``yielded``: job id -> the pilots given, kept by the caller
       while the job waits), so one that still waits for other reasons does not take every new one."""
+    # the queue lists a finished pilot for minutes (Slurm's MinJobAge): counted, it would give a job nodes it
+    # cannot have, and its node, taken since by a new pilot, would be given back at every survey
     held = sorted(((job.start or 0.0, j, job.nodes, job.end) for j in ours
-                   if (job := snap.jobs.get(j)) is not None and job.end is not None and job.nodes), reverse=True)
+                   if (job := snap.jobs.get(j)) is not None and job.state in snap.running_states
+                   and job.end is not None and job.nodes), reverse=True)
     end_of = {n: end for _, _, nodes, end in held for n in nodes}
     out: set[str] = set()
     free = len(snap.idle)

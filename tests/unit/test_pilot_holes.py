@@ -225,3 +225,32 @@ def test_a_job_a_pilot_keeps_from_starting_now_gets_it_though_planned_after_the_
     prov = provider(run + big + small, tmp_path, sinfo="n1|alloc\nn4|alloc\n", resv=maint)
     prov.submitted["11"] = NOW - 50
     assert prov.claimed(4) == set()
+
+
+def test_a_finished_pilot_the_queue_still_lists_holds_no_node(tmp_path):
+    """Seen in the held-back replay (r27): squeue lists finished pilots for minutes. Pilot 20 (n4) had ended and
+    pilot 22 ran on n4 since; counted as holding a node, 20 made the running pilots 22 and 18 look enough for a
+    3-node job, which could not start without a facility job's node. Both were given back, and every new pilot
+    on n4 or n8 was given back to that job within seconds of its start, for the rest of the run."""
+    facility = (f"9|RUNNING|{NOW - 300}|{NOW + 5400}|(null)|n[1-3]|None|3|95:00\n"
+                f"10|RUNNING|{NOW - 300}|{NOW + 5100}|(null)|n[5-6]|None|2|90:00\n"
+                f"23|RUNNING|{NOW - 150}|{NOW + 4170}|(null)|n7|None|1|72:00\n")
+    pilots = (f"20|COMPLETED|{NOW - 257}|{NOW - 203}|(null)|n4|None|1|30:00\n"
+              f"22|RUNNING|{NOW - 203}|{NOW + 1597}|(null)|n4|None|1|30:00\n"
+              f"18|RUNNING|{NOW - 257}|{NOW + 1543}|(null)|n8|None|1|30:00\n")
+    big = f"24|PENDING|{NOW + 5400}|N/A|n[1-3]||Resources|3|58:00\n"
+    said = {"squeue": facility + pilots + big, "sinfo": "".join(f"n{i}|alloc\n" for i in range(1, 9))}
+    prov, now = changing(said, tmp_path)
+    prov.submitted.update({"20": NOW - 260, "22": NOW - 205, "18": NOW - 260})
+    assert prov.claimed(4) == set()
+    # a 2-node job the two running pilots do start gets them; once they have ended (still listed), the new
+    # pilot on n4 is not given back to it
+    two = big.replace("|3|", "|2|").replace("n[1-3]", "n[1-2]")
+    said["squeue"] = facility + pilots + two
+    now[0] += 1
+    assert prov.claimed(4) == {"n4", "n8"}
+    said["squeue"] = (facility + pilots.replace("RUNNING", "COMPLETED") + two
+                      + f"27|RUNNING|{NOW + 5}|{NOW + 65}|(null)|n4|None|1|1:00\n")
+    prov.submitted["27"] = NOW + 3
+    now[0] += 5
+    assert prov.claimed(4) == set()
