@@ -24,15 +24,13 @@ def claimed(snap: Snapshot, ours: Collection[str], yielded: dict[str, set[str]],
       (``_in_the_way``): without pilots it would have started at once. Pilots go in turn, the youngest first,
       until the job fits. A job is given pilots once (``yielded``: job id -> the pilots given, kept by the caller
       while the job waits), so one that still waits for other reasons does not take every new one."""
-    # the queue lists a finished pilot for minutes (Slurm's MinJobAge): counted, it would give a job nodes it
-    # cannot have, and its node, taken since by a new pilot, would be given back at every survey
-    held = sorted(((job.start or 0.0, j, job.nodes, job.end) for j in ours
-                   if (job := snap.jobs.get(j)) is not None and job.state in snap.running_states
-                   and job.end is not None and job.nodes), reverse=True)
+    running = _running(snap, ours)
+    held = sorted(((job.start or 0.0, job.job_id, job.nodes, job.end) for job in running
+                   if job.end is not None and job.nodes), reverse=True)
     end_of = {n: end for _, _, nodes, end in held for n in nodes}
     out: set[str] = set()
     free = len(snap.idle)
-    taking = _being_preempted(snap, ours)
+    taking = _being_preempted(running)
     spare = len(taking)
     waiting = sorted((j for j in snap.waiting() if j.job_id not in ours and j.start is not None),
                      key=lambda j: j.start or 0.0)
@@ -62,11 +60,16 @@ def claimed(snap: Snapshot, ours: Collection[str], yielded: dict[str, set[str]],
     return out
 
 
-def _being_preempted(snap: Snapshot, ours: Collection[str]) -> set[str]:
-    """Nodes of our running pilots whose end the scheduler moved forward (a preempted Slurm job stays RUNNING,
-    its end now + GraceTime): start + time limit is later than the end the queue shows."""
-    return {n for j in ours if (job := snap.jobs.get(j)) is not None and job.state in snap.running_states
-            and job.start is not None and job.end is not None and job.limit_s is not None
+def _running(snap: Snapshot, ours: Collection[str]) -> list[QueueJob]:
+    """Our pilots that run now. The queue lists a finished pilot for minutes (Slurm's MinJobAge): counted, it
+    would give a job nodes it cannot have, and its node, taken since by a new pilot, back at every survey."""
+    return [job for j in ours if (job := snap.jobs.get(j)) is not None and job.state in snap.running_states]
+
+
+def _being_preempted(running: list[QueueJob]) -> set[str]:
+    """Nodes of our ``running`` pilots whose end the scheduler moved forward (a preempted Slurm job stays
+    RUNNING, its end now + GraceTime): start + time limit is later than the end the queue shows."""
+    return {n for job in running if job.start is not None and job.end is not None and job.limit_s is not None
             and job.end < job.start + job.limit_s - 1 for n in job.nodes}
 
 
