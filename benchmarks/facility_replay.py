@@ -29,7 +29,6 @@ JSON object per mode.
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import os
 import shutil
@@ -38,28 +37,26 @@ import statistics
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from datetime import UTC, datetime
 from pathlib import Path
 
 from facility_stream import JobRecord, LocalSlurm, Replayed, StreamJob, finish, replay, stream_from_swf
 from held_time import held_time
+from replay_sim import held_spans, idle_intervals, pilot_start_s, simulate
+from replay_training import Emulated, Training, read_training
 
 from parsl_bft.execution.errors import StateError
 from parsl_bft.execution.jobstore import JobStore
-from parsl_bft.train.emulated import dedicated_rate
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = Path(os.environ.get("PARSL_BFT_SHARED", ROOT.parent / "shared"))
 GRACE_S = 10.0                  # tools/local-slurm.sh: GraceTime of the preemptable partition
 TAU_S = 10.0                    # bounded slowdown's floor on run time (the usual 10 s)
 PLAN_TOLERANCE_S = 2.0          # squeue's 1 s resolution + the scheduler's 1 s cycle
-RELAUNCH_S = 5.0                # a fragment launched within this of the job's last one's end: a resize
 MODES = {"preempt": "backfill", "no-preempt": "debug"}
 DEFAULT_START, SMOKE_START = "2022-09-27T18:30", "2022-09-27T11:00"
 DEFAULT_COMPRESSION, SMOKE_COMPRESSION = 5.0, 20.0
-# the emulated jobs: 840 = lcm(1..8), so every size a job may take divides the batch: rate(n) = n * rate(1)
-BATCH, MAX_NODES, SAMPLE_MS, PARAMS_MB = 840, 8, 3.0, 1.0
 
 SITE = """name: replay
 scheduler: slurm
@@ -80,61 +77,6 @@ with training_session("state") as trainer:
                                    workload_args={{"sample_ms": {sample_ms}, "params_mb": {params_mb}}}))
     trainer.run()
 """
-
-
-def per_node_rate() -> float:
-    return dedicated_rate(1, BATCH, SAMPLE_MS)
-
-
-@dataclass
-class Training:
-    """What the training beside the stream did, from its state directory (times in s from the replay's t0)."""
-
-    samples: float                               # trained within the window
-    train_node_s: float                          # node-seconds ranks trained within the window
-    fragments: list[tuple[float, float, int]]    # (start, end, nodes) of each fragment's training
-    restart_s: float                             # median launch -> training of a fragment
-    restore_s: float                             # ... of which restoring (workload, checkpoint)
-    rendezvous_s: float                          # ... and the process group's rendezvous
-    save_s: float                                # median save at a fragment's stop
-    failed: int
-    pause_s: float = 0.0                         # median pause of a resize: last step -> the next fragment's first
-
-
-def read_training(state: Path, t0: float, window_s: float) -> Training:
-    db = JobStore(state / "state.sqlite", readonly=True)
-    frags, samples, node_s, launch, saves = [], 0.0, 0.0, [], []
-    done = [e for _, _, e in db.events("fragment-done")]
-    for e in done:
-        a, b = e["train_started"] - t0, e["train_started"] - t0 + e["train_s"]
-        inside = max(0.0, min(b, window_s) - max(a, 0.0))
-        share = inside / (b - a) if b > a else 0.0
-        samples += share * (e.get("samples") or 0)
-        node_s += inside * e["size"]
-        frags.append((a, b, e["size"]))
-        launch.append(e["train_started"] - e["launched"])
-        saves.append(e["checkpoint_s"])
-    failed = db.events("fragment-failed")
-    for _, _, e in failed:                       # what a failed fragment saved before it died still counts
-        samples += max(0, e["saved_step"] - e["resume_step"]) * BATCH
-    def median(xs: list[float]) -> float:
-        return statistics.median(xs) if xs else 0.0
-    return Training(samples, node_s, frags, median(launch), median([e.get("restore_s") or 0.0 for e in done]),
-                    median([e.get("rendezvous_s") or 0.0 for e in done]), median(saves), len(failed),
-                    median(resize_pauses(done)))
-
-
-def resize_pauses(done: list[dict]) -> list[float]:
-    """Each job's pause between a fragment's last step and the next one's first, where the next was launched
-    as the last was collected (a resize: stop, save, collect, plan, launch, restore, rendezvous), not later
-    for want of nodes: what the simulator's restart cost stands for."""
-    out = []
-    for job in {e["job"] for e in done}:
-        mine = sorted((e for e in done if e["job"] == job), key=lambda e: e["launched"])
-        for a, b in itertools.pairwise(mine):
-            if a.get("ended") is not None and b["launched"] - a["ended"] <= RELAUNCH_S:
-                out.append(b["train_started"] - (a["train_started"] + a["train_s"]))
-    return out
 
 
 def node_seconds(spans: list[tuple[float, float | None, int]], window_s: float) -> float:
@@ -213,8 +155,8 @@ def run_alone(cluster: LocalSlurm, jobs: list[StreamJob], window_s: float, out: 
     return rep
 
 
-def run_with_training(cluster: LocalSlurm, jobs: list[StreamJob], window_s: float, mode: str, out: Path
-                      ) -> tuple[Replayed, Training]:
+def run_with_training(cluster: LocalSlurm, jobs: list[StreamJob], window_s: float, mode: str, emu: Emulated,
+                      out: Path) -> tuple[Replayed, Training]:
     """The stream with `parsl-bft run` training beside it, started with the stream and stopped (SIGTERM: the
     fragments checkpoint, the pilots are given back) at the window's end."""
     cluster.restart()
@@ -224,8 +166,8 @@ def run_with_training(cluster: LocalSlurm, jobs: list[StreamJob], window_s: floa
     state = d / "state"
     (d / "site.yaml").write_text(SITE.format(partition=MODES[mode], conf=cluster.conf, state=state,
                                              nodes=cluster.nodes))
-    (d / "workflow.py").write_text(WORKFLOW.format(batch=BATCH, max_nodes=MAX_NODES, rate=per_node_rate(),
-                                                   sample_ms=SAMPLE_MS, params_mb=PARAMS_MB))
+    (d / "workflow.py").write_text(WORKFLOW.format(batch=emu.batch, max_nodes=emu.max_nodes, rate=emu.rate(),
+                                                   sample_ms=emu.sample_ms, params_mb=emu.params_mb))
     env = {**os.environ, "SLURM_CONF": cluster.conf, "PYTHONUNBUFFERED": "1"}
     cli = str(Path(sys.executable).with_name("parsl-bft"))
     # the orchestrator starts while a reservation holds every node, so its own start-up (Parsl, the interchange)
@@ -249,7 +191,7 @@ def run_with_training(cluster: LocalSlurm, jobs: list[StreamJob], window_s: floa
                 orch.wait()
     rep = finish(cluster, rep)
     (d / "replay.json").write_text(json.dumps(asdict(rep)))
-    return rep, read_training(state, rep.t0, window_s)
+    return rep, read_training(state, rep.t0, window_s, emu.batch)
 
 
 def started(state: Path, orch: subprocess.Popen, timeout_s: float = 300.0) -> None:
@@ -269,12 +211,12 @@ def started(state: Path, orch: subprocess.Popen, timeout_s: float = 300.0) -> No
 
 
 # --- the figures -----------------------------------------------------------------------------------------------
-def figures(mode: str, alone: Replayed, rep: Replayed, tr: Training, jobs: dict[str, StreamJob], nodes: int,
-            window_s: float) -> dict:
+def figures(mode: str, alone: Replayed, rep: Replayed, tr: Training, emu: Emulated, jobs: dict[str, StreamJob],
+            nodes: int, window_s: float) -> dict:
     idle = nodes * window_s - node_seconds(spans(alone, pilots=False), window_s)
     held = node_seconds(spans(rep, pilots=True), window_s)
     d, unmatched = delays(alone, rep, window_s)
-    rate = per_node_rate()
+    rate = emu.rate()
     bsld_alone, bsld = bounded_slowdown(alone, jobs, window_s), bounded_slowdown(rep, jobs, window_s)
     return {
         "mode": mode, "facility_jobs": len(d), "facility_unmatched": unmatched,
@@ -296,104 +238,20 @@ def figures(mode: str, alone: Replayed, rep: Replayed, tr: Training, jobs: dict[
     }
 
 
-# --- the simulator on the same stretch ---------------------------------------------------------------------------
-def idle_intervals(alone: Replayed, nodes: int, window_s: float) -> list[tuple[str, float, float]]:
-    """Each node's idle intervals in the alone run, within [0, window_s]."""
-    busy: dict[str, list[tuple[float, float]]] = {f"n{i}": [] for i in range(1, nodes + 1)}
-    for r in alone.facility().values():
-        if r.start is not None:
-            for n in r.nodes:
-                busy.setdefault(n, []).append((r.start, window_s if r.end is None else min(r.end, window_s)))
-    out = []
-    for n, spans_ in busy.items():
-        t = 0.0
-        for a, b in sorted(spans_):
-            if a > t:
-                out.append((n, t, min(a, window_s)))
-            t = max(t, b)
-        if t < window_s:
-            out.append((n, t, window_s))
-    return [(n, a, b) for n, a, b in out if b > a]
-
-
-def pilot_start_s(rep: Replayed, state: Path, t0: float, from_hole: bool = True) -> float:
-    """Median seconds from a node going idle (``from_hole``; else: from its pilot's start) to the first fragment
-    launched on it by a pilot there: the survey that sees the hole, sbatch, Slurm's start, the worker pool's
-    connection, its warm-up and the plan (what a replay of idle intervals does not see: it takes a node as
-    usable the moment it is idle)."""
-    launches = [(t - t0, set(e["nodes"])) for t, _, e in JobStore(state / "state.sqlite", readonly=True)
-                .events("launch")]
-    ends: dict[str, list[float]] = {}
-    for r in rep.records:
-        if r.start is not None and r.end is not None:
-            for n in r.nodes:
-                ends.setdefault(n, []).append(r.end)
-    waits = []
-    for p in rep.pilots():
-        if p.start is None:
-            continue
-        first = min((t for t, ns in launches if t >= p.start and ns & set(p.nodes)), default=None)
-        if first is None or (p.end is not None and first > p.end):
-            continue                       # never trained: that pilot's time is held, not a start-up
-        since = max((e for n in p.nodes for e in ends.get(n, []) if e <= p.start), default=0.0)
-        waits.append(first - (since if from_hole else p.start))
-    return statistics.median(waits) if waits else 0.0
-
-
-def held_spans(rep: Replayed, window_s: float) -> list[tuple[str, float, float]]:
-    """Each node's spans under a pilot, within [0, window_s]."""
-    return [(n, p.start, min(window_s, window_s if p.end is None else p.end)) for p in rep.pilots()
-            if p.start is not None and p.start < window_s for n in p.nodes]
-
-
-def simulate(idle: list[tuple[str, float, float]], t0: float, tr: Training, d: Path, late_s: float = 0.0) -> dict:
-    """`parsl-bft simulate` on ``idle`` ((node, start, end), s from ``t0``), the same two jobs, the costs this run
-    measured; with ``late_s``, each interval is taken as usable that much after it begins (the pilots' start-up),
-    and e_idle is stated against the intervals as they were."""
-    d.mkdir(parents=True, exist_ok=True)
-    t0 = round(t0)
-    usable = [(n, a + late_s, b) for n, a, b in idle if b > a + late_s]
-    with open(d / "idle.csv", "w") as f:
-        f.write("node,idle_start,idle_end\n")
-        f.writelines(f"{n},{t0 + a:.3f},{t0 + b:.3f}\n" for n, a, b in usable)
-    # a resize pauses a job for what this run measured (last step -> next first step), else launch -> first step
-    # and the save (a run with no resize)
-    restart = tr.pause_s or tr.restart_s + tr.save_s
-    (d / "emu.jobs.csv").write_text("name,model,min_nodes,max_nodes,t_up,t_down,samples,submit\n" + "".join(
-        f"emu-{x},emulated,1,{MAX_NODES},{restart:.3f},{restart:.3f},{10**12},{t0}\n" for x in "ab"))
-    (d / "emu.scaling.csv").write_text("model,nodes,samples_per_sec\n" + "".join(
-        f"emulated,{n},{dedicated_rate(n, BATCH, SAMPLE_MS):.3f}\n" for n in range(1, MAX_NODES + 1)))
-    (d / "emu.costs.csv").write_text(
-        "model,device,restart_s,launch_s,restore_s,first_step_s,warmup_s,save_s,stall_s,notice_reservation,"
-        f"notice_preemption,estimate\nemulated,emulated,{restart:.3f},0,0,0,0,{tr.save_s:.3f},"
-        "0.001,1,1,0\n")
-    cli = str(Path(sys.executable).with_name("parsl-bft"))
-    r = subprocess.run([cli, "simulate", "--idle-intervals", str(d / "idle.csv"), "--jobs", str(d / "emu.jobs.csv"),
-                        "--costs", str(d / "emu.costs.csv"), "--objective", "throughput", "--tfwd", "20",
-                        "--no-mask", "--no-ceiling", "--max-concurrent", "2", "--json", str(d / "sim.json")],
-                       capture_output=True, text=True)
-    if r.returncode != 0:
-        raise RuntimeError(f"parsl-bft simulate failed: {r.stderr[-2000:]}")
-    metrics: dict = json.loads((d / "sim.json").read_text())
-    idle_s = sum(b - a for _, a, b in idle)
-    metrics["e_idle_of_all_idle"] = metrics["e_idle"] * metrics["idle_node_s"] / idle_s if idle_s else 0.0
-    return metrics
-
-
-def mode_figures(mode: str, alone: Replayed, rep: Replayed, tr: Training, jobs: dict[str, StreamJob], nodes: int,
-                 window_s: float, d: Path) -> dict:
+def mode_figures(mode: str, alone: Replayed, rep: Replayed, tr: Training, emu: Emulated, jobs: dict[str, StreamJob],
+                 nodes: int, window_s: float, d: Path) -> dict:
     """Every figure of one mode (``d``: its folder): the facility's, the training's, where the held node-time
     went, and the simulator's on the alone run's holes and on the held node-time."""
-    r = figures(mode, alone, rep, tr, jobs, nodes, window_s)
+    r = figures(mode, alone, rep, tr, emu, jobs, nodes, window_s)
     r["held_node_s_by_part"] = {k: round(v, 1) for k, v in held_time(rep, d / "state", window_s).items()}
     idle = idle_intervals(alone, nodes, window_s)
-    naive = simulate(idle, alone.t0, tr, d / "sim-naive")
+    naive = simulate(idle, alone.t0, tr, emu, d / "sim-naive")
     late = pilot_start_s(rep, d / "state", rep.t0)
-    e_sim = simulate(idle, alone.t0, tr, d / "sim", late)["e_idle_of_all_idle"]
+    e_sim = simulate(idle, alone.t0, tr, emu, d / "sim", late)["e_idle_of_all_idle"]
     # the same on the node-time the pilots held, each from its pilot's start: the runtime against the model,
     # whatever the pilots' own fit to the holes
     warm = pilot_start_s(rep, d / "state", rep.t0, from_hole=False)
-    e_held = simulate(held_spans(rep, window_s), rep.t0, tr, d / "sim-held", warm)["e_idle_of_all_idle"]
+    e_held = simulate(held_spans(rep, window_s), rep.t0, tr, emu, d / "sim-held", warm)["e_idle_of_all_idle"]
     r.update({"sim_e_idle_naive": naive["e_idle_of_all_idle"], "pilot_start_s": late, "sim_e_idle": e_sim,
               "sim_gap": abs(r["real_e_idle"] - e_sim) / e_sim if e_sim else None,
               "pilot_warm_s": warm, "sim_e_held": e_held,
@@ -401,7 +259,8 @@ def mode_figures(mode: str, alone: Replayed, rep: Replayed, tr: Training, jobs: 
     return r
 
 
-def load_runs(out: Path, modes: list[str], window_s: float) -> tuple[Replayed, dict[str, tuple[Replayed, Training]]]:
+def load_runs(out: Path, modes: list[str], window_s: float, batch: int
+              ) -> tuple[Replayed, dict[str, tuple[Replayed, Training]]]:
     """The records an earlier run left in ``out`` (--figures-only)."""
     def replayed(path: Path) -> Replayed:
         d = json.loads(path.read_text())
@@ -409,7 +268,7 @@ def load_runs(out: Path, modes: list[str], window_s: float) -> tuple[Replayed, d
     runs = {}
     for m in modes:
         rep = replayed(out / m / "replay.json")
-        runs[m] = (rep, read_training(out / m / "state", rep.t0, window_s))
+        runs[m] = (rep, read_training(out / m / "state", rep.t0, window_s, batch))
     return replayed(out / "alone" / "replay.json"), runs
 
 
@@ -487,6 +346,9 @@ def main() -> None:
     ap.add_argument("--smoke", action="store_true", help="90-second runs (the test suite's)")
     ap.add_argument("--slurm-base", default="/tmp/local-slurm-replay", help="where its local Slurm lives")
     ap.add_argument("--slurm-port", type=int, default=19817, help="its slurmctld's port (slurmd: the next ones)")
+    ap.add_argument("--sample-ms", type=float, default=Emulated.sample_ms, help="the emulated accelerator's "
+                    f"ms per sample per rank (default %(default)g: a 1-node step takes {Emulated.batch} x that); a "
+                    "facility job claiming a pilot's node waits for the step in flight")
     ap.add_argument("--figures-only", action="store_true", help="replay nothing: the figures, simulations and plot "
                     "again from the records an earlier run (same options) left in --out")
     args = ap.parse_args()
@@ -495,6 +357,8 @@ def main() -> None:
     minutes = 1.5 if args.smoke else args.minutes
     if args.compression is None:
         args.compression = SMOKE_COMPRESSION if args.smoke else DEFAULT_COMPRESSION
+    if not args.sample_ms > 0:
+        sys.exit(f"--sample-ms must be positive, not {args.sample_ms:g}")
     if args.compression <= 0:
         sys.exit(f"--compression must be positive, not {args.compression:g}")
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
@@ -510,33 +374,35 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     say(f"{len(jobs)} facility jobs from {Path(args.swf).name}, {minutes:g} min a run on {args.nodes} nodes, "
         f"{args.compression:g}x; offered load {info.log_load:.2f} (log) -> {info.replay_load:.2f} (replayed)")
-    if args.figures_only:       # an earlier run's records: its own wall time, machine and date stay
-        alone, runs = load_runs(out, modes, window_s)
+    if args.figures_only:       # an earlier run's records: its own jobs, wall time, machine and date stay
+        emu = Emulated.load(out / "emulated.json")
+        alone, runs = load_runs(out, modes, window_s, emu.batch)
         ran = {k: v for k, v in json.loads((out / "result.json").read_text())[0].items()
                if k in ("wall_s", "date", "cpus", "load_5min_before", "platform", "python", "slurm", "parsl",
                         "torch", "parsl-bft")}
     else:
         # stopped by SIGTERM (timeout, a batch system), it still stops its orchestrator and its Slurm
         signal.signal(signal.SIGTERM, lambda *_: sys.exit("facility_replay.py: stopped by SIGTERM"))
+        emu = Emulated(sample_ms=args.sample_ms)
+        emu.save(out / "emulated.json")
         cluster = LocalSlurm(args.nodes, args.slurm_base, args.slurm_port)
         load = os.getloadavg()[1]
         t_begin = time.time()
         try:
             alone = run_alone(cluster, jobs, window_s, out)
-            runs = {m: run_with_training(cluster, jobs, window_s, m, out) for m in modes}
+            runs = {m: run_with_training(cluster, jobs, window_s, m, emu, out) for m in modes}
         finally:
             cluster.clean()
         ran = {"wall_s": time.time() - t_begin, **machine(load)}
     by_name = {j.name: j for j in jobs}
-    results = [mode_figures(mode, alone, rep, tr, by_name, args.nodes, window_s, out / mode)
+    results = [mode_figures(mode, alone, rep, tr, emu, by_name, args.nodes, window_s, out / mode)
                for mode, (rep, tr) in runs.items()]
     plot(alone, runs, args.nodes, window_s, out / "facility_replay.png")
     common = {"swf": Path(args.swf).name, "window": [datetime.fromtimestamp(t, UTC).isoformat()
                                                       for t in info.window],
               "nodes": args.nodes, "compression": args.compression, "facility_jobs_submitted": len(jobs),
               "offered_load_log": info.log_load, "offered_load_replayed": info.replay_load,
-              "workload": f"emulated accelerator: {SAMPLE_MS} ms/sample/rank, {PARAMS_MB} MB all-reduce, "
-                          f"global batch {BATCH}, 2 jobs of 1-{MAX_NODES} nodes", **ran}
+              "workload": emu.describe(), "sample_ms": emu.sample_ms, "step_1_node_s": emu.step_s(), **ran}
     (out / "result.json").write_text(json.dumps([{**common, **r} for r in results], indent=1))
     for r in results:
         say(f"{r['mode']}: facility delay median {r['facility_delay_median_s']:.1f} s, p95 "
