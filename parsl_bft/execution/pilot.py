@@ -389,6 +389,12 @@ class PilotProvider(ClusterProvider):
     # unlink the pool's semaphores, which it does, with a warning that was in every pilot's output: not ours to see
     QUIET_TRACKER = 'export PYTHONWARNINGS="ignore:resource_tracker:UserWarning${PYTHONWARNINGS:+,$PYTHONWARNINGS}"'
 
+    # Is a process of this group still running? Ended ones the kernel keeps until their parent collects them
+    # (zombies) do not count: the rank server, orphaned when the pool ends first, is collected by the node's init,
+    # which takes up to 2 s in a container (`kill -0` on the group counted it: every pilot ended that much late)
+    GROUP_ALIVE = ("group_alive() { if command -v ps > /dev/null; then ps -e -o pgid=,stat= | awk -v g=\"$1\" "
+                   "'$1 == g && $2 !~ /^Z/ {f = 1} END {exit !f}'; else kill -0 -- -\"$1\" 2>/dev/null; fi; }")
+
     def notice_trap(self, job_id_var: str, grace_s: int = 3) -> list[str]:
         """Shell lines: run the worker in its own process group; the walltime notice (USR1) only marks the pilot
         (a mark of its own: the orchestrator has the fragment checkpoint; the worker keeps serving until then);
@@ -400,9 +406,9 @@ class PilotProvider(ClusterProvider):
         normal end."""
         mark = '"$BFT_MARK"'                       # the path is quoted once, here (spaces, quotes, $ in it)
         # looked at 5 times a second: a facility job waiting for the node starts as soon as the group is gone
-        end = (f"kill -TERM -- -$CHILD 2>/dev/null; for _ in $(seq {5 * int(grace_s)}); do kill -0 -- -$CHILD "
-               "2>/dev/null || break; sleep 0.2; done; kill -KILL -- -$CHILD 2>/dev/null")
-        return [f"BFT_MARK={shlex.quote(str(self.script_dir))}/\"${job_id_var}\".noticed",
+        end = (f"kill -TERM -- -$CHILD 2>/dev/null; for _ in $(seq {5 * int(grace_s)}); do group_alive $CHILD "
+               "|| break; sleep 0.2; done; kill -KILL -- -$CHILD 2>/dev/null")
+        return [self.GROUP_ALIVE, f"BFT_MARK={shlex.quote(str(self.script_dir))}/\"${job_id_var}\".noticed",
                 f"trap 'touch {mark[:-1]}.walltime\"' USR1",
                 f"trap 'touch {mark}; {end}' TERM",
                 f"trap '{end}; exit 0' USR2",

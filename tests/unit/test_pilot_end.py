@@ -39,7 +39,7 @@ def test_the_pilot_script_is_never_requeued_and_waits_the_partitions_grace(tmp_p
     prov, calls = _provider(tmp_path, {"scontrol show partition": (0, PARTITION, "")})
     script = prov.script("worker", "parsl.bft", 10)
     assert "#SBATCH --no-requeue" in script.splitlines()
-    assert "for _ in $(seq 50); do kill -0 -- -$CHILD" in script and "sleep 3;" not in script   # 10 s, 5 looks a second
+    assert "for _ in $(seq 50); do group_alive $CHILD" in script and "sleep 3;" not in script   # 10 s, 5 looks a second
     prov.script("worker", "parsl.bft", 10)
     assert sum(c[:2] == ["scontrol", "show"] for c in calls) == 1          # asked once
     site_says, calls = _provider(tmp_path, {"scontrol show partition": (0, PARTITION, "")}, grace_s=25)
@@ -106,3 +106,41 @@ def test_a_released_pilot_stops_its_worker_and_exits_0(tmp_path):
     p.send_signal(signal.SIGUSR2)
     wait_for(lambda: p.poll() is not None, 60, 0.05, what="the pilot's end")
     assert p.returncode == 0 and (tmp_path / "saved").exists() and not prov.noticed("7")
+
+
+# Runs a pilot script as the child of a subreaper that collects nothing until the pilot has ended: an orphan of
+# the worker's group stays a zombie meanwhile, as the rank server does under an init slow to reap (PID 1 of a
+# container). Writes the pilot's pid to "pilot.pid" and its exit status to "ended".
+SUBREAPER = """
+import ctypes, subprocess, sys
+ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)       # PR_SET_CHILD_SUBREAPER
+p = subprocess.Popen(["bash", sys.argv[1]])
+open("pilot.pid", "w").write(str(p.pid))
+open("ended", "w").write(str(p.wait()))     # waits for the pilot only: the orphan stays a zombie until exit
+"""
+# The worker's group: a leader and a child it does not collect (both end on TERM at once)
+LEAVES_AN_ORPHAN = ("python3 -c 'import os, time; os.fork() or time.sleep(600); open(\"started\", \"w\").close(); "
+                    "time.sleep(600)'")
+
+
+@pytest.mark.timeout(120)
+def test_a_released_pilot_ends_as_its_group_does_though_a_zombie_of_it_is_not_yet_collected(tmp_path):
+    """USR2 with a GraceTime of 10 minutes: the worker's group ends on TERM at once but leaves a zombie its
+    init has not collected yet. Counted as alive (as `kill -0` on the group did), the pilot would end only
+    when the grace does; not counted, it ends as its group did, and the facility job waiting for the node
+    starts."""
+    prov, _ = _provider(tmp_path, grace_s=600)
+    (tmp_path / "pilot.sh").write_text(prov.script(LEAVES_AN_ORPHAN, "parsl.bft", 10))
+    reaper = subprocess.Popen([sys.executable, "-c", SUBREAPER, str(tmp_path / "pilot.sh")], cwd=tmp_path,
+                              env={**os.environ, "SLURM_JOB_ID": "7"})
+    try:
+        wait_for(lambda: (tmp_path / "started").exists() and (tmp_path / "pilot.pid").exists(), 30, 0.05,
+                 what="the worker's start")
+        os.kill(int((tmp_path / "pilot.pid").read_text()), signal.SIGUSR2)
+        # far within the grace: 30 s is a loaded machine's reaction, not the 600 s grace's end
+        status = wait_for(lambda: (tmp_path / "ended").exists() and (tmp_path / "ended").read_text(), 30, 0.05,
+                          what="the released pilot's end while a zombie of its group waits to be collected")
+        assert status == "0"
+    finally:
+        reaper.kill()
+        reaper.wait()
