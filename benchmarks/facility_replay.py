@@ -12,8 +12,9 @@ on a fresh cluster:
                holes the scheduler's own plan leaves (squeue --start, reservations) and leave when a facility
                job is planned onto their nodes.
 Training: two jobs of the EMULATED ACCELERATOR (parsl_bft/train/emulated.py: a sleep stands in for the GPU's
-compute, real gloo all-reduces and HDF5 checkpoints), whose scaling curve is known exactly, so "samples
-trained / what the same jobs train on dedicated nodes for the same node-seconds" is exact.
+compute, real gloo all-reduces and HDF5 checkpoints; a 1-node step takes 1.0 s, --sample-ms sets it), whose
+scaling curve is known exactly, so "samples trained / what the same jobs train on dedicated nodes for the same
+node-seconds" is exact.
 Then `parsl-bft simulate` replays the alone run's idle nodes with the same jobs under the costs this run
 measured, and its e_idle is printed beside the real one.
 
