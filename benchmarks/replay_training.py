@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import math
 import statistics
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -33,17 +32,13 @@ class Emulated:
     max_nodes: int = 8
     params_mb: float = 1.0
 
-    def __post_init__(self) -> None:
-        if not self.sample_ms > 0:
-            raise ValueError(f"sample_ms must be positive, not {self.sample_ms:g}")
-
     def rate(self, nodes: int = 1) -> float:
         """Samples/s the jobs train on ``nodes`` dedicated nodes."""
         return dedicated_rate(nodes, self.batch, self.sample_ms)
 
     def step_s(self, nodes: int = 1) -> float:
         """A step's compute on ``nodes`` nodes."""
-        return self.sample_ms / 1000.0 * math.ceil(self.batch / nodes)
+        return self.batch / self.rate(nodes)
 
     def describe(self) -> str:
         return (f"emulated accelerator: {self.sample_ms:g} ms/sample/rank (a 1-node step {self.step_s():.2f} s), "
@@ -54,8 +49,8 @@ class Emulated:
 
     @classmethod
     def load(cls, path: Path) -> Emulated:
-        """What a run wrote (``save``); a run from before it was written used the defaults."""
-        return cls(**json.loads(path.read_text())) if path.exists() else cls()
+        """What a run wrote (``save``); a run from before it was written used 3 ms a sample."""
+        return cls(**json.loads(path.read_text())) if path.exists() else cls(sample_ms=3.0)
 
 
 @dataclass

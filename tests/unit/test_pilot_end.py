@@ -118,9 +118,9 @@ p = subprocess.Popen(["bash", sys.argv[1]])
 open("pilot.pid", "w").write(str(p.pid))
 open("ended", "w").write(str(p.wait()))     # waits for the pilot only: the orphan stays a zombie until exit
 """
-# The worker's group: a leader and a child it does not collect (both end on TERM at once)
-LEAVES_AN_ORPHAN = ("python3 -c 'import os, time; os.fork() or time.sleep(600); open(\"started\", \"w\").close(); "
-                    "time.sleep(600)'")
+# The worker's group: a leader and a child it does not collect, both waiting for a signal (TERM ends both at once)
+LEAVES_AN_ORPHAN = ("python3 -c 'import os, signal; os.fork() or signal.pause(); open(\"started\", \"w\").close(); "
+                    "signal.pause()'")
 
 
 @pytest.mark.timeout(120)
